@@ -1,0 +1,750 @@
+//! Configuration: reads `skippr.yml`, fills `${VAR}` from the environment, checks every
+//! reference, and hands the rest of the data flow a resolved, validated [`Config`].
+//!
+//! Errors name the file, the line, the field path and what is allowed. Values read from the
+//! environment are never written back and never logged.
+
+pub mod locate;
+pub mod model;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_yaml::Value;
+
+use crate::error::Error;
+use locate::{display_path, Locator, Position, Segment};
+pub use model::*;
+
+/// The default config file name, looked up in the working directory.
+pub const DEFAULT_CONFIG_FILE: &str = "skippr.yml";
+
+/// One problem found in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file: PathBuf,
+    pub position: Option<Position>,
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(p) = self.position {
+            write!(f, ":{}:{}", p.line, p.column)?;
+        }
+        if self.path.is_empty() {
+            write!(f, ": {}", self.message)
+        } else {
+            write!(f, ": {}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in one config file.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<Problem>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+                write!(f, "error: ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl From<ConfigErrors> for Error {
+    fn from(e: ConfigErrors) -> Self {
+        Error::config(e.to_string())
+    }
+}
+
+/// A table to follow, as `schema.name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableRef {
+    pub schema: String,
+    pub name: String,
+}
+
+impl TableRef {
+    /// Parses `name` (schema `public`) or `schema.name`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut parts = s.split('.');
+        let (schema, name) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(n), None, _) => ("public", n),
+            (Some(s), Some(n), None) => (s, n),
+            _ => return None,
+        };
+        if !is_identifier(schema) || !is_identifier(name) {
+            return None;
+        }
+        Some(Self {
+            schema: schema.to_string(),
+            name: name.to_string(),
+        })
+    }
+
+    /// The Iceberg table name: the table name in `public`, `<schema>_<name>` elsewhere.
+    pub fn iceberg_name(&self) -> String {
+        if self.schema == "public" {
+            self.name.clone()
+        } else {
+            format!("{}_{}", self.schema, self.name)
+        }
+    }
+
+    /// Quoted for SQL: `"schema"."name"`.
+    pub fn quoted(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+impl fmt::Display for TableRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+/// Quotes a SQL identifier.
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_alphabetic() || c == '_')
+        && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+}
+
+fn is_simple_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A resolved Postgres source.
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub database: String,
+    pub tables: Vec<TableRef>,
+    pub cdc_mode: CdcMode,
+    pub publication: String,
+    pub slot: String,
+    pub snapshot_parallelism: usize,
+    pub parquet_target_file_size: u64,
+}
+
+/// A resolved sink.
+#[derive(Debug, Clone)]
+pub enum SinkConfig {
+    LocalIceberg {
+        name: String,
+        warehouse: PathBuf,
+    },
+    AthenaIceberg {
+        name: String,
+        sink: AthenaIcebergSink,
+    },
+}
+
+/// A resolved pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    pub name: String,
+    pub source: PostgresConfig,
+    pub sink: SinkConfig,
+    pub schema_sink: Option<String>,
+}
+
+/// The loaded, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub file: PathBuf,
+    pub workspace: String,
+    pub storage_path: PathBuf,
+    pub pipelines: Vec<PipelineConfig>,
+    /// The file as written, with `${VAR}` references still literal.
+    pub raw: SkipprFile,
+}
+
+impl Config {
+    /// Loads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![Problem {
+                file: path.to_path_buf(),
+                position: None,
+                path: String::new(),
+                message: format!(
+                    "cannot read the config file: {e}; create it, or pass --config PATH"
+                ),
+            }])
+        })?;
+        Self::from_str(path, &text, &|name| std::env::var(name).ok())
+    }
+
+    /// Loads from text; `env` looks up environment variables.
+    pub fn from_str(
+        path: &Path,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigErrors> {
+        let file = path.to_path_buf();
+        let problem = |position: Option<Position>, p: &str, message: String| Problem {
+            file: file.clone(),
+            position,
+            path: p.to_string(),
+            message,
+        };
+        let locator = Locator::scan(text).map_err(|(pos, msg)| {
+            ConfigErrors(vec![problem(
+                Some(pos),
+                "",
+                format!("YAML syntax error: {msg}"),
+            )])
+        })?;
+        let raw_value: Value = serde_yaml::from_str(text).map_err(|e| {
+            let pos = e.location().map(|l| Position {
+                line: l.line(),
+                column: l.column(),
+            });
+            ConfigErrors(vec![problem(pos, "", format!("YAML syntax error: {e}"))])
+        })?;
+        if raw_value.is_null() {
+            return Err(ConfigErrors(vec![problem(
+                None,
+                "",
+                "the file is empty; it needs at least a `skippr:` section with a `workspace`"
+                    .into(),
+            )]));
+        }
+
+        let raw: SkipprFile = typed(&raw_value).map_err(|(path, msg)| {
+            ConfigErrors(vec![problem(
+                locator.find(&path),
+                &display_path(&path),
+                msg,
+            )])
+        })?;
+
+        // Fill ${VAR} from the environment on a copy; the raw file keeps the references.
+        let mut value = raw_value;
+        let mut problems = Vec::new();
+        let mut at = Vec::new();
+        interpolate(&mut value, &mut at, env, &mut |p, msg| {
+            problems.push(problem(locator.find(p), &display_path(p), msg));
+        });
+        if !problems.is_empty() {
+            return Err(ConfigErrors(problems));
+        }
+        let resolved: SkipprFile = typed(&value).map_err(|(path, msg)| {
+            ConfigErrors(vec![problem(
+                locator.find(&path),
+                &display_path(&path),
+                msg,
+            )])
+        })?;
+
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."));
+        let base = std::fs::canonicalize(&base).unwrap_or(base);
+        let mut v = Validator {
+            locator: &locator,
+            problems: Vec::new(),
+            file: &file,
+        };
+        let config = v.resolve(&resolved, raw, &base, &file);
+        if v.problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(v.problems))
+        }
+    }
+
+    pub fn pipeline(&self, name: &str) -> crate::error::Result<&PipelineConfig> {
+        self.pipelines
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = self.pipelines.iter().map(|p| p.name.as_str()).collect();
+                Error::config(format!(
+                    "{}: no pipeline named `{name}`; defined pipelines: {}",
+                    self.file.display(),
+                    if names.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ))
+            })
+    }
+}
+
+/// Deserializes a value into `T`, returning the failing path and a readable message.
+fn typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, (Vec<Segment>, String)> {
+    serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+        let mut path: Vec<Segment> = e
+            .path()
+            .iter()
+            .filter_map(|s| match s {
+                serde_path_to_error::Segment::Map { key } => Some(Segment::Key(key.clone())),
+                serde_path_to_error::Segment::Seq { index } => Some(Segment::Index(*index)),
+                serde_path_to_error::Segment::Enum { variant } => {
+                    Some(Segment::Key(variant.clone()))
+                }
+                serde_path_to_error::Segment::Unknown => None,
+            })
+            .collect();
+        let inner = e.into_inner().to_string();
+        let message = improve_message(&inner);
+        // For an unknown field, point at the field itself.
+        if let Some(field) = inner
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+        {
+            if path.last() != Some(&Segment::Key(field.to_string())) {
+                path.push(Segment::Key(field.to_string()));
+            }
+        }
+        (path, message)
+    })
+}
+
+/// Rewrites serde's wording into the words of the config file.
+fn improve_message(msg: &str) -> String {
+    let msg = msg
+        .replace("unknown variant", "unknown value")
+        .replace("invalid type: ", "wrong type: found ")
+        .replace("u16", "a port number (1-65535)")
+        .replace("usize", "a positive integer")
+        .replace("u64", "a positive integer");
+    let msg = msg.replace("expected one of ", "expected one of: ");
+    match msg.strip_prefix("missing field ") {
+        Some(rest) => format!("missing required field {rest}"),
+        None => msg,
+    }
+}
+
+/// Replaces `${VAR}` and `${VAR:-default}` in every string; `$$` is a literal `$`.
+fn interpolate(
+    value: &mut Value,
+    path: &mut Vec<Segment>,
+    env: &dyn Fn(&str) -> Option<String>,
+    report: &mut dyn FnMut(&[Segment], String),
+) {
+    match value {
+        Value::String(s) => match expand(s, env) {
+            Ok(Some(new)) => *s = new,
+            Ok(None) => {}
+            Err(msg) => report(path, msg),
+        },
+        Value::Sequence(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                path.push(Segment::Index(i));
+                interpolate(item, path, env, report);
+                path.pop();
+            }
+        }
+        Value::Mapping(map) => {
+            for (k, v) in map.iter_mut() {
+                let key = match k {
+                    Value::String(s) => s.clone(),
+                    other => serde_yaml::to_string(other)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string(),
+                };
+                path.push(Segment::Key(key));
+                interpolate(v, path, env, report);
+                path.pop();
+            }
+        }
+        Value::Tagged(t) => interpolate(&mut t.value, path, env, report),
+        _ => {}
+    }
+}
+
+/// Expands one string. `Ok(None)` means it has no reference.
+pub fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>, String> {
+    if !s.contains('$') {
+        return Ok(None);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(r) = after.strip_prefix('$') {
+            out.push('$');
+            rest = r;
+        } else if let Some(r) = after.strip_prefix('{') {
+            let end = r.find('}').ok_or_else(|| {
+                "unterminated `${` reference: write `${NAME}`, or `$$` for a literal `$`"
+                    .to_string()
+            })?;
+            let inner = &r[..end];
+            let (name, default) = match inner.split_once(":-") {
+                Some((n, d)) => (n, Some(d)),
+                None => (inner, None),
+            };
+            if !is_simple_name(name) {
+                return Err(format!(
+                    "`${{{inner}}}` is not a valid environment variable reference: use letters, digits and `_`"
+                ));
+            }
+            match (env(name), default) {
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => {
+                    return Err(format!(
+                        "environment variable `{name}` is not set; export it before running skipprd (or write `${{{name}:-default}}`)"
+                    ))
+                }
+            }
+            rest = &r[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(Some(out))
+}
+
+struct Validator<'a> {
+    locator: &'a Locator,
+    problems: Vec<Problem>,
+    file: &'a Path,
+}
+
+fn keys(parts: &[&str]) -> Vec<Segment> {
+    parts
+        .iter()
+        .map(|p| Segment::Key((*p).to_string()))
+        .collect()
+}
+
+impl Validator<'_> {
+    fn report(&mut self, path: Vec<Segment>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            file: self.file.to_path_buf(),
+            position: self.locator.find(&path),
+            path: display_path(&path),
+            message: message.into(),
+        });
+    }
+
+    /// Resolves `section.name`, reporting a dangling or malformed reference.
+    fn reference<'m, T>(
+        &mut self,
+        path: Vec<Segment>,
+        reference: &str,
+        section: &str,
+        map: &'m std::collections::BTreeMap<String, T>,
+    ) -> Option<(&'m String, &'m T)> {
+        let defined = if map.is_empty() {
+            format!("no `{section}` are defined")
+        } else {
+            format!(
+                "defined: {}",
+                map.keys()
+                    .map(|k| format!("{section}.{k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let name = match reference.split_once('.') {
+            Some((s, n)) if s == section => n,
+            _ => {
+                self.report(
+                    path,
+                    format!(
+                        "`{reference}` is not a reference of the form `{section}.<name>`; {defined}"
+                    ),
+                );
+                return None;
+            }
+        };
+        match map.get_key_value(name) {
+            Some(found) => Some(found),
+            None => {
+                self.report(path, format!("`{reference}` refers to nothing; {defined}"));
+                None
+            }
+        }
+    }
+
+    fn resolve(
+        &mut self,
+        file: &SkipprFile,
+        raw: SkipprFile,
+        base: &Path,
+        cfg_path: &Path,
+    ) -> Config {
+        let workspace = file.skippr.workspace.clone();
+        if !is_simple_name(&workspace) {
+            self.report(
+                keys(&["skippr", "workspace"]),
+                format!("`{workspace}` is not a valid workspace name: use letters, digits and `_`, starting with a letter or `_` (it becomes the Iceberg namespace and SQL schema)"),
+            );
+        }
+        let storage_path = base.join(
+            file.skippr
+                .skipprd_el_storage_path
+                .as_deref()
+                .unwrap_or(DEFAULT_STORAGE_PATH),
+        );
+
+        for (name, def) in &file.data_sources {
+            if def.postgres.is_none() {
+                self.report(
+                    keys(&["data_sources", name]),
+                    "a data source needs exactly one connector key; allowed: Postgres",
+                );
+            }
+        }
+        for (name, def) in &file.data_sinks {
+            let n = def.local_iceberg.is_some() as u8 + def.athena_iceberg.is_some() as u8;
+            if n != 1 {
+                self.report(
+                    keys(&["data_sinks", name]),
+                    "a data sink needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg",
+                );
+            }
+            if let Some(a) = &def.athena_iceberg {
+                self.check_athena(&["data_sinks", name, "AthenaIceberg"], a);
+            }
+            if let Some(l) = &def.local_iceberg {
+                if l.warehouse.trim().is_empty() {
+                    self.report(
+                        keys(&["data_sinks", name, "LocalIceberg", "warehouse"]),
+                        "the warehouse folder must not be empty",
+                    );
+                }
+            }
+            if let Some(r) = &def.schema_sink {
+                self.reference(
+                    keys(&["data_sinks", name, "schema_sink"]),
+                    r,
+                    "schema_sinks",
+                    &file.schema_sinks,
+                );
+            }
+        }
+        for (name, def) in &file.schema_sinks {
+            let n = def.local_iceberg.is_some() as u8 + def.athena_iceberg.is_some() as u8;
+            if n != 1 {
+                self.report(
+                    keys(&["schema_sinks", name]),
+                    "a schema sink needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg",
+                );
+            }
+            if let Some(a) = &def.athena_iceberg {
+                self.check_athena(&["schema_sinks", name, "AthenaIceberg"], a);
+            }
+        }
+
+        let mut pipelines = Vec::new();
+        for (name, def) in &file.pipelines {
+            if !is_simple_name(name) {
+                self.report(
+                    keys(&["pipelines", name]),
+                    format!("`{name}` is not a valid pipeline name: use letters, digits and `_`"),
+                );
+            }
+            let source = self.reference(
+                keys(&["pipelines", name, "data_source"]),
+                &def.data_source,
+                "data_sources",
+                &file.data_sources,
+            );
+            let sink = self.reference(
+                keys(&["pipelines", name, "data_sink"]),
+                &def.data_sink,
+                "data_sinks",
+                &file.data_sinks,
+            );
+            let source = source.and_then(|(sname, s)| {
+                s.postgres
+                    .as_ref()
+                    .and_then(|pg| self.postgres(sname, pg, &workspace, name))
+            });
+            let sink_cfg = sink.and_then(|(kname, k)| {
+                if let Some(l) = &k.local_iceberg {
+                    Some(SinkConfig::LocalIceberg {
+                        name: kname.clone(),
+                        warehouse: base.join(&l.warehouse),
+                    })
+                } else {
+                    k.athena_iceberg
+                        .as_ref()
+                        .map(|a| SinkConfig::AthenaIceberg {
+                            name: kname.clone(),
+                            sink: a.clone(),
+                        })
+                }
+            });
+            let schema_sink = sink.and_then(|(_, k)| {
+                k.schema_sink
+                    .as_ref()
+                    .and_then(|r| r.split_once('.').map(|(_, n)| n.to_string()))
+            });
+            if let (Some(source), Some(sink)) = (source, sink_cfg) {
+                pipelines.push(PipelineConfig {
+                    name: name.clone(),
+                    source,
+                    sink,
+                    schema_sink,
+                });
+            }
+        }
+
+        Config {
+            file: cfg_path.to_path_buf(),
+            workspace,
+            storage_path,
+            pipelines,
+            raw,
+        }
+    }
+
+    fn check_athena(&mut self, at: &[&str], a: &AthenaIcebergSink) {
+        if !a.warehouse.starts_with("s3://") {
+            let mut p = keys(at);
+            p.push(Segment::Key("warehouse".into()));
+            self.report(
+                p,
+                format!(
+                    "`{}` is not an S3 location: write `s3://bucket/prefix/`",
+                    a.warehouse
+                ),
+            );
+        }
+        for (field, value) in [
+            ("glue_database_name", &a.glue_database_name),
+            ("athena_workgroup_name", &a.athena_workgroup_name),
+            ("athena_results_s3_bucket", &a.athena_results_s3_bucket),
+            ("region", &a.region),
+        ] {
+            if value.trim().is_empty() {
+                let mut p = keys(at);
+                p.push(Segment::Key(field.into()));
+                self.report(p, "must not be empty");
+            }
+        }
+    }
+
+    fn postgres(
+        &mut self,
+        source_name: &str,
+        pg: &PostgresSource,
+        workspace: &str,
+        pipeline: &str,
+    ) -> Option<PostgresConfig> {
+        let at = |field: &str| keys(&["data_sources", source_name, "Postgres", field]);
+        let before = self.problems.len();
+        if pg.host.trim().is_empty() {
+            self.report(at("host"), "must not be empty");
+        }
+        if pg.port == Some(0) {
+            self.report(at("port"), "must be a port number (1-65535)");
+        }
+        if pg.tables.is_empty() {
+            self.report(
+                at("tables"),
+                "list at least one table: `name` or `schema.name`",
+            );
+        }
+        let mut tables = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (i, t) in pg.tables.iter().enumerate() {
+            let mut p = at("tables");
+            p.push(Segment::Index(i));
+            match TableRef::parse(t) {
+                Some(r) => {
+                    if !seen.insert(r.iceberg_name()) {
+                        self.report(p, format!("`{t}` is listed twice (or maps to the same Iceberg table name `{}` as another entry)", r.iceberg_name()));
+                    } else {
+                        tables.push(r);
+                    }
+                }
+                None => self.report(
+                    p,
+                    format!(
+                        "`{t}` is not a table name: write `name` (schema public) or `schema.name`"
+                    ),
+                ),
+            }
+        }
+        let default_name = format!("skippr_{workspace}_{pipeline}").to_lowercase();
+        for (field, value) in [("publication", &pg.publication), ("slot", &pg.slot)] {
+            if let Some(v) = value {
+                let ok = !v.is_empty()
+                    && v.len() <= 63
+                    && v.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                if !ok {
+                    self.report(
+                        at(field),
+                        format!("`{v}` is not a valid {field} name: use at most 63 lower-case letters, digits and `_`"),
+                    );
+                }
+            }
+        }
+        let parallelism = pg
+            .snapshot_parallelism
+            .unwrap_or(DEFAULT_SNAPSHOT_PARALLELISM);
+        if !(1..=64).contains(&parallelism) {
+            self.report(at("snapshot_parallelism"), "must be between 1 and 64");
+        }
+        let file_mb = pg
+            .parquet_target_file_size_mb
+            .unwrap_or(DEFAULT_PARQUET_TARGET_FILE_SIZE_MB);
+        if !(1..=4096).contains(&file_mb) {
+            self.report(
+                at("parquet_target_file_size_mb"),
+                "must be between 1 and 4096 (MiB)",
+            );
+        }
+        if self.problems.len() != before {
+            return None;
+        }
+        Some(PostgresConfig {
+            name: source_name.to_string(),
+            host: pg.host.clone(),
+            port: pg.port(),
+            user: pg.user.clone(),
+            password: pg.password.clone(),
+            database: pg.database.clone(),
+            tables,
+            cdc_mode: pg.cdc_mode(),
+            publication: pg
+                .publication
+                .clone()
+                .unwrap_or_else(|| default_name.clone()),
+            slot: pg.slot.clone().unwrap_or(default_name),
+            snapshot_parallelism: parallelism,
+            parquet_target_file_size: file_mb * 1024 * 1024,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

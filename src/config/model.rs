@@ -1,0 +1,236 @@
+//! The `skippr.yml` model: the first stage of the data flow, describing sources, sinks and
+//! the pipelines that connect them.
+//!
+//! Every struct denies unknown keys so a typo is an error, not a silently ignored setting.
+//! Sources and sinks are closed sets: each definition holds exactly one connector key
+//! (`Postgres`, `LocalIceberg`, `AthenaIceberg`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Default Postgres port.
+pub const DEFAULT_PG_PORT: u16 = 5432;
+/// Default number of connections that copy one large table in parallel.
+pub const DEFAULT_SNAPSHOT_PARALLELISM: usize = 4;
+/// Default target size of a Parquet data file, in MiB.
+pub const DEFAULT_PARQUET_TARGET_FILE_SIZE_MB: u64 = 128;
+/// Default folder (relative to the config file) for the WAL and pipeline state.
+pub const DEFAULT_STORAGE_PATH: &str = ".skippr";
+/// Default interval between Iceberg commits while streaming changes.
+pub const DEFAULT_COMMIT_INTERVAL: &str = "10s";
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SkipprFile {
+    /// Global settings: workspace, storage of the WAL and state.
+    pub skippr: Settings,
+    /// Named pipelines, each joining one data source to one data sink.
+    #[serde(default)]
+    pub pipelines: BTreeMap<String, PipelineDef>,
+    /// Named data sources.
+    #[serde(default)]
+    pub data_sources: BTreeMap<String, DataSourceDef>,
+    /// Named data sinks.
+    #[serde(default)]
+    pub data_sinks: BTreeMap<String, DataSinkDef>,
+    /// Named schema sinks: where table schemas are registered.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub schema_sinks: BTreeMap<String, SchemaSinkDef>,
+}
+
+/// Global settings.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// The workspace: the Iceberg namespace and the SQL schema the tables appear under.
+    pub workspace: String,
+    /// Where Skippr keeps its WAL and state.
+    #[serde(default)]
+    pub skipprd_el_storage_mode: StorageMode,
+    /// Folder for the WAL and state when the storage mode is `local`
+    /// (default `.skippr` beside `skippr.yml`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipprd_el_storage_path: Option<String>,
+}
+
+/// Where the WAL and pipeline state live.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageMode {
+    /// A folder on the local file system.
+    #[default]
+    Local,
+}
+
+/// A pipeline: one data source flowing into one data sink.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineDef {
+    /// Reference to a data source, `data_sources.<name>`.
+    pub data_source: String,
+    /// Reference to a data sink, `data_sinks.<name>`.
+    pub data_sink: String,
+}
+
+/// A data source definition: exactly one connector key.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataSourceDef {
+    /// A Postgres database read by snapshot and logical replication.
+    #[serde(rename = "Postgres", default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<PostgresSource>,
+}
+
+/// How a Postgres source is read.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CdcMode {
+    /// A consistent snapshot, then the change stream from exactly where it ended.
+    #[default]
+    SnapshotThenCdc,
+    /// Only the change stream, from the slot's current position.
+    CdcOnly,
+    /// Only a consistent snapshot, no replication slot.
+    SnapshotOnly,
+}
+
+impl CdcMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CdcMode::SnapshotThenCdc => "snapshot_then_cdc",
+            CdcMode::CdcOnly => "cdc_only",
+            CdcMode::SnapshotOnly => "snapshot_only",
+        }
+    }
+
+    pub fn needs_snapshot(self) -> bool {
+        !matches!(self, CdcMode::CdcOnly)
+    }
+
+    pub fn needs_replication(self) -> bool {
+        !matches!(self, CdcMode::SnapshotOnly)
+    }
+}
+
+/// TLS mode for the connections to Postgres.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SslMode {
+    /// Plain TCP.
+    #[default]
+    Disable,
+}
+
+/// Connection and replication settings of a Postgres source.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresSource {
+    /// Host name or address (or a Unix socket folder starting with `/`).
+    pub host: String,
+    /// Port, default 5432.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// User to connect as.
+    pub user: String,
+    /// Password; use `${VAR}` to read it from the environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Database name.
+    pub database: String,
+    /// Tables to follow: `name` (schema `public`) or `schema.name`.
+    pub tables: Vec<String>,
+    /// How the tables are read: `snapshot_then_cdc` (default), `cdc_only`, `snapshot_only`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdc_mode: Option<CdcMode>,
+    /// Publication name (default `skippr_<workspace>_<pipeline>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publication: Option<String>,
+    /// Replication slot name (default `skippr_<workspace>_<pipeline>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+    /// Connections that copy one large table in parallel during a snapshot (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_parallelism: Option<usize>,
+    /// Target size of the Parquet files a snapshot writes, in MiB (default 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parquet_target_file_size_mb: Option<u64>,
+}
+
+impl PostgresSource {
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(DEFAULT_PG_PORT)
+    }
+
+    pub fn cdc_mode(&self) -> CdcMode {
+        self.cdc_mode.unwrap_or_default()
+    }
+}
+
+/// A data sink definition: exactly one connector key, plus an optional schema sink link.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataSinkDef {
+    /// Iceberg tables in a local warehouse with an embedded sqlite catalog.
+    #[serde(
+        rename = "LocalIceberg",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub local_iceberg: Option<LocalIcebergSink>,
+    /// Iceberg tables on S3, registered in AWS Glue, queryable from Athena.
+    #[serde(
+        rename = "AthenaIceberg",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub athena_iceberg: Option<AthenaIcebergSink>,
+    /// Reference to a schema sink, `schema_sinks.<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_sink: Option<String>,
+}
+
+/// A schema sink definition: exactly one connector key.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaSinkDef {
+    /// The local warehouse's sqlite catalog.
+    #[serde(
+        rename = "LocalIceberg",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub local_iceberg: Option<LocalIcebergSink>,
+    /// The AWS Glue catalog.
+    #[serde(
+        rename = "AthenaIceberg",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub athena_iceberg: Option<AthenaIcebergSink>,
+}
+
+/// The embedded default sink.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LocalIcebergSink {
+    /// Warehouse folder; relative paths resolve against the config file's folder.
+    pub warehouse: String,
+}
+
+/// Iceberg on S3 with the Glue catalog.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AthenaIcebergSink {
+    /// Warehouse location, `s3://bucket/prefix/`.
+    pub warehouse: String,
+    /// Glue database the tables are registered in.
+    pub glue_database_name: String,
+    /// Athena workgroup used for queries.
+    pub athena_workgroup_name: String,
+    /// Bucket for Athena query results.
+    pub athena_results_s3_bucket: String,
+    /// AWS region.
+    pub region: String,
+}

@@ -1,0 +1,277 @@
+//! `skipprd sync`: runs one pipeline from the source to the sink. Today that is the
+//! consistent snapshot of every table not yet copied, committed to Iceberg with its LSN.
+
+use std::fs::File;
+use std::path::Path;
+
+use tokio_postgres::Client;
+
+use crate::catalog::LocalCatalog;
+use crate::config::{CdcMode, Config, PipelineConfig, SinkConfig};
+use crate::error::{Context, Error, ErrorKind, Result};
+use crate::sink::iceberg::{commit, schema as ice_schema};
+use crate::source::postgres::connect::connect;
+use crate::source::postgres::lsn::Lsn;
+use crate::source::postgres::schema::{describe, TableSchema};
+use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
+use crate::source::postgres::snapshot::{copy_tables, TableJob};
+
+/// What one `sync --once` did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    pub copied: Vec<String>,
+    pub skipped: Vec<String>,
+}
+
+/// An exclusive lock on a pipeline, held for the life of the value.
+pub struct PipelineLock {
+    _file: File,
+}
+
+impl PipelineLock {
+    pub fn acquire(config: &Config, pipeline: &str) -> Result<Self> {
+        let dir = config.storage_path.join("pipelines");
+        std::fs::create_dir_all(&dir).with_context(|| {
+            format!(
+                "cannot create the state folder {}; check skipprd_el_storage_path and its permissions",
+                dir.display()
+            )
+        })?;
+        let path = dir.join(format!("{pipeline}.lock"));
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open the lock file {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
+                ErrorKind::Source,
+                format!(
+                    "pipeline `{pipeline}` is already running in another skipprd process (lock {}); stop it first",
+                    path.display()
+                ),
+            )),
+            Err(std::fs::TryLockError::Error(e)) => {
+                Err(Error::from(e)).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+    }
+}
+
+/// Opens the pipeline's sink catalog.
+pub async fn open_sink(p: &PipelineConfig) -> Result<LocalCatalog> {
+    match &p.sink {
+        SinkConfig::LocalIceberg { warehouse, .. } => LocalCatalog::open(warehouse).await,
+        SinkConfig::AthenaIceberg { name, .. } => Err(Error::config(format!(
+            "data sink `{name}` is AthenaIceberg, which this version of skipprd can validate but not yet write to; use a LocalIceberg sink for now"
+        ))),
+    }
+}
+
+/// Runs the snapshot phase of a pipeline once.
+pub async fn sync_once(config: &Config, p: &PipelineConfig) -> Result<SyncReport> {
+    let _lock = PipelineLock::acquire(config, &p.name)?;
+    let cfg = &p.source;
+    let catalog = open_sink(p).await?;
+    let namespace = catalog.ensure_namespace(&config.workspace).await?;
+    let client = connect(cfg).await?;
+
+    let mut schemas = Vec::new();
+    for t in &cfg.tables {
+        schemas.push(describe(&client, t).await?);
+    }
+    if cfg.cdc_mode.needs_replication() {
+        check_replication_ready(&client, p, &schemas).await?;
+    }
+
+    let mut report = SyncReport::default();
+    let mut todo = Vec::new();
+    for ts in schemas {
+        let table = ice_schema::create_or_load(&catalog, &namespace, &ts).await?;
+        if commit::committed_lsn(&table).is_some() {
+            report.skipped.push(ts.table.to_string());
+            continue;
+        }
+        remove_uncommitted_files(&table)?;
+        let arrow = ice_schema::arrow_schema(&table)?;
+        todo.push(TableJob {
+            schema: ts,
+            table,
+            arrow,
+        });
+    }
+
+    match cfg.cdc_mode {
+        CdcMode::SnapshotOnly => {
+            if !todo.is_empty() {
+                // A plain transaction exports the snapshot; its LSN is informational.
+                let exporter = connect(cfg).await?;
+                exporter
+                    .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await
+                    .context("starting the snapshot transaction")?;
+                let row = exporter
+                    .query_one(
+                        "SELECT pg_export_snapshot(), pg_current_wal_lsn()::text",
+                        &[],
+                    )
+                    .await
+                    .context("exporting a snapshot")?;
+                let name: String = row.get(0);
+                let lsn = Lsn::parse(&row.get::<_, String>(1)).map_err(Error::fatal)?;
+                report.copied = names(&todo);
+                copy_tables(cfg, &name, lsn, todo, &catalog, &p.name).await?;
+                exporter
+                    .batch_execute("COMMIT")
+                    .await
+                    .context("ending the snapshot")?;
+            }
+        }
+        CdcMode::SnapshotThenCdc => {
+            slot::ensure_publication(&client, cfg).await?;
+            require_slot_if_synced(&client, p, &report).await?;
+            if !todo.is_empty() {
+                let existing = slot_info(&client, &cfg.slot).await?;
+                // The pipeline's slot is created once, with the first snapshot. A later snapshot
+                // (an interrupted one, or a table added since) uses a temporary slot of its own:
+                // the pipeline slot keeps what it holds, and each table records its own LSN.
+                let exported = match existing {
+                    None => create_slot_exporting_snapshot(cfg, &cfg.slot, false).await?,
+                    Some(_) => {
+                        let tmp = format!("{}_snap_{}", cfg.slot, std::process::id());
+                        create_slot_exporting_snapshot(cfg, &tmp, true).await?
+                    }
+                };
+                report.copied = names(&todo);
+                copy_tables(
+                    cfg,
+                    &exported.snapshot_name,
+                    exported.consistent_point,
+                    todo,
+                    &catalog,
+                    &p.name,
+                )
+                .await?;
+                drop(exported.session);
+            }
+        }
+        CdcMode::CdcOnly => {
+            slot::ensure_publication(&client, cfg).await?;
+            require_slot_if_synced(&client, p, &report).await?;
+            let start = match slot_info(&client, &cfg.slot).await? {
+                Some(s) => s.confirmed_flush.unwrap_or_default(),
+                None => {
+                    let created = create_slot_exporting_snapshot(cfg, &cfg.slot, false).await?;
+                    created.consistent_point
+                }
+            };
+            // No snapshot: each new table starts empty at the slot's position.
+            for job in todo {
+                commit::append(
+                    catalog.catalog.as_ref(),
+                    &job.table,
+                    Vec::new(),
+                    start,
+                    "cdc",
+                    &p.name,
+                )
+                .await?;
+                report.copied.push(job.schema.table.to_string());
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Tables already synced through a slot that no longer exists may have missed changes:
+/// fail closed instead of silently starting a new slot at the current position.
+async fn require_slot_if_synced(
+    client: &Client,
+    p: &PipelineConfig,
+    report: &SyncReport,
+) -> Result<()> {
+    if report.skipped.is_empty() || slot_info(client, &p.source.slot).await?.is_some() {
+        return Ok(());
+    }
+    Err(Error::source_err(format!(
+        "replication slot `{}` no longer exists, but tables {} were already synced through it, so changes made since may be missing; run `skipprd sync --pipeline {} --resnapshot` to copy the tables again",
+        p.source.slot,
+        report.skipped.join(", "),
+        p.name
+    )))
+}
+
+fn names(todo: &[TableJob]) -> Vec<String> {
+    todo.iter().map(|j| j.schema.table.to_string()).collect()
+}
+
+/// Refuses to start when the slot is lost or a table cannot carry updates and deletes.
+async fn check_replication_ready(
+    client: &Client,
+    p: &PipelineConfig,
+    schemas: &[TableSchema],
+) -> Result<()> {
+    let cfg = &p.source;
+    let wal_level: String = client
+        .query_one("SELECT current_setting('wal_level')", &[])
+        .await
+        .context("reading wal_level")?
+        .get(0);
+    if wal_level != "logical" {
+        return Err(Error::source_err(format!(
+            "cdc_mode {} needs wal_level = logical, but the server has {wal_level}; run ALTER SYSTEM SET wal_level = logical; and restart Postgres (or use cdc_mode: snapshot_only)",
+            cfg.cdc_mode.as_str()
+        )));
+    }
+    if let Some(s) = slot_info(client, &cfg.slot).await? {
+        if s.wal_status.as_deref() == Some("lost") {
+            return Err(Error::source_err(format!(
+                "replication slot `{}` is invalidated (wal_status = lost): Postgres removed WAL the pipeline still needed, so changes were lost at the source; run `skipprd sync --pipeline {} --resnapshot` to copy the tables again",
+                cfg.slot, p.name
+            )));
+        }
+    }
+    for ts in schemas {
+        if ts.primary_key.is_empty() && ts.replica_identity != "full" {
+            return Err(Error::source_err(format!(
+                "table {} has no primary key and replica identity {}, so its updates and deletes cannot be applied; add a primary key, or run ALTER TABLE {} REPLICA IDENTITY FULL;",
+                ts.table,
+                ts.replica_identity,
+                ts.table.quoted()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Deletes data files left by an interrupted snapshot of a table that has no snapshot yet:
+/// nothing references them, and the copy starts over.
+fn remove_uncommitted_files(table: &iceberg::table::Table) -> Result<()> {
+    if table.metadata().current_snapshot().is_some() {
+        return Ok(());
+    }
+    let location = table.metadata().location();
+    let Some(path) = location.strip_prefix("file://") else {
+        return Ok(());
+    };
+    let data = Path::new(path).join("data");
+    if data.is_dir() {
+        let mut removed = 0;
+        for entry in
+            std::fs::read_dir(&data).with_context(|| format!("listing {}", data.display()))?
+        {
+            let entry = entry.with_context(|| format!("listing {}", data.display()))?;
+            if entry.path().extension().is_some_and(|e| e == "parquet") {
+                std::fs::remove_file(entry.path())
+                    .with_context(|| format!("removing {}", entry.path().display()))?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(table = %table.identifier(), files = removed, "removed files of an interrupted snapshot");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! Iceberg schemas from source table schemas: field per column, the primary key as the
+//! identifier fields, and the Arrow schema the writer must produce.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use iceberg::table::Table;
+use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
+
+use super::{PROP_PRIMARY_KEY, PROP_SOURCE};
+use crate::catalog::LocalCatalog;
+use crate::error::{Context, Result};
+use crate::source::postgres::schema::TableSchema;
+
+/// Builds the Iceberg schema of a source table.
+pub fn iceberg_schema(ts: &TableSchema) -> Result<Schema> {
+    let n = ts.columns.len() as i32;
+    // Top-level fields take ids 1..=n; nested (list element) ids follow.
+    let mut next_nested = n;
+    let mut fields = Vec::with_capacity(ts.columns.len());
+    let mut identifier = Vec::new();
+    for (i, c) in ts.columns.iter().enumerate() {
+        let id = i as i32 + 1;
+        let ty = c.pg.iceberg_type(&mut next_nested);
+        let in_key = ts.primary_key.iter().any(|k| k == &c.name);
+        let field = if c.not_null || in_key {
+            NestedField::required(id, &c.name, ty.clone())
+        } else {
+            NestedField::optional(id, &c.name, ty.clone())
+        };
+        fields.push(Arc::new(field));
+        if in_key && can_identify(&ty) {
+            identifier.push(id);
+        }
+    }
+    let mut builder = Schema::builder().with_fields(fields);
+    if identifier.len() == ts.primary_key.len() && !identifier.is_empty() {
+        builder = builder.with_identifier_field_ids(identifier);
+    }
+    builder
+        .build()
+        .with_context(|| format!("building the Iceberg schema of {}", ts.table))
+}
+
+/// Iceberg identifier fields must be primitive and not floating point.
+fn can_identify(t: &Type) -> bool {
+    matches!(t, Type::Primitive(p) if !matches!(p, PrimitiveType::Float | PrimitiveType::Double))
+}
+
+/// Loads the Iceberg table for `ts`, creating it from the source schema when missing.
+pub async fn create_or_load(
+    catalog: &LocalCatalog,
+    namespace: &NamespaceIdent,
+    ts: &TableSchema,
+) -> Result<Table> {
+    let ident = TableIdent::new(namespace.clone(), ts.table.iceberg_name());
+    if catalog
+        .catalog
+        .table_exists(&ident)
+        .await
+        .with_context(|| format!("looking up Iceberg table {ident}"))?
+    {
+        return catalog
+            .catalog
+            .load_table(&ident)
+            .await
+            .with_context(|| format!("loading Iceberg table {ident}"));
+    }
+    let schema = iceberg_schema(ts)?;
+    let props = HashMap::from([
+        (PROP_SOURCE.to_string(), ts.table.to_string()),
+        (PROP_PRIMARY_KEY.to_string(), ts.primary_key.join(",")),
+        (
+            "write.parquet.compression-codec".to_string(),
+            "zstd".to_string(),
+        ),
+    ]);
+    let creation = TableCreation::builder()
+        .name(ts.table.iceberg_name())
+        .schema(schema)
+        .properties(props)
+        .build();
+    let table = catalog
+        .catalog
+        .create_table(namespace, creation)
+        .await
+        .with_context(|| format!("creating Iceberg table {ident}"))?;
+    tracing::info!(table = %ident, source = %ts.table, "created Iceberg table");
+    Ok(table)
+}
+
+/// The Arrow schema matching the table's current Iceberg schema (with field ids).
+pub fn arrow_schema(table: &Table) -> Result<SchemaRef> {
+    Ok(Arc::new(iceberg::arrow::schema_to_arrow_schema(
+        table.metadata().current_schema(),
+    )?))
+}

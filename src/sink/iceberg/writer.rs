@@ -1,0 +1,72 @@
+//! Writes record batches into Parquet data files of a table, rolling to a new file at the
+//! configured target size. Files only become visible when a commit adds them.
+
+use arrow::array::RecordBatch;
+use iceberg::spec::{DataFile, DataFileFormat};
+use iceberg::table::Table;
+use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
+use iceberg::writer::file_writer::location_generator::{
+    DefaultFileNameGenerator, DefaultLocationGenerator,
+};
+use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::file_writer::ParquetWriterBuilder;
+use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Context, Result};
+
+/// Rows per Parquet row group.
+const ROW_GROUP_ROWS: usize = 128 * 1024;
+
+type Inner =
+    DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+
+/// A writer of data files for one table.
+pub struct TableWriter {
+    inner: Inner,
+    rows: u64,
+}
+
+impl TableWriter {
+    /// `prefix` makes file names unique per run and per writer.
+    pub async fn new(table: &Table, prefix: String, target_file_size: u64) -> Result<Self> {
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .build();
+        let parquet = ParquetWriterBuilder::new(props, table.metadata().current_schema().clone());
+        let location = DefaultLocationGenerator::new(table.metadata())?;
+        let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
+        let rolling = RollingFileWriterBuilder::new(
+            parquet,
+            target_file_size as usize,
+            table.file_io().clone(),
+            location,
+            names,
+        );
+        let inner = DataFileWriterBuilder::new(rolling)
+            .build(None)
+            .await
+            .context("starting a Parquet data file writer")?;
+        Ok(Self { inner, rows: 0 })
+    }
+
+    pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        self.rows += batch.num_rows() as u64;
+        self.inner
+            .write(batch)
+            .await
+            .context("writing a Parquet data file")
+    }
+
+    /// Closes the current file and returns every data file written.
+    pub async fn close(mut self) -> Result<(Vec<DataFile>, u64)> {
+        let files = self
+            .inner
+            .close()
+            .await
+            .context("closing a Parquet data file")?;
+        Ok((files, self.rows))
+    }
+}

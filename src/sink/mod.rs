@@ -1,0 +1,3 @@
+//! Sinks: where changes land after the WAL. Today every sink writes Iceberg tables.
+
+pub mod iceberg;

@@ -1,0 +1,3 @@
+//! Sources: where changes come from. Postgres is the first.
+
+pub mod postgres;

@@ -1,0 +1,427 @@
+//! `skipprd discover`: reads each configured table's shape and checks that the source is
+//! ready for the pipeline's `cdc_mode`, saying exactly what to run for each failed check.
+
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use super::connect::connect;
+use super::schema::{describe, TableSchema};
+use super::slot::{publication_fix_sql, publication_tables, slot_info};
+use crate::config::{quote_ident, PipelineConfig};
+use crate::error::{Context, Result};
+
+/// One readiness check.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+    /// What to run to fix a failed check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ColumnReport {
+    pub name: String,
+    pub pg_type: String,
+    pub iceberg_type: String,
+    pub nullable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TableReport {
+    pub schema: String,
+    pub name: String,
+    pub iceberg_table: String,
+    pub columns: Vec<ColumnReport>,
+    pub primary_key: Vec<String>,
+    pub replica_identity: String,
+    pub row_estimate: i64,
+}
+
+/// Everything `discover` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub pipeline: String,
+    pub data_source: String,
+    pub cdc_mode: String,
+    pub tables: Vec<TableReport>,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+}
+
+fn check(name: &str, ok: bool, detail: impl Into<String>, fix: Option<String>) -> Check {
+    Check {
+        name: name.to_string(),
+        ok,
+        detail: detail.into(),
+        fix: if ok { None } else { fix },
+    }
+}
+
+/// Runs discovery for one pipeline.
+pub async fn discover(p: &PipelineConfig, workspace: &str) -> Result<Report> {
+    let cfg = &p.source;
+    let client = connect(cfg).await?;
+    let mut checks = Vec::new();
+    let mut tables = Vec::new();
+    let mut schemas = Vec::new();
+    for t in &cfg.tables {
+        match describe(&client, t).await {
+            Ok(ts) => {
+                tables.push(table_report(&ts, workspace));
+                schemas.push(ts);
+            }
+            Err(e) => checks.push(check(
+                &format!("table {t}"),
+                false,
+                e.message().to_string(),
+                Some(format!(
+                    "create table {t} in database `{}`, or remove `{}` from data_sources.{}.Postgres.tables",
+                    cfg.database, t, cfg.name
+                )),
+            )),
+        }
+    }
+    for ts in &schemas {
+        let can_select: bool = client
+            .query_one("SELECT has_table_privilege($1::oid, 'SELECT')", &[&ts.oid])
+            .await
+            .context("checking table privileges")?
+            .get(0);
+        checks.push(check(
+            &format!("select on {}", ts.table),
+            can_select,
+            if can_select {
+                "readable".to_string()
+            } else {
+                format!("user `{}` cannot read {}", cfg.user, ts.table)
+            },
+            Some(format!(
+                "GRANT SELECT ON {} TO {};",
+                ts.table.quoted(),
+                quote_ident(&cfg.user)
+            )),
+        ));
+    }
+    if cfg.cdc_mode.needs_replication() {
+        replication_checks(&client, p, &schemas, &mut checks).await?;
+    }
+    Ok(Report {
+        pipeline: p.name.clone(),
+        data_source: cfg.name.clone(),
+        cdc_mode: cfg.cdc_mode.as_str().to_string(),
+        tables,
+        checks,
+    })
+}
+
+fn table_report(ts: &TableSchema, workspace: &str) -> TableReport {
+    TableReport {
+        schema: ts.table.schema.clone(),
+        name: ts.table.name.clone(),
+        iceberg_table: format!("{workspace}.{}", ts.table.iceberg_name()),
+        columns: ts
+            .columns
+            .iter()
+            .map(|c| ColumnReport {
+                name: c.name.clone(),
+                pg_type: c.pg_type_name.clone(),
+                iceberg_type: c.pg.iceberg_type_name(),
+                nullable: !(c.not_null || ts.primary_key.contains(&c.name)),
+                note: c.fallback.map(str::to_string),
+            })
+            .collect(),
+        primary_key: ts.primary_key.clone(),
+        replica_identity: ts.replica_identity.clone(),
+        row_estimate: ts.row_estimate,
+    }
+}
+
+async fn replication_checks(
+    client: &Client,
+    p: &PipelineConfig,
+    schemas: &[TableSchema],
+    checks: &mut Vec<Check>,
+) -> Result<()> {
+    let cfg = &p.source;
+    let wal_level: String = client
+        .query_one("SELECT current_setting('wal_level')", &[])
+        .await
+        .context("reading wal_level")?
+        .get(0);
+    checks.push(check(
+        "wal_level",
+        wal_level == "logical",
+        format!("wal_level = {wal_level}"),
+        Some("ALTER SYSTEM SET wal_level = logical; then restart Postgres".into()),
+    ));
+
+    let row = client
+        .query_one(
+            "SELECT rolreplication OR rolsuper, rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+        .context("reading the user's privileges")?;
+    let can_replicate: bool = row.get(0);
+    let superuser: bool = row.get(1);
+    checks.push(check(
+        "replication privilege",
+        can_replicate,
+        if can_replicate {
+            format!("user `{}` may replicate", cfg.user)
+        } else {
+            format!("user `{}` lacks the REPLICATION privilege", cfg.user)
+        },
+        Some(format!(
+            "ALTER ROLE {} WITH REPLICATION;",
+            quote_ident(&cfg.user)
+        )),
+    ));
+
+    match slot_info(client, &cfg.slot).await? {
+        Some(slot) => {
+            let (ok, detail, fix) = if slot.wal_status.as_deref() == Some("lost") {
+                (
+                    false,
+                    format!("slot `{}` is invalidated (wal_status = lost): Postgres removed WAL it still needed", cfg.slot),
+                    Some(format!("skipprd sync --pipeline {} --resnapshot", p.name)),
+                )
+            } else if slot.plugin.as_deref() != Some("pgoutput") {
+                (
+                    false,
+                    format!(
+                        "slot `{}` exists but is not a pgoutput logical slot",
+                        cfg.slot
+                    ),
+                    Some(format!(
+                        "SELECT pg_drop_replication_slot('{}'); or set `slot:` to another name",
+                        cfg.slot
+                    )),
+                )
+            } else if slot.database.as_deref() != Some(cfg.database.as_str()) {
+                (
+                    false,
+                    format!("slot `{}` belongs to another database", cfg.slot),
+                    Some("set `slot:` to another name in skippr.yml".to_string()),
+                )
+            } else {
+                (
+                    true,
+                    format!(
+                        "slot `{}` exists{} (confirmed up to {})",
+                        cfg.slot,
+                        if slot.active { " and is in use" } else { "" },
+                        slot.confirmed_flush
+                            .map(|l| l.to_string())
+                            .unwrap_or_else(|| "-".into())
+                    ),
+                    None,
+                )
+            };
+            checks.push(check("replication slot", ok, detail, fix));
+        }
+        None => {
+            let free: i64 = client
+                .query_one(
+                    "SELECT current_setting('max_replication_slots')::bigint - (SELECT count(*) FROM pg_replication_slots)",
+                    &[],
+                )
+                .await
+                .context("counting replication slots")?
+                .get(0);
+            checks.push(check(
+                "replication slot",
+                free > 0,
+                if free > 0 {
+                    format!("slot `{}` will be created on the first sync ({free} free)", cfg.slot)
+                } else {
+                    "no free replication slot (max_replication_slots reached)".to_string()
+                },
+                Some("ALTER SYSTEM SET max_replication_slots = <more>; then restart Postgres, or drop an unused slot with SELECT pg_drop_replication_slot('<name>');".into()),
+            ));
+        }
+    }
+
+    let existing = publication_tables(client, &cfg.publication).await?;
+    let fix = publication_fix_sql(&cfg.publication, existing.as_deref(), &cfg.tables);
+    match (&existing, &fix) {
+        (Some(_), None) => checks.push(check(
+            "publication",
+            true,
+            format!("publication `{}` covers every table", cfg.publication),
+            None,
+        )),
+        _ => {
+            // Creating or altering a publication needs ownership of the tables (or superuser).
+            let mut owns_all = true;
+            for ts in schemas {
+                let owns: bool = client
+                    .query_one(
+                        "SELECT pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = $1",
+                        &[&ts.oid],
+                    )
+                    .await
+                    .context("checking table ownership")?
+                    .get(0);
+                owns_all &= owns;
+            }
+            let can_create: bool = superuser
+                || client
+                    .query_one(
+                        "SELECT has_database_privilege(current_database(), 'CREATE')",
+                        &[],
+                    )
+                    .await
+                    .context("checking the CREATE privilege")?
+                    .get(0);
+            let ok = owns_all && (existing.is_some() || can_create);
+            checks.push(check(
+                "publication",
+                ok,
+                if ok {
+                    format!(
+                        "publication `{}` will be {} on the first sync",
+                        cfg.publication,
+                        if existing.is_some() {
+                            "extended"
+                        } else {
+                            "created"
+                        }
+                    )
+                } else {
+                    format!(
+                        "publication `{}` {} and user `{}` cannot {} it",
+                        cfg.publication,
+                        if existing.is_some() {
+                            "lacks some tables"
+                        } else {
+                            "does not exist"
+                        },
+                        cfg.user,
+                        if existing.is_some() {
+                            "extend"
+                        } else {
+                            "create"
+                        }
+                    )
+                },
+                fix.clone()
+                    .map(|sql| format!("as a table owner or superuser: {sql}")),
+            ));
+        }
+    }
+
+    for ts in schemas {
+        let keyed = !ts.primary_key.is_empty() || ts.replica_identity == "full";
+        checks.push(check(
+            &format!("change identity of {}", ts.table),
+            keyed,
+            if keyed {
+                if ts.primary_key.is_empty() {
+                    "replica identity full".to_string()
+                } else {
+                    format!("primary key ({})", ts.primary_key.join(", "))
+                }
+            } else {
+                format!("{} has no primary key and replica identity {}: updates and deletes cannot be applied", ts.table, ts.replica_identity)
+            },
+            Some(format!(
+                "add a primary key, or run: ALTER TABLE {} REPLICA IDENTITY FULL;",
+                ts.table.quoted()
+            )),
+        ));
+    }
+    Ok(())
+}
+
+/// Prints the report for a person.
+pub fn render_text(r: &Report) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "Pipeline {} (data source {}, cdc_mode {})\n",
+        r.pipeline, r.data_source, r.cdc_mode
+    ));
+    for t in &r.tables {
+        out.push_str(&format!(
+            "\n{}.{} -> {}\n  primary key: {}\n  replica identity: {}\n  rows (estimate): {}\n",
+            t.schema,
+            t.name,
+            t.iceberg_table,
+            if t.primary_key.is_empty() {
+                "(none)".to_string()
+            } else {
+                t.primary_key.join(", ")
+            },
+            t.replica_identity,
+            t.row_estimate
+        ));
+        let headers = ["column", "postgres type", "iceberg type", "nullable"];
+        let rows: Vec<Vec<String>> = t
+            .columns
+            .iter()
+            .map(|c| {
+                let mut iceberg = c.iceberg_type.clone();
+                if let Some(n) = &c.note {
+                    iceberg.push_str(&format!(" ({n})"));
+                }
+                vec![
+                    c.name.clone(),
+                    c.pg_type.clone(),
+                    iceberg,
+                    if c.nullable { "yes" } else { "no" }.to_string(),
+                ]
+            })
+            .collect();
+        let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+        for row in &rows {
+            for (w, v) in widths.iter_mut().zip(row) {
+                *w = (*w).max(v.chars().count());
+            }
+        }
+        let line = |cells: Vec<&str>| {
+            let mut s = String::from("  ");
+            for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+                if i + 1 == cells.len() {
+                    s.push_str(c);
+                } else {
+                    s.push_str(&format!("{c:<w$}  ", w = *w));
+                }
+            }
+            s.push('\n');
+            s
+        };
+        out.push_str(&line(headers.to_vec()));
+        for row in &rows {
+            out.push_str(&line(row.iter().map(String::as_str).collect()));
+        }
+    }
+    out.push_str("\nChecks\n");
+    for c in &r.checks {
+        out.push_str(&format!(
+            "  [{}] {}: {}\n",
+            if c.ok { " ok " } else { "FAIL" },
+            c.name,
+            c.detail
+        ));
+        if let Some(f) = &c.fix {
+            out.push_str(&format!("         fix: {f}\n"));
+        }
+    }
+    if r.ok() {
+        out.push_str("\nReady: every check passed.\n");
+    } else {
+        let n = r.checks.iter().filter(|c| !c.ok).count();
+        out.push_str(&format!("\nNot ready: {n} check(s) failed.\n"));
+    }
+    out
+}

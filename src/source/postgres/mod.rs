@@ -1,0 +1,12 @@
+//! The Postgres source: discovery, the consistent snapshot, and (later in the flow) the
+//! logical replication stream.
+
+pub mod connect;
+pub mod copy;
+pub mod discover;
+pub mod lsn;
+pub mod pgoutput;
+pub mod schema;
+pub mod slot;
+pub mod snapshot;
+pub mod types;

@@ -1,0 +1,151 @@
+//! Reads a source table's shape from the Postgres catalog: columns and their types (through
+//! domains and arrays), the primary key, the replica identity and the size. Discovery prints
+//! it; the snapshot and the Iceberg schema are built from it.
+
+use tokio_postgres::Client;
+
+use super::types::{Mapping, PgType, TypeInfo};
+use crate::config::TableRef;
+use crate::error::{Context, Error, Result};
+
+/// One column of a source table.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+    /// `format_type()` as Postgres prints it, e.g. `numeric(12,2)`.
+    pub pg_type_name: String,
+    pub pg: PgType,
+    /// Set when the column travels as text because Iceberg has no matching type.
+    pub fallback: Option<&'static str>,
+    pub not_null: bool,
+}
+
+/// A source table as the catalog describes it.
+#[derive(Debug, Clone)]
+pub struct TableSchema {
+    pub table: TableRef,
+    pub oid: u32,
+    pub columns: Vec<Column>,
+    pub primary_key: Vec<String>,
+    /// `default`, `full`, `index` or `nothing`.
+    pub replica_identity: String,
+    pub row_estimate: i64,
+    pub blocks: i64,
+}
+
+const TABLE_SQL: &str = "
+SELECT c.oid, c.relkind::text, c.relreplident::text, c.reltuples::bigint,
+       (pg_relation_size(c.oid) / current_setting('block_size')::bigint)::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2";
+
+// Columns with their type resolved through domains; arrays expose their element type.
+const COLUMNS_SQL: &str = "
+WITH RECURSIVE cols AS (
+  SELECT a.attnum, a.attname::text AS attname, format_type(a.atttypid, a.atttypmod) AS type_name,
+         a.attnotnull, a.atttypid AS tid, a.atttypmod AS tmod, 0 AS depth
+  FROM pg_attribute a
+  WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+  SELECT c.attnum, c.attname, c.type_name, c.attnotnull, t.typbasetype,
+         CASE WHEN c.tmod = -1 THEN t.typtypmod ELSE c.tmod END, c.depth + 1
+  FROM cols c JOIN pg_type t ON t.oid = c.tid
+  WHERE t.typtype = 'd' AND c.depth < 16
+)
+SELECT DISTINCT ON (c.attnum) c.attnum, c.attname, c.type_name, c.attnotnull,
+       t.oid, c.tmod, t.typtype::text, e.oid, e.typtype::text, t.typcategory::text
+FROM cols c
+JOIN pg_type t ON t.oid = c.tid
+LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+ORDER BY c.attnum, c.depth DESC";
+
+const PK_SQL: &str = "
+SELECT a.attname::text
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND i.indisprimary
+ORDER BY k.ord";
+
+/// Reads the schema of `table`. A missing table is an error that names it.
+pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> {
+    let row = client
+        .query_opt(TABLE_SQL, &[&table.schema, &table.name])
+        .await
+        .with_context(|| format!("reading the catalog entry of table {table}"))?;
+    let Some(row) = row else {
+        return Err(Error::source_err(format!(
+            "table {table} does not exist in the source database (or this user cannot see it); create it, or remove it from `tables:` in skippr.yml"
+        )));
+    };
+    let oid: u32 = row.get(0);
+    let relkind: String = row.get(1);
+    if relkind != "r" && relkind != "p" {
+        return Err(Error::source_err(format!(
+            "{table} is not a table (relkind `{relkind}`): only ordinary and partitioned tables can be replicated"
+        )));
+    }
+    let ident: String = row.get(2);
+    let replica_identity = match ident.as_str() {
+        "d" => "default",
+        "f" => "full",
+        "i" => "index",
+        "n" => "nothing",
+        _ => "unknown",
+    }
+    .to_string();
+    let row_estimate: i64 = row.get(3);
+    let blocks: i64 = row.get(4);
+
+    let rows = client
+        .query(COLUMNS_SQL, &[&oid])
+        .await
+        .with_context(|| format!("reading the columns of table {table}"))?;
+    let mut columns = Vec::with_capacity(rows.len());
+    for r in rows {
+        let typtype: String = r.get(6);
+        let elem_oid: Option<u32> = r.get(7);
+        let elem_typtype: Option<String> = r.get(8);
+        let info = TypeInfo {
+            oid: r.get(4),
+            typmod: r.get(5),
+            typtype: typtype.chars().next().unwrap_or('b'),
+            element: elem_oid.map(|eo| {
+                Box::new(TypeInfo {
+                    oid: eo,
+                    // An array column's typmod applies to its elements.
+                    typmod: r.get(5),
+                    typtype: elem_typtype
+                        .as_deref()
+                        .and_then(|s| s.chars().next())
+                        .unwrap_or('b'),
+                    element: None,
+                })
+            }),
+        };
+        let Mapping { pg, fallback } = PgType::from_info(&info);
+        columns.push(Column {
+            name: r.get(1),
+            pg_type_name: r.get(2),
+            pg,
+            fallback,
+            not_null: r.get(3),
+        });
+    }
+    let primary_key = client
+        .query(PK_SQL, &[&oid])
+        .await
+        .with_context(|| format!("reading the primary key of table {table}"))?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    Ok(TableSchema {
+        table: table.clone(),
+        oid,
+        columns,
+        primary_key,
+        replica_identity,
+        row_estimate: row_estimate.max(0),
+        blocks,
+    })
+}

@@ -1,0 +1,186 @@
+//! Replication slots and publications: the source-side state that lets CDC resume exactly
+//! where the snapshot (or the last acknowledged change) ended.
+
+use pgwire_replication::ReplicationClient;
+use tokio_postgres::Client;
+
+use super::connect::replication_config;
+use super::lsn::Lsn;
+use crate::config::{quote_ident, PostgresConfig, TableRef};
+use crate::error::{Context, Error, ErrorKind, Result};
+
+/// A slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone)]
+pub struct SlotInfo {
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    pub wal_status: Option<String>,
+    pub confirmed_flush: Option<Lsn>,
+    pub active: bool,
+}
+
+pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> {
+    let row = client
+        .query_opt(
+            "SELECT plugin::text, database::text, wal_status, confirmed_flush_lsn::text, active
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .context("reading pg_replication_slots")?;
+    Ok(row.map(|r| SlotInfo {
+        plugin: r.get(0),
+        database: r.get(1),
+        wal_status: r.get(2),
+        confirmed_flush: r
+            .get::<_, Option<String>>(3)
+            .and_then(|s| Lsn::parse(&s).ok()),
+        active: r.get(4),
+    }))
+}
+
+/// Tables of `publication`, or `None` when it does not exist.
+pub async fn publication_tables(
+    client: &Client,
+    publication: &str,
+) -> Result<Option<Vec<TableRef>>> {
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .context("reading pg_publication")?;
+    if exists.is_none() {
+        return Ok(None);
+    }
+    let rows = client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .context("reading pg_publication_tables")?;
+    Ok(Some(
+        rows.iter()
+            .map(|r| TableRef {
+                schema: r.get(0),
+                name: r.get(1),
+            })
+            .collect(),
+    ))
+}
+
+/// The SQL that creates the publication, or adds the missing tables to it.
+pub fn publication_fix_sql(
+    publication: &str,
+    existing: Option<&[TableRef]>,
+    tables: &[TableRef],
+) -> Option<String> {
+    match existing {
+        None => Some(format!(
+            "CREATE PUBLICATION {} FOR TABLE {};",
+            quote_ident(publication),
+            tables
+                .iter()
+                .map(TableRef::quoted)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Some(have) => {
+            let missing: Vec<_> = tables.iter().filter(|t| !have.contains(t)).collect();
+            if missing.is_empty() {
+                None
+            } else {
+                Some(format!(
+                    "ALTER PUBLICATION {} ADD TABLE {};",
+                    quote_ident(publication),
+                    missing
+                        .iter()
+                        .map(|t| t.quoted())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
+        }
+    }
+}
+
+/// Creates the publication or adds missing tables. Without the privilege, the error says
+/// exactly what to run.
+pub async fn ensure_publication(client: &Client, cfg: &PostgresConfig) -> Result<()> {
+    let existing = publication_tables(client, &cfg.publication).await?;
+    let Some(sql) = publication_fix_sql(&cfg.publication, existing.as_deref(), &cfg.tables) else {
+        return Ok(());
+    };
+    client.batch_execute(&sql).await.map_err(|e| {
+        let reason = Error::from(e);
+        Error::new(
+            ErrorKind::Source,
+            format!(
+                "cannot set up publication `{}` ({}); ask a table owner or superuser to run: {sql}",
+                cfg.publication,
+                reason.message()
+            ),
+        )
+    })?;
+    tracing::info!(publication = %cfg.publication, "publication ready");
+    Ok(())
+}
+
+/// A slot just created with an exported snapshot. Keep `session` alive and idle while other
+/// connections import `snapshot_name`; the snapshot ends when the session starts streaming
+/// or closes.
+pub struct ExportedSlot {
+    pub session: ReplicationClient,
+    pub consistent_point: Lsn,
+    pub snapshot_name: String,
+}
+
+/// Creates a logical slot with the pgoutput plugin and exports its snapshot.
+pub async fn create_slot_exporting_snapshot(
+    cfg: &PostgresConfig,
+    slot: &str,
+    temporary: bool,
+) -> Result<ExportedSlot> {
+    let rc = replication_config(cfg, slot);
+    let mut session = ReplicationClient::connect_gated(rc).await.map_err(|e| {
+        Error::new(
+            ErrorKind::Source,
+            format!(
+                "cannot open a replication connection to {}:{} as `{}`: {e}; the user needs the REPLICATION privilege (ALTER ROLE {} WITH REPLICATION;) and pg_hba.conf must allow it",
+                cfg.host, cfg.port, cfg.user, quote_ident(&cfg.user)
+            ),
+        )
+    })?;
+    // The pre-Postgres-15 syntax is still accepted by every current version.
+    let sql = format!(
+        "CREATE_REPLICATION_SLOT {} {}LOGICAL pgoutput EXPORT_SNAPSHOT",
+        quote_ident(slot),
+        if temporary { "TEMPORARY " } else { "" }
+    );
+    let rows = session.simple_query(&sql).await.map_err(|e| {
+        Error::new(
+            ErrorKind::Source,
+            format!("cannot create replication slot `{slot}`: {e}; check max_replication_slots and that wal_level = logical"),
+        )
+    })?;
+    let row = rows
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::fatal("CREATE_REPLICATION_SLOT returned no row"))?;
+    let text = |i: usize| -> Result<String> {
+        row.get(i)
+            .and_then(|v| v.as_ref())
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .ok_or_else(|| Error::fatal(format!("CREATE_REPLICATION_SLOT returned no column {i}")))
+    };
+    let consistent_point = Lsn::parse(&text(1)?).map_err(Error::fatal)?;
+    let snapshot_name = text(2)?;
+    tracing::info!(slot, %consistent_point, temporary, "replication slot created");
+    Ok(ExportedSlot {
+        session,
+        consistent_point,
+        snapshot_name,
+    })
+}

@@ -1,0 +1,335 @@
+//! The consistent snapshot: copies every table that has no committed snapshot yet, inside one
+//! exported Postgres snapshot, on several connections at once (ctid ranges), streaming COPY
+//! rows through Arrow into Parquet files, then commits each table to Iceberg in one snapshot
+//! that records the LSN the copy is consistent with.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use futures::StreamExt;
+use iceberg::spec::DataFile;
+use iceberg::table::Table;
+use tokio::task::JoinSet;
+
+use super::connect::connect;
+use super::copy::CopyDecoder;
+use super::lsn::Lsn;
+use super::schema::TableSchema;
+use crate::catalog::LocalCatalog;
+use crate::config::{quote_ident, PostgresConfig};
+use crate::error::{Context, Error, Result};
+use crate::sink::iceberg::{commit, writer::TableWriter};
+
+/// Blocks (8 KiB pages) a copy connection takes on at least: below this, splitting a table
+/// costs more than it saves.
+const MIN_BLOCKS_PER_CHUNK: i64 = 1024;
+
+/// A table to copy and the Iceberg table it lands in.
+pub struct TableJob {
+    pub schema: TableSchema,
+    pub table: Table,
+    pub arrow: SchemaRef,
+}
+
+/// One ctid range of one table.
+struct Chunk {
+    job: usize,
+    lower: Option<i64>,
+    upper: Option<i64>,
+}
+
+fn chunks_for(job: usize, blocks: i64, parallelism: usize) -> Vec<Chunk> {
+    let wanted = (blocks + MIN_BLOCKS_PER_CHUNK - 1) / MIN_BLOCKS_PER_CHUNK;
+    let n = wanted.clamp(1, parallelism as i64);
+    if n == 1 {
+        return vec![Chunk {
+            job,
+            lower: None,
+            upper: None,
+        }];
+    }
+    let step = (blocks + n - 1) / n;
+    (0..n)
+        .map(|i| Chunk {
+            job,
+            lower: (i > 0).then_some(i * step),
+            // The last range is open: the table may have grown since its size was read.
+            upper: (i < n - 1).then_some((i + 1) * step),
+        })
+        .collect()
+}
+
+/// Copies `jobs` inside `snapshot_name` and commits each table with `lsn`.
+pub async fn copy_tables(
+    cfg: &PostgresConfig,
+    snapshot_name: &str,
+    lsn: Lsn,
+    jobs: Vec<TableJob>,
+    catalog: &LocalCatalog,
+    pipeline: &str,
+) -> Result<()> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let run_id = uuid::Uuid::now_v7().simple().to_string();
+    let jobs: Vec<Arc<TableJob>> = jobs.into_iter().map(Arc::new).collect();
+    let mut pending: Vec<Chunk> = Vec::new();
+    let mut remaining: HashMap<usize, usize> = HashMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let chunks = chunks_for(i, job.schema.blocks, cfg.snapshot_parallelism);
+        remaining.insert(i, chunks.len());
+        pending.extend(chunks);
+    }
+    let counters: Vec<Arc<AtomicU64>> = jobs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let progress = Progress::start(&jobs, &counters);
+
+    let mut files: HashMap<usize, Vec<DataFile>> = HashMap::new();
+    let mut running = JoinSet::new();
+    let mut queue = pending.into_iter().enumerate();
+    let mut result = Ok(());
+    loop {
+        while running.len() < cfg.snapshot_parallelism {
+            let Some((n, chunk)) = queue.next() else {
+                break;
+            };
+            let job = Arc::clone(&jobs[chunk.job]);
+            let cfg = cfg.clone();
+            let snapshot = snapshot_name.to_string();
+            let counter = Arc::clone(&counters[chunk.job]);
+            let prefix = format!("snap-{run_id}-{n:04}");
+            running.spawn(async move {
+                let out = copy_chunk(&cfg, &snapshot, &job, &chunk, prefix, counter).await;
+                (chunk.job, out)
+            });
+        }
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        let (job_index, out) = match joined {
+            Ok(v) => v,
+            Err(e) => {
+                result = Err(Error::fatal(format!("a snapshot copy task failed: {e}")));
+                break;
+            }
+        };
+        match out {
+            Ok(mut written) => {
+                files.entry(job_index).or_default().append(&mut written);
+                let left = remaining.entry(job_index).or_insert(1);
+                *left -= 1;
+                if *left == 0 {
+                    let job = &jobs[job_index];
+                    let table_files = files.remove(&job_index).unwrap_or_default();
+                    let rows = counters[job_index].load(Ordering::Relaxed);
+                    let n_files = table_files.len();
+                    if let Err(e) = commit::append(
+                        catalog.catalog.as_ref(),
+                        &job.table,
+                        table_files,
+                        lsn,
+                        "snapshot",
+                        pipeline,
+                    )
+                    .await
+                    {
+                        result = Err(e);
+                        break;
+                    }
+                    progress.done(job_index, rows);
+                    tracing::info!(
+                        table = %job.schema.table,
+                        rows,
+                        files = n_files,
+                        %lsn,
+                        "snapshot committed"
+                    );
+                }
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_err() {
+        running.abort_all();
+    }
+    progress.finish();
+    result
+}
+
+async fn copy_chunk(
+    cfg: &PostgresConfig,
+    snapshot_name: &str,
+    job: &TableJob,
+    chunk: &Chunk,
+    prefix: String,
+    counter: Arc<AtomicU64>,
+) -> Result<Vec<DataFile>> {
+    let table = &job.schema.table;
+    let client = connect(cfg).await?;
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await
+        .context("starting the snapshot transaction")?;
+    client
+        .batch_execute(&format!("SET TRANSACTION SNAPSHOT '{snapshot_name}'"))
+        .await
+        .with_context(|| {
+            format!("importing snapshot {snapshot_name} to copy {table}; the snapshot ends when its exporting session does")
+        })?;
+    let cols = job
+        .schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut conds = Vec::new();
+    if let Some(l) = chunk.lower {
+        conds.push(format!("ctid >= '({l},0)'::tid"));
+    }
+    if let Some(u) = chunk.upper {
+        conds.push(format!("ctid < '({u},0)'::tid"));
+    }
+    let filter = if conds.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conds.join(" AND "))
+    };
+    let sql = format!(
+        "COPY (SELECT {cols} FROM {}{filter}) TO STDOUT",
+        table.quoted()
+    );
+    let stream = client
+        .copy_out(sql.as_str())
+        .await
+        .with_context(|| format!("starting to copy {table}"))?;
+    futures::pin_mut!(stream);
+    let mut decoder = CopyDecoder::new(table.clone(), &job.schema.columns, Arc::clone(&job.arrow));
+    let mut writer = TableWriter::new(&job.table, prefix, cfg.parquet_target_file_size).await?;
+    let mut batches = Vec::new();
+    while let Some(data) = stream.next().await {
+        let data = data.with_context(|| format!("copying {table}"))?;
+        decoder.feed(&data, &mut batches)?;
+        for b in batches.drain(..) {
+            counter.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+            writer.write(b).await?;
+        }
+    }
+    if let Some(b) = decoder.finish()? {
+        counter.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+        writer.write(b).await?;
+    }
+    client
+        .batch_execute("COMMIT")
+        .await
+        .context("ending the snapshot transaction")?;
+    let (files, _) = writer.close().await?;
+    Ok(files)
+}
+
+/// Per-table progress: a bar per table on a terminal, periodic log lines otherwise.
+struct Progress {
+    bars: Option<(indicatif::MultiProgress, Vec<indicatif::ProgressBar>)>,
+    ticker: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(jobs: &[Arc<TableJob>], counters: &[Arc<AtomicU64>]) -> Self {
+        use std::io::IsTerminal;
+        let tables: Vec<String> = jobs.iter().map(|j| j.schema.table.to_string()).collect();
+        let estimates: Vec<u64> = jobs
+            .iter()
+            .map(|j| j.schema.row_estimate.max(0) as u64)
+            .collect();
+        let counters: Vec<Arc<AtomicU64>> = counters.to_vec();
+        if std::io::stderr().is_terminal() {
+            let multi = indicatif::MultiProgress::new();
+            let style = indicatif::ProgressStyle::with_template(
+                "{prefix:>24} {bar:30} {human_pos:>12}/{human_len} rows {per_sec:>14} eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            let bars: Vec<_> = tables
+                .iter()
+                .zip(&estimates)
+                .map(|(t, e)| {
+                    let b = multi.add(indicatif::ProgressBar::new((*e).max(1)));
+                    b.set_style(style.clone());
+                    b.set_prefix(t.clone());
+                    b
+                })
+                .collect();
+            let bars_for_tick = bars.clone();
+            let ticker = tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    for (b, c) in bars_for_tick.iter().zip(&counters) {
+                        let n = c.load(Ordering::Relaxed);
+                        if n > b.length().unwrap_or(0) {
+                            b.set_length(n);
+                        }
+                        b.set_position(n);
+                    }
+                }
+            });
+            Self {
+                bars: Some((multi, bars)),
+                ticker: Some(ticker),
+            }
+        } else {
+            let started = Instant::now();
+            let ticker = tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    let secs = started.elapsed().as_secs_f64().max(0.001);
+                    for ((t, c), e) in tables.iter().zip(&counters).zip(&estimates) {
+                        let n = c.load(Ordering::Relaxed);
+                        tracing::info!(table = %t, rows = n, estimate = e, rows_per_sec = (n as f64 / secs) as u64, "snapshot progress");
+                    }
+                }
+            });
+            Self {
+                bars: None,
+                ticker: Some(ticker),
+            }
+        }
+    }
+
+    fn done(&self, job: usize, rows: u64) {
+        if let Some((_, bars)) = &self.bars {
+            if let Some(b) = bars.get(job) {
+                b.set_length(rows);
+                b.set_position(rows);
+                b.finish();
+            }
+        }
+    }
+
+    fn finish(self) {
+        if let Some(t) = self.ticker {
+            t.abort();
+        }
+        if let Some((multi, _)) = self.bars {
+            let _ = multi.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunking() {
+        assert_eq!(chunks_for(0, 10, 4).len(), 1);
+        let c = chunks_for(0, 10_000, 4);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[0].lower, None);
+        assert_eq!(c[1].lower, Some(2500));
+        assert_eq!(c[3].upper, None);
+    }
+}
