@@ -1,4 +1,5 @@
 -- Sample data for the quickstart: an `app` database with customers and their orders.
+SET client_min_messages = warning;
 -- Run as a superuser against the `app` database: psql -d app -f sql/sample.sql
 
 DROP TABLE IF EXISTS orders;
@@ -40,7 +41,7 @@ INSERT INTO orders
 SELECT i,
        1 + (i * 7919) % 1000,
        (ARRAY['pending', 'paid', 'shipped', 'cancelled'])[1 + i % 4]::order_status,
-       round((((i * 104729) % 100000) / 100.0)::numeric, 2),
+       round((((i::bigint * 104729) % 100000) / 100.0)::numeric, 2),
        timestamptz '2024-06-01 00:00:00+00' + i * interval '11 minutes',
        date '2024-06-05' + (i % 30),
        md5(i::text)::uuid,

@@ -38,6 +38,7 @@ unix_socket_directories = '$PGHOST'
 CONF
   fi
   chown postgres:postgres "$PGHOST"
+  touch "$work/postgres.log" && chown postgres:postgres "$work/postgres.log"
   if ! runuser -u postgres -- "$bin/pg_ctl" -D "$pgdata" status >/dev/null 2>&1; then
     say "starting Postgres on 127.0.0.1:$PGPORT"
     runuser -u postgres -- "$bin/pg_ctl" -D "$pgdata" -l "$work/postgres.log" -w start >/dev/null

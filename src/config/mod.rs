@@ -297,6 +297,24 @@ impl Config {
     }
 }
 
+/// Removes `.` and resolves `..` lexically, so paths print the way users expect.
+fn normalize(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
 /// Deserializes a value into `T`, returning the failing path and a readable message.
 fn typed<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, (Vec<Segment>, String)> {
     serde_path_to_error::deserialize(value.clone()).map_err(|e| {
@@ -505,12 +523,12 @@ impl Validator<'_> {
                 format!("`{workspace}` is not a valid workspace name: use letters, digits and `_`, starting with a letter or `_` (it becomes the Iceberg namespace and SQL schema)"),
             );
         }
-        let storage_path = base.join(
+        let storage_path = normalize(&base.join(
             file.skippr
                 .skipprd_el_storage_path
                 .as_deref()
                 .unwrap_or(DEFAULT_STORAGE_PATH),
-        );
+        ));
 
         for (name, def) in &file.data_sources {
             if def.postgres.is_none() {
@@ -590,7 +608,7 @@ impl Validator<'_> {
                 if let Some(l) = &k.local_iceberg {
                     Some(SinkConfig::LocalIceberg {
                         name: kname.clone(),
-                        warehouse: base.join(&l.warehouse),
+                        warehouse: normalize(&base.join(&l.warehouse)),
                     })
                 } else {
                     k.athena_iceberg
