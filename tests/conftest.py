@@ -26,7 +26,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -514,10 +513,11 @@ def quote_ident(name: str) -> str:
 
 
 def read_pyiceberg(warehouse: Path, namespace: str, table: str, order_by: Sequence[str] = ()) -> list[dict]:
-    arrow = load_iceberg_table(warehouse, namespace, table).scan().to_arrow()
+    rows = load_iceberg_table(warehouse, namespace, table).scan().to_arrow().to_pylist()
     if order_by:
-        arrow = arrow.sort_by([(c, "ascending") for c in order_by])
-    return arrow.to_pylist()
+        # sorted here, not by pyarrow: it cannot sort uuid (extension) columns
+        rows.sort(key=lambda r: tuple((r[c] is None, r[c]) for c in order_by))
+    return rows
 
 
 def read_duckdb(warehouse: Path, namespace: str, table: str, order_by: Sequence[str] = ()) -> list[dict]:
@@ -601,6 +601,13 @@ def _scalar_kind(t: dict) -> tuple[str, bool, bool]:
     return kind, False, False
 
 
+def _output_text(q: str) -> str:
+    """SQL for the text the type's output function prints. Not `::text`: some explicit casts
+    differ from the output (inet::text appends /32, char(n)::text trims the padding).
+    format('%s') uses the output function but turns NULL into '', hence the CASE."""
+    return f"CASE WHEN num_nulls({q}) = 1 THEN NULL ELSE format('%s', {q}) END"
+
+
 def pg_table_spec(db: Database, qualified: str) -> PgTableSpec:
     """Reads a table's columns and primary key from the catalog and decides, per the type
     mapping of the issue, what each column's Iceberg value must equal."""
@@ -629,13 +636,13 @@ def pg_table_spec(db: Database, qualified: str) -> PgTableSpec:
                 ekind, ecast, efallback = _scalar_kind(elem)
                 if efallback or elem["category"] == "A":
                     # arrays of fallback types are themselves a fallback: the array's text
-                    columns.append(Column(attname, fmt, "string", f"{q}::text"))
+                    columns.append(Column(attname, fmt, "string", _output_text(q)))
                 else:
                     expr = f"{q}::text[]" if ecast else f"{q}::{t['fmt']}"
                     columns.append(Column(attname, fmt, f"list:{ekind}", expr))
             else:
                 kind, cast, _ = _scalar_kind(t)
-                expr = f"{q}::text" if cast else (q if t["fmt"] == fmt else f"{q}::{t['fmt']}")
+                expr = _output_text(q) if cast else (q if t["fmt"] == fmt else f"{q}::{t['fmt']}")
                 columns.append(Column(attname, fmt, kind, expr))
     return PgTableSpec(schema, name, columns, pk)
 
@@ -907,11 +914,3 @@ def lsn_to_int(lsn: str) -> int:
 def iceberg_type_strings(table) -> dict[str, str]:
     return {f.name: str(f.field_type) for f in table.schema().fields}
 
-
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False

@@ -310,6 +310,19 @@ def test_dangling_references_are_all_reported(workdir):
                         msg_contains=["data_sinks.nowhere", "lake"], count=2)
 
 
+def test_every_problem_is_reported_at_once(workdir):
+    # three unrelated mistakes: a user fixes them in one go, not one run at a time
+    lines = replace_line(6, "    data_source: data_sources.nope")
+    lines[11] = '      port: "abc"'
+    lines[16] = "      cdc_mode: snapshot_and_cdc"
+    cfg, proc = run_validate(workdir, config_text(lines))
+    assert proc.returncode == 2, describe_run(proc)
+    errs = error_lines(proc)
+    assert all(isinstance(e, re.Match) for e in errs), describe_run(proc)
+    assert sorted(int(e["line"]) for e in errs) == [6, 12, 17], \
+        describe_run(proc, "expected one error line for each of lines 6, 12 and 17")
+
+
 def test_reference_to_the_wrong_section(workdir):
     new = "    data_source: data_sinks.lake"
     cfg, proc = run_validate(workdir, config_text(replace_line(6, new)))

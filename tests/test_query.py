@@ -24,6 +24,9 @@ INSERT INTO customers VALUES
 CREATE TABLE orders (id bigint PRIMARY KEY, customer_id integer NOT NULL, amount numeric(10,2) NOT NULL);
 INSERT INTO orders SELECT i, 1 + i % 4, (i * 3.75)::numeric(10,2) FROM generate_series(1, 40) i;
 CREATE TABLE empty_table (id integer PRIMARY KEY);
+CREATE TABLE amounts (id integer PRIMARY KEY, big numeric(38,10), tiny numeric(12,10));
+INSERT INTO amounts VALUES (1, 1234567890123456789012345678.0123456789, 0.0000000001),
+                           (2, -9999999999999999999999999999.9999999999, 1.1);
 """
 
 
@@ -38,7 +41,7 @@ def synced(pg, tmp_path_factory):
         workdir = tmp_path_factory.mktemp("query") / "work"
         workdir.mkdir()
         skippr = Skippr(db=db, workdir=workdir)
-        skippr.write_config(["customers", "orders", "empty_table"], cdc_mode="snapshot_only")
+        skippr.write_config(["customers", "orders", "empty_table", "amounts"], cdc_mode="snapshot_only")
         skippr.sync_once()
         yield skippr
     finally:
@@ -65,7 +68,7 @@ def json_rows(proc) -> list[dict]:
     for line in proc.stdout.splitlines():
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(json.loads(line, parse_float=Decimal))
             except json.JSONDecodeError as e:
                 pytest.fail(describe_run(proc, f"line is not a JSON object: {line!r} ({e})"))
     return rows
@@ -120,7 +123,9 @@ def test_json_format_is_one_object_per_row(synced):
     proc = query(synced, "SELECT id, name, balance, active, joined FROM analytics.customers ORDER BY id", "json")
     rows = json_rows(proc)
     assert len(rows) == 4, describe_run(proc)
-    assert all(set(r) == {"id", "name", "balance", "active", "joined"} for r in rows), rows
+    for r in rows:
+        assert set(r) == {"id", "name", "balance", "active", "joined"}, \
+            f"every object must carry every column, NULL as null: {r}"
     assert [r["id"] for r in rows] == [1, 2, 3, 4]
     assert [r["name"] for r in rows] == ["Ada", "Bob, Jr.", 'Cé "Q"', None]
     assert [_dec(r["balance"]) for r in rows] == [Decimal("100.50"), Decimal("-5.25"), None, Decimal("0")]
@@ -144,6 +149,20 @@ def test_full_table_matches_postgres(synced):
     rows = json_rows(query(synced, "SELECT * FROM analytics.orders ORDER BY id", "json"))
     got = [(r["id"], r["customer_id"], _dec(r["amount"])) for r in rows]
     assert got == [(i, c, Decimal(a)) for i, c, a in expected]
+
+
+def test_decimals_are_printed_exactly(synced):
+    expected = [("1", "1234567890123456789012345678.0123456789", "0.0000000001"),
+                ("2", "-9999999999999999999999999999.9999999999", "1.1000000000")]
+    rows = csv_rows(query(synced, "SELECT id, big, tiny FROM analytics.amounts ORDER BY id", "csv"))
+    assert rows[0] == ["id", "big", "tiny"]
+    assert [(r[0], Decimal(r[1]), Decimal(r[2])) for r in rows[1:]] == \
+        [(i, Decimal(b), Decimal(t)) for i, b, t in expected], rows
+    objs = json_rows(query(synced, "SELECT id, big, tiny FROM analytics.amounts ORDER BY id", "json"))
+    assert [(str(o["id"]), _dec(o["big"]), _dec(o["tiny"])) for o in objs] == \
+        [(i, Decimal(b), Decimal(t)) for i, b, t in expected], objs
+    table = query(synced, "SELECT big FROM analytics.amounts ORDER BY id").stdout
+    assert "1234567890123456789012345678.0123456789" in table, table
 
 
 def test_empty_table(synced):

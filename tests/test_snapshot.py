@@ -19,7 +19,6 @@ from conftest import (
     duckdb_connect,
     iceberg_type_strings,
     lsn_to_int,
-    pg_table_spec,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -374,6 +373,9 @@ def test_snapshot_only_needs_no_replication_privilege(skippr: Skippr, db):
 def test_snapshot_then_cdc_without_replication_privilege_fails_clearly(skippr: Skippr, db):
     db.execute("CREATE TABLE items (id integer PRIMARY KEY); INSERT INTO items VALUES (1);")
     db.create_role("no_repl", "no-repl-pw-1", replication=False)
+    # everything else a publication needs is there: only REPLICATION is missing
+    db.execute("ALTER TABLE items OWNER TO no_repl")
+    db.execute(f'GRANT CREATE ON DATABASE "{db.name}" TO no_repl')
     skippr.write_config(["items"], cdc_mode="snapshot_then_cdc", user="no_repl", password="no-repl-pw-1")
     proc = skippr.run("sync", "--pipeline", "app", "--once", check=False)
     assert_no_panic(proc)
@@ -517,8 +519,19 @@ def test_million_row_table(skippr: Skippr, db):
     assert_snapshot_lsn(skippr, "big", db)
 
 
-def _data_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*.parquet")] if root.exists() else []
+#: About a quarter of the big table's Parquet output: SIGKILL lands well inside the copy.
+KILL_AFTER_BYTES = 8 * 2**20
+
+
+def _bytes_written(root: Path) -> int:
+    """Total size of the Parquet files under root (files may vanish while we look)."""
+    total = 0
+    for p in root.rglob("*.parquet"):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def test_interrupted_snapshot_is_invisible_then_completed(skippr: Skippr, db):
@@ -533,16 +546,17 @@ def test_interrupted_snapshot_is_invisible_then_completed(skippr: Skippr, db):
             while reason is None:
                 if proc.poll() is not None:
                     break
-                if _data_files(skippr.workdir):
-                    reason = "first data file written"
+                written = _bytes_written(skippr.workdir)
+                if written >= KILL_AFTER_BYTES:
+                    reason = f"{written / 2**20:.1f} MiB of data files written"
                     break
                 busy = conn.execute(
                     "SELECT extract(epoch FROM now() - query_start) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active' "
                     "AND query ILIKE '%big%'"
                 ).fetchall()
-                if busy and max(b[0] for b in busy) > 2.0:
-                    reason = "reading the table for 2s"
+                if busy and max(b[0] for b in busy) > 4.0:
+                    reason = "reading the table for 4s"
                     break
                 if time.monotonic() - started > 300:
                     reason = "timeout"
@@ -563,6 +577,7 @@ def test_interrupted_snapshot_is_invisible_then_completed(skippr: Skippr, db):
     )
     assert reason != "timeout", f"sync neither progressed nor finished in 300s; stderr:\n{stderr[-4000:]}"
     assert proc.returncode == -signal.SIGKILL
+    print(f"killed after {time.monotonic() - started:.1f}s: {reason}")
 
     # readers see nothing, or an empty table, or every row: never part of the table
     pg_count = db.scalar("SELECT count(*) FROM big")
@@ -574,6 +589,7 @@ def test_interrupted_snapshot_is_invisible_then_completed(skippr: Skippr, db):
             t = None
         if t is not None and t.current_snapshot() is not None:
             seen = t.scan().to_arrow().num_rows
+            print(f"after the kill readers see {seen} of {pg_count} rows")
             assert seen in (0, pg_count), f"after SIGKILL ({reason}) readers see {seen} of {pg_count} rows"
             con = duckdb_connect()
             try:
