@@ -15,6 +15,7 @@ from conftest import (
     LSN_RE,
     Skippr,
     assert_no_panic,
+    catalog_rows,
     describe_run,
     duckdb_connect,
     iceberg_type_strings,
@@ -317,6 +318,8 @@ def test_several_tables_composite_key_empty_table_and_rerun(skippr: Skippr, db):
     skippr.write_config(["customers", "orders", "sales.invoices", "empty_table"])
     skippr.sync_once()
 
+    rows = catalog_rows(skippr.warehouse)
+    assert {(r["catalog_name"], r["table_namespace"]) for r in rows} == {("skippr", "analytics")}, rows
     cat = skippr.catalog()
     assert ("analytics",) in cat.list_namespaces()
     names = {t[-1] for t in cat.list_tables("analytics")}
