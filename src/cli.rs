@@ -58,15 +58,21 @@ pub enum Command {
         format: DiscoverFormat,
     },
 
-    /// Copy the pipeline's tables into Iceberg.
-    #[command(after_help = "Example:\n  skipprd sync --pipeline app --once")]
+    /// Copy the pipeline's tables into Iceberg, then follow their changes.
+    #[command(
+        after_help = "Examples:\n  skipprd sync --pipeline app --once   # catch up and exit\n  skipprd sync --pipeline app          # run until SIGTERM or Ctrl-C"
+    )]
     Sync {
         /// Pipeline to run (may be omitted when only one is defined).
         #[arg(long)]
         pipeline: Option<String>,
-        /// Catch up once and exit.
+        /// Catch up to the source's current position, commit, and exit.
         #[arg(long)]
         once: bool,
+        /// Drop the pipeline's Iceberg tables, WAL and replication slot, and copy every
+        /// table again (after a lost slot, for example).
+        #[arg(long)]
+        resnapshot: bool,
     },
 
     /// Run SQL over the workspace's tables.

@@ -12,7 +12,9 @@ pub mod config;
 pub mod query;
 pub mod sink;
 pub mod source;
+pub mod wal;
 
+pub mod cdc;
 pub mod cli;
 pub mod pipeline;
 pub mod telemetry;

@@ -100,14 +100,15 @@ async fn run(cli: Cli) -> Result<u8> {
             }
             Ok(if report.ok() { 0 } else { 1 })
         }
-        Command::Sync { pipeline, once } => {
+        Command::Sync {
+            pipeline,
+            once,
+            resnapshot,
+        } => {
             let p = pick(&config, pipeline.as_deref())?;
-            if !once {
-                return Err(Error::config(
-                    "continuous sync (following changes after the snapshot) is not available in this version; run `skipprd sync --once`",
-                ));
-            }
-            let report = pipeline::sync_once(&config, p).await?;
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            skippr::cdc::trap_signals(tx);
+            let report = pipeline::sync(&config, p, once, resnapshot, rx).await?;
             writeln!(
                 stdout,
                 "sync of pipeline {} done: {} table(s) copied, {} already up to date",

@@ -4,7 +4,11 @@
 use std::fs::File;
 use std::path::Path;
 
+use tokio::sync::watch;
 use tokio_postgres::Client;
+
+use crate::cdc;
+use crate::wal::WalStore;
 
 use crate::catalog::LocalCatalog;
 use crate::config::{CdcMode, Config, PipelineConfig, SinkConfig};
@@ -70,9 +74,71 @@ pub async fn open_sink(p: &PipelineConfig) -> Result<LocalCatalog> {
     }
 }
 
-/// Runs the snapshot phase of a pipeline once.
-pub async fn sync_once(config: &Config, p: &PipelineConfig) -> Result<SyncReport> {
+/// The WAL of a pipeline.
+pub fn wal_store(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
+    WalStore::open(&config.storage_path.join("wal").join(&p.name))
+}
+
+/// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change
+/// stream: up to the server's position at the start of the call with `once`, or until
+/// `shutdown` otherwise.
+pub async fn sync(
+    config: &Config,
+    p: &PipelineConfig,
+    once: bool,
+    resnapshot: bool,
+    shutdown: watch::Receiver<bool>,
+) -> Result<SyncReport> {
     let _lock = PipelineLock::acquire(config, &p.name)?;
+    if resnapshot {
+        resnapshot_reset(config, p).await?;
+    }
+    let report = snapshot_phase(config, p).await?;
+    if p.source.cdc_mode.needs_replication() {
+        let catalog = open_sink(p).await?;
+        let namespace = catalog.ensure_namespace(&config.workspace).await?;
+        let wal = wal_store(config, p)?;
+        if once {
+            let client = connect(&p.source).await?;
+            cdc::catch_up_once(p, &wal, &catalog, &namespace, &client).await?;
+        } else {
+            cdc::run_continuous(p, &wal, &catalog, &namespace, shutdown).await?;
+        }
+    }
+    Ok(report)
+}
+
+/// Drops the pipeline's tables, WAL and slot so the next snapshot starts from scratch.
+async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Result<()> {
+    let catalog = open_sink(p).await?;
+    let namespace = catalog.ensure_namespace(&config.workspace).await?;
+    for t in &p.source.tables {
+        let ident = iceberg::TableIdent::new(namespace.clone(), t.iceberg_name());
+        if iceberg::Catalog::table_exists(catalog.catalog.as_ref(), &ident)
+            .await
+            .context("looking up a table")?
+        {
+            iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
+                .await
+                .with_context(|| format!("dropping Iceberg table {ident} for the re-snapshot"))?;
+        }
+    }
+    wal_store(config, p)?.clear()?;
+    if p.source.cdc_mode.needs_replication() {
+        let client = connect(&p.source).await?;
+        if slot_info(&client, &p.source.slot).await?.is_some() {
+            client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&p.source.slot])
+                .await
+                .with_context(|| format!("dropping replication slot `{}` for the re-snapshot (is another process using it?)", p.source.slot))?;
+        }
+    }
+    tracing::info!(pipeline = %p.name, "re-snapshot: tables, WAL and slot reset");
+    Ok(())
+}
+
+/// The snapshot of every table that has no committed snapshot yet.
+async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncReport> {
     let cfg = &p.source;
     let catalog = open_sink(p).await?;
     let namespace = catalog.ensure_namespace(&config.workspace).await?;
@@ -130,6 +196,7 @@ pub async fn sync_once(config: &Config, p: &PipelineConfig) -> Result<SyncReport
             }
         }
         CdcMode::SnapshotThenCdc => {
+            require_published(&client, p, &report).await?;
             slot::ensure_publication(&client, cfg).await?;
             require_slot_if_synced(&client, p, &report).await?;
             if !todo.is_empty() {
@@ -158,6 +225,7 @@ pub async fn sync_once(config: &Config, p: &PipelineConfig) -> Result<SyncReport
             }
         }
         CdcMode::CdcOnly => {
+            require_published(&client, p, &report).await?;
             slot::ensure_publication(&client, cfg).await?;
             require_slot_if_synced(&client, p, &report).await?;
             let start = match slot_info(&client, &cfg.slot).await? {
@@ -183,6 +251,36 @@ pub async fn sync_once(config: &Config, p: &PipelineConfig) -> Result<SyncReport
         }
     }
     Ok(report)
+}
+
+/// A table already synced that has left the publication has had its changes dropped at
+/// the source since: fail closed rather than add it back silently.
+async fn require_published(client: &Client, p: &PipelineConfig, report: &SyncReport) -> Result<()> {
+    let published = slot::publication_tables(client, &p.source.publication).await?;
+    let Some(published) = published else {
+        if report.skipped.is_empty() {
+            return Ok(());
+        }
+        return Err(Error::source_err(format!(
+            "publication `{}` no longer exists, but tables {} were synced through it, so their changes since may be missing; recreate it (CREATE PUBLICATION {} FOR TABLE ...) and run `skipprd sync --pipeline {} --resnapshot`",
+            p.source.publication,
+            report.skipped.join(", "),
+            crate::config::quote_ident(&p.source.publication),
+            p.name
+        )));
+    };
+    for t in &p.source.tables {
+        if report.skipped.contains(&t.to_string()) && !published.contains(t) {
+            return Err(Error::source_err(format!(
+                "table {t} was removed from publication `{}` after it was synced, so its changes since are missing; run ALTER PUBLICATION {} ADD TABLE {}; then `skipprd sync --pipeline {} --resnapshot`",
+                p.source.publication,
+                crate::config::quote_ident(&p.source.publication),
+                t.quoted(),
+                p.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Tables already synced through a slot that no longer exists may have missed changes:

@@ -146,6 +146,7 @@ pub struct PostgresConfig {
     pub slot: String,
     pub snapshot_parallelism: usize,
     pub parquet_target_file_size: u64,
+    pub append_only: Vec<TableRef>,
 }
 
 /// A resolved sink.
@@ -165,6 +166,7 @@ pub enum SinkConfig {
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
     pub name: String,
+    pub commit_interval: std::time::Duration,
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
@@ -178,7 +180,7 @@ pub struct Config {
     pub storage_path: PathBuf,
     pub pipelines: Vec<PipelineConfig>,
     /// The file as written, with `${VAR}` references still literal.
-    pub raw: SkipprFile,
+    pub raw: Value,
 }
 
 impl Config {
@@ -233,32 +235,21 @@ impl Config {
             )]));
         }
 
-        let raw: SkipprFile = typed(&raw_value).map_err(|(path, msg)| {
-            ConfigErrors(vec![problem(
-                locator.find(&path),
-                &display_path(&path),
-                msg,
-            )])
-        })?;
-
-        // Fill ${VAR} from the environment on a copy; the raw file keeps the references.
+        // Fill ${VAR} from the environment on a copy; `raw` keeps the references.
+        let raw = raw_value.clone();
         let mut value = raw_value;
         let mut problems = Vec::new();
         let mut at = Vec::new();
         interpolate(&mut value, &mut at, env, &mut |p, msg| {
             problems.push(problem(locator.find(p), &display_path(p), msg));
         });
-        if !problems.is_empty() {
-            return Err(ConfigErrors(problems));
+        let (resolved, type_problems) = typed_all::<SkipprFile>(&value);
+        for (p, msg) in type_problems {
+            problems.push(problem(locator.find(&p), &display_path(&p), msg));
         }
-        let resolved: SkipprFile = typed(&value).map_err(|(path, msg)| {
-            ConfigErrors(vec![problem(
-                locator.find(&path),
-                &display_path(&path),
-                msg,
-            )])
-        })?;
-
+        let Some(resolved) = resolved else {
+            return Err(ConfigErrors(problems));
+        };
         let base = path
             .parent()
             .map(Path::to_path_buf)
@@ -267,13 +258,15 @@ impl Config {
         let base = std::fs::canonicalize(&base).unwrap_or(base);
         let mut v = Validator {
             locator: &locator,
-            problems: Vec::new(),
+            problems,
             file: &file,
         };
         let config = v.resolve(&resolved, raw, &base, &file);
         if v.problems.is_empty() {
             Ok(config)
         } else {
+            v.problems
+                .sort_by_key(|p| p.position.map(|x| (x.line, x.column)));
             Err(ConfigErrors(v.problems))
         }
     }
@@ -297,6 +290,22 @@ impl Config {
     }
 }
 
+/// Parses `500ms`, `10s`, `2m`, `1h`.
+pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let ms = match unit.trim() {
+        "ms" => n,
+        "s" => n.checked_mul(1000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_millis(ms))
+}
+
 /// Removes `.` and resolves `..` lexically, so paths print the way users expect.
 fn normalize(p: &Path) -> PathBuf {
     use std::path::Component;
@@ -313,6 +322,64 @@ fn normalize(p: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Deserializes `value` into `T`, collecting every type problem: after each one the
+/// offending entry is set aside and the rest is checked again.
+fn typed_all<T: serde::de::DeserializeOwned>(
+    value: &Value,
+) -> (Option<T>, Vec<(Vec<Segment>, String)>) {
+    let mut v = value.clone();
+    let mut problems: Vec<(Vec<Segment>, String)> = Vec::new();
+    for _ in 0..64 {
+        match typed::<T>(&v) {
+            Ok(t) => return (Some(t), problems),
+            Err((path, msg)) => {
+                let missing = msg.starts_with("missing required field");
+                // A required field we set aside is not a second problem.
+                let ours = missing
+                    && problems
+                        .iter()
+                        .any(|(p, _)| p.len() == path.len() + 1 && p.starts_with(&path));
+                if !ours {
+                    problems.push((path.clone(), msg));
+                }
+                if missing || !remove_at(&mut v, &path) {
+                    return (None, problems);
+                }
+            }
+        }
+    }
+    (None, problems)
+}
+
+/// Removes the entry at `path`; false when there is nothing to remove.
+fn remove_at(v: &mut Value, path: &[Segment]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut cur = v;
+    for seg in parents {
+        cur = match (seg, cur) {
+            (Segment::Key(k), Value::Mapping(m)) => match m.get_mut(k.as_str()) {
+                Some(next) => next,
+                None => return false,
+            },
+            (Segment::Index(i), Value::Sequence(s)) => match s.get_mut(*i) {
+                Some(next) => next,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match (last, cur) {
+        (Segment::Key(k), Value::Mapping(m)) => m.remove(k.as_str()).is_some(),
+        (Segment::Index(i), Value::Sequence(s)) if *i < s.len() => {
+            s.remove(*i);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Deserializes a value into `T`, returning the failing path and a readable message.
@@ -509,13 +576,7 @@ impl Validator<'_> {
         }
     }
 
-    fn resolve(
-        &mut self,
-        file: &SkipprFile,
-        raw: SkipprFile,
-        base: &Path,
-        cfg_path: &Path,
-    ) -> Config {
+    fn resolve(&mut self, file: &SkipprFile, raw: Value, base: &Path, cfg_path: &Path) -> Config {
         let workspace = file.skippr.workspace.clone();
         if !is_simple_name(&workspace) {
             self.report(
@@ -523,12 +584,14 @@ impl Validator<'_> {
                 format!("`{workspace}` is not a valid workspace name: use letters, digits and `_`, starting with a letter or `_` (it becomes the Iceberg namespace and SQL schema)"),
             );
         }
-        let storage_path = normalize(&base.join(
-            file.skippr
-                .skipprd_el_storage_path
-                .as_deref()
-                .unwrap_or(DEFAULT_STORAGE_PATH),
-        ));
+        let storage_path = normalize(
+            &base.join(
+                file.skippr
+                    .skipprd_el_storage_path
+                    .as_deref()
+                    .unwrap_or(DEFAULT_STORAGE_PATH),
+            ),
+        );
 
         for (name, def) in &file.data_sources {
             if def.postgres.is_none() {
@@ -624,9 +687,26 @@ impl Validator<'_> {
                     .as_ref()
                     .and_then(|r| r.split_once('.').map(|(_, n)| n.to_string()))
             });
-            if let (Some(source), Some(sink)) = (source, sink_cfg) {
+            let interval = def
+                .commit_interval
+                .as_deref()
+                .unwrap_or(DEFAULT_COMMIT_INTERVAL);
+            let commit_interval = match parse_duration(interval) {
+                Some(d) if d >= std::time::Duration::from_millis(100) => Some(d),
+                _ => {
+                    self.report(
+                        keys(&["pipelines", name, "commit_interval"]),
+                        format!("`{interval}` is not a duration of at least 100ms: write e.g. `500ms`, `10s` or `1m`"),
+                    );
+                    None
+                }
+            };
+            if let (Some(source), Some(sink), Some(commit_interval)) =
+                (source, sink_cfg, commit_interval)
+            {
                 pipelines.push(PipelineConfig {
                     name: name.clone(),
+                    commit_interval,
                     source,
                     sink,
                     schema_sink,
@@ -711,6 +791,15 @@ impl Validator<'_> {
                 ),
             }
         }
+        let mut append_only = Vec::new();
+        for (i, t) in pg.append_only.iter().enumerate() {
+            let mut p = at("append_only");
+            p.push(Segment::Index(i));
+            match TableRef::parse(t) {
+                Some(r) if tables.contains(&r) => append_only.push(r),
+                _ => self.report(p, format!("`{t}` is not one of the source's `tables`")),
+            }
+        }
         let default_name = format!("skippr_{workspace}_{pipeline}").to_lowercase();
         for (field, value) in [("publication", &pg.publication), ("slot", &pg.slot)] {
             if let Some(v) = value {
@@ -760,6 +849,7 @@ impl Validator<'_> {
             slot: pg.slot.clone().unwrap_or(default_name),
             snapshot_parallelism: parallelism,
             parquet_target_file_size: file_mb * 1024 * 1024,
+            append_only,
         })
     }
 }

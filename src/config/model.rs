@@ -72,6 +72,10 @@ pub struct PipelineDef {
     pub data_source: String,
     /// Reference to a data sink, `data_sinks.<name>`.
     pub data_sink: String,
+    /// How often streamed changes are committed to Iceberg, e.g. `10s`, `500ms`, `1m`
+    /// (default 10s). Changes are visible to live queries before that, from the WAL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_interval: Option<String>,
 }
 
 /// A data source definition: exactly one connector key.
@@ -150,6 +154,10 @@ pub struct PostgresSource {
     /// Replication slot name (default `skippr_<workspace>_<pipeline>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<String>,
+    /// Tables without a primary key that only ever receive inserts; an update or delete
+    /// on them stops the pipeline.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub append_only: Vec<String>,
     /// Connections that copy one large table in parallel during a snapshot (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_parallelism: Option<usize>,

@@ -133,3 +133,25 @@ fn expand_forms() {
     assert!(expand("${B}", &e).is_err());
     assert_eq!(expand("plain", &e).unwrap(), None);
 }
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = GOOD
+        .replace("data_sinks.lake\n", "data_sinks.nope\n")
+        .replace(
+            "      user: skippr_reader\n",
+            "      user: skippr_reader\n      port: abc\n",
+        )
+        .replace("cdc_mode: snapshot_then_cdc", "cdc_mode: sometimes");
+    let errs = load(&text).unwrap_err();
+    let paths: Vec<_> = errs.0.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "pipelines.app.data_sink",
+            "data_sources.app_db.Postgres.port",
+            "data_sources.app_db.Postgres.cdc_mode"
+        ],
+        "{errs}"
+    );
+}

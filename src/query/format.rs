@@ -112,7 +112,9 @@ pub fn write(
             Ok(())
         }
         OutputFormat::Json => {
-            let mut w = arrow_json::LineDelimitedWriter::new(&mut *out);
+            let mut w = arrow_json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow_json::writer::LineDelimited>(&mut *out);
             let refs: Vec<&RecordBatch> = batches.iter().collect();
             w.write_batches(&refs)?;
             w.finish()?;

@@ -1,7 +1,10 @@
 //! The Iceberg sink: turns source tables into Iceberg tables (schema, Parquet data files,
 //! atomic commits that carry the source LSN they cover).
 
+pub mod apply;
 pub mod commit;
+pub mod keys;
+pub mod rowdelta;
 pub mod schema;
 pub mod writer;
 

@@ -16,8 +16,7 @@ pub struct Check {
     pub name: String,
     pub ok: bool,
     pub detail: String,
-    /// What to run to fix a failed check.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// What to run to fix a failed check (`null` when it passed).
     pub fix: Option<String>,
 }
 

@@ -9,4 +9,5 @@ pub mod pgoutput;
 pub mod schema;
 pub mod slot;
 pub mod snapshot;
+pub mod stream;
 pub mod types;

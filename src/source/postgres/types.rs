@@ -125,6 +125,30 @@ impl PgType {
         Mapping { pg, fallback: None }
     }
 
+    /// The decoding for a column of an existing Iceberg table, from its Arrow type.
+    pub fn from_arrow(dt: &DataType) -> PgType {
+        match dt {
+            DataType::Int32 => PgType::Int4,
+            DataType::Int64 => PgType::Int8,
+            DataType::Decimal128(p, s) => PgType::Numeric {
+                precision: *p as u32,
+                scale: (*s).max(0) as u32,
+                constrained: (*p as u32, (*s).max(0) as u32) != UNCONSTRAINED_NUMERIC,
+            },
+            DataType::Float32 => PgType::Float4,
+            DataType::Float64 => PgType::Float8,
+            DataType::Boolean => PgType::Bool,
+            DataType::Date32 => PgType::Date,
+            DataType::Time64(_) => PgType::Time,
+            DataType::Timestamp(_, None) => PgType::Timestamp,
+            DataType::Timestamp(_, Some(_)) => PgType::Timestamptz,
+            DataType::FixedSizeBinary(16) => PgType::Uuid,
+            DataType::LargeBinary | DataType::Binary => PgType::Bytea,
+            DataType::List(f) => PgType::Array(Box::new(PgType::from_arrow(f.data_type()))),
+            _ => PgType::Text,
+        }
+    }
+
     /// The Iceberg type for this column.
     pub fn iceberg_type(&self, next_id: &mut i32) -> Type {
         match self {

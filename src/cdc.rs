@@ -1,0 +1,279 @@
+//! The change half of a pipeline: streams the slot into the WAL (durable, then
+//! acknowledged), and commits the WAL to Iceberg in batches, per table exactly once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use iceberg::{Catalog, NamespaceIdent, TableIdent};
+use tokio::sync::watch;
+
+use crate::catalog::LocalCatalog;
+use crate::config::{PipelineConfig, TableRef};
+use crate::error::{Context, Error, ErrorKind, Result};
+use crate::sink::iceberg::apply::TableSink;
+use crate::source::postgres::lsn::Lsn;
+use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
+use crate::wal::{Op, Record, WalStore};
+
+/// Changes held in memory before a commit is forced, whatever the interval.
+const COMMIT_MAX_CHANGES: u64 = 500_000;
+
+/// The Iceberg side of every table of a pipeline.
+pub struct Sinks {
+    tables: Vec<TableSink>,
+    by_name: HashMap<TableRef, usize>,
+    rel: HashMap<u32, usize>,
+    append_only: Vec<TableRef>,
+    /// End LSN of the last WAL transaction applied (duplicates at or below it are skipped).
+    applied_through: Lsn,
+}
+
+impl Sinks {
+    pub async fn load(
+        catalog: &LocalCatalog,
+        namespace: &NamespaceIdent,
+        p: &PipelineConfig,
+    ) -> Result<Self> {
+        let mut tables = Vec::new();
+        let mut by_name = HashMap::new();
+        for t in &p.source.tables {
+            let ident = TableIdent::new(namespace.clone(), t.iceberg_name());
+            let table = catalog
+                .catalog
+                .load_table(&ident)
+                .await
+                .with_context(|| format!("loading Iceberg table {ident}"))?;
+            by_name.insert(t.clone(), tables.len());
+            tables.push(TableSink::load(t.clone(), table).await?);
+        }
+        let applied_through = tables.iter().map(|t| t.lsn).min().unwrap_or_default();
+        Ok(Self {
+            tables,
+            by_name,
+            rel: HashMap::new(),
+            append_only: p.source.append_only.clone(),
+            applied_through,
+        })
+    }
+
+    /// The LSN below which every table has committed all its changes.
+    pub fn covered(&self) -> Lsn {
+        self.tables
+            .iter()
+            .map(|t| t.covered())
+            .min()
+            .unwrap_or_default()
+    }
+
+    fn pending_changes(&self) -> u64 {
+        self.tables.iter().map(|t| t.pending_changes()).sum()
+    }
+
+    /// Applies WAL records in order.
+    pub fn apply(&mut self, records: Vec<Record>) -> Result<()> {
+        for rec in records {
+            match rec {
+                Record::Relation(r) => {
+                    let name = TableRef {
+                        schema: r.namespace.clone(),
+                        name: r.name.clone(),
+                    };
+                    if let Some(&i) = self.by_name.get(&name) {
+                        self.tables[i].relation(&r)?;
+                        self.rel.insert(r.id, i);
+                    }
+                }
+                Record::Txn(t) => {
+                    if t.end_lsn <= self.applied_through {
+                        continue;
+                    }
+                    for c in &t.changes {
+                        let Some(&i) = self.rel.get(&c.rel) else {
+                            continue;
+                        };
+                        let sink = &mut self.tables[i];
+                        if t.end_lsn <= sink.lsn {
+                            continue;
+                        }
+                        if matches!(c.op, Op::Update | Op::Delete)
+                            && self.append_only.contains(&sink.source)
+                        {
+                            return Err(Error::unrepresentable(format!(
+                                "table {} is marked append_only, but an {} arrived (transaction {}); give the table a primary key or REPLICA IDENTITY FULL and remove it from `append_only`, then run `skipprd sync --resnapshot`",
+                                sink.source,
+                                if c.op == Op::Update { "UPDATE" } else { "DELETE" },
+                                t.xid
+                            )));
+                        }
+                        sink.apply(c, t.end_lsn)?;
+                    }
+                    for sink in &mut self.tables {
+                        sink.advance(t.end_lsn);
+                    }
+                    self.applied_through = t.end_lsn;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn commit(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
+        for t in &mut self.tables {
+            t.commit(catalog, pipeline).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies every WAL segment not yet applied, commits, and removes what Iceberg now holds.
+pub async fn apply_wal(
+    wal: &WalStore,
+    sinks: &mut Sinks,
+    catalog: &LocalCatalog,
+    pipeline: &str,
+) -> Result<()> {
+    for seg in wal.segments()? {
+        if seg.last <= sinks.applied_through {
+            continue;
+        }
+        let records = wal.read(&seg)?;
+        sinks.apply(records)?;
+        if sinks.pending_changes() >= COMMIT_MAX_CHANGES {
+            sinks.commit(catalog, pipeline).await?;
+        }
+    }
+    sinks.commit(catalog, pipeline).await?;
+    let removed = wal.remove_through(sinks.covered())?;
+    if removed > 0 {
+        tracing::debug!(
+            segments = removed,
+            "WAL segments committed to Iceberg and removed"
+        );
+    }
+    Ok(())
+}
+
+/// Where the stream resumes: after the newest transaction already in the WAL, or, with an
+/// empty WAL, at the slot's confirmed position.
+fn resume_point(wal: &WalStore) -> Result<Lsn> {
+    Ok(wal.segments()?.last().map(|s| s.last).unwrap_or_default())
+}
+
+/// `sync --once`: streams everything committed before this call, commits it, and returns.
+pub async fn catch_up_once(
+    p: &PipelineConfig,
+    wal: &WalStore,
+    catalog: &LocalCatalog,
+    namespace: &NamespaceIdent,
+    client: &tokio_postgres::Client,
+) -> Result<()> {
+    let nonce = uuid::Uuid::new_v4().to_string();
+    client
+        .query_one(
+            "SELECT pg_logical_emit_message(false, $1, $2)::text",
+            &[&ONCE_MARKER_PREFIX, &nonce],
+        )
+        .await
+        .context("marking the current WAL position (pg_logical_emit_message)")?;
+    let (_shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (durable_tx, _) = watch::channel(Lsn::default());
+    let start = resume_point(wal)?;
+    stream_to_wal(
+        &p.source,
+        wal,
+        start,
+        StopAt::Marker(nonce),
+        shutdown_rx,
+        &durable_tx,
+    )
+    .await?;
+    let mut sinks = Sinks::load(catalog, namespace, p).await?;
+    apply_wal(wal, &mut sinks, catalog, &p.name).await
+}
+
+/// Continuous `sync`: streams and commits until `shutdown` turns true, then flushes,
+/// commits and returns.
+pub async fn run_continuous(
+    p: &PipelineConfig,
+    wal: &WalStore,
+    catalog: &LocalCatalog,
+    namespace: &NamespaceIdent,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    let mut sinks = Sinks::load(catalog, namespace, p).await?;
+    // Anything already in the WAL (from before a crash) is committed first.
+    apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+    let (durable_tx, _) = watch::channel(Lsn::default());
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let start = resume_point(wal)?;
+        let cfg = p.source.clone();
+        let stream_wal = wal.clone();
+        let stream_shutdown = shutdown.clone();
+        let tx = durable_tx.clone();
+        let mut stream = tokio::spawn(async move {
+            stream_to_wal(
+                &cfg,
+                &stream_wal,
+                start,
+                StopAt::Shutdown,
+                stream_shutdown,
+                &tx,
+            )
+            .await
+        });
+        let mut ticker = tokio::time::interval(p.commit_interval);
+        ticker.tick().await;
+        let outcome = loop {
+            tokio::select! {
+                res = &mut stream => break res,
+                _ = ticker.tick() => {
+                    apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+                }
+            }
+        };
+        let stream_result =
+            outcome.map_err(|e| Error::fatal(format!("the replication task failed: {e}")))?;
+        match stream_result {
+            Ok(_) if *shutdown.borrow() => {
+                apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+                tracing::info!(pipeline = %p.name, "stopped: changes flushed, committed and acknowledged");
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::Retryable => {
+                tracing::warn!(pipeline = %p.name, error = %e.report(), retry_in_ms = backoff.as_millis() as u64, "replication interrupted; reconnecting");
+                apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => {}
+                }
+                if *shutdown.borrow() {
+                    return Ok(());
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Resolves when SIGTERM or SIGINT arrives, then flips `tx` to true.
+pub fn trap_signals(tx: watch::Sender<bool>) {
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        tracing::info!("shutdown requested: flushing");
+        let _ = tx.send(true);
+    });
+}

@@ -1,0 +1,619 @@
+//! Applies WAL transactions to one Iceberg table: inserts become a data file, updates and
+//! deletes become position deletes found through a primary-key index, TRUNCATE replaces the
+//! table, and the commit records the LSN it covers, so a restart neither loses nor repeats
+//! a change.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow::compute::{concat_batches, interleave, take};
+use arrow::datatypes::SchemaRef;
+use bytes::Bytes;
+use iceberg::spec::{DataContentType, ManifestStatus};
+use iceberg::table::Table;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+
+use super::keys::{Key, KeyEncoder};
+use super::writer::TableWriter;
+use super::{
+    rowdelta, schema as ice_schema, PROP_PRIMARY_KEY, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
+};
+use crate::catalog::LocalCatalog;
+use crate::config::TableRef;
+use crate::error::{Context, Error, Result};
+use crate::source::postgres::lsn::Lsn;
+use crate::source::postgres::pgoutput::{Datum, Relation};
+use crate::source::postgres::types::{ColumnBuilder, PgType};
+use crate::wal::{Change, Op};
+
+/// Where a live row is: data file (index into `files`) and row position.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    file: u32,
+    pos: u64,
+}
+
+/// A row waiting for the next commit, in the table's column order.
+#[derive(Debug, Clone)]
+struct PendingRow {
+    key: Key,
+    values: Vec<Datum>,
+    /// For values the change left unchanged (TOAST): where the previous version lives.
+    previous: Option<Loc>,
+}
+
+/// The sink state of one table.
+pub struct TableSink {
+    pub source: TableRef,
+    pub table: Table,
+    arrow: SchemaRef,
+    pg: Vec<PgType>,
+    names: Vec<String>,
+    key_idx: Vec<usize>,
+    keyed: bool,
+    keys: KeyEncoder,
+    /// Source LSN covered by the last commit.
+    pub lsn: Lsn,
+    index: HashMap<Key, Loc>,
+    files: Vec<String>,
+    // Changes since the last commit.
+    rows: Vec<Option<PendingRow>>,
+    by_key: HashMap<Key, usize>,
+    deletes: Vec<Loc>,
+    truncated: bool,
+    pending_lsn: Lsn,
+    pending_changes: u64,
+    /// Relation id -> for each table column, the relation column it comes from.
+    rel_maps: HashMap<u32, Vec<Option<usize>>>,
+}
+
+impl TableSink {
+    /// Loads a table's state: its committed LSN and the key index of its live rows.
+    pub async fn load(source: TableRef, table: Table) -> Result<Self> {
+        let arrow = ice_schema::arrow_schema(&table)?;
+        let names: Vec<String> = arrow.fields().iter().map(|f| f.name().clone()).collect();
+        let pg: Vec<PgType> = arrow
+            .fields()
+            .iter()
+            .map(|f| PgType::from_arrow(f.data_type()))
+            .collect();
+        let pk: Vec<String> = table
+            .metadata()
+            .properties()
+            .get(PROP_PRIMARY_KEY)
+            .map(|s| {
+                s.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let key_idx: Vec<usize> = if pk.is_empty() {
+            // Replica identity full: the whole row is the key.
+            (0..names.len()).collect()
+        } else {
+            pk.iter()
+                .map(|k| {
+                    names.iter().position(|n| n == k).ok_or_else(|| {
+                        Error::fatal(format!(
+                            "primary key column `{k}` is missing from Iceberg table {}",
+                            table.identifier()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?
+        };
+        let keys = KeyEncoder::new(
+            key_idx
+                .iter()
+                .map(|i| arrow.field(*i).data_type().clone())
+                .collect(),
+        );
+        let lsn = super::commit::committed_lsn(&table).unwrap_or_default();
+        let mut sink = Self {
+            source,
+            table,
+            arrow,
+            pg,
+            names,
+            keyed: !pk.is_empty(),
+            key_idx,
+            keys,
+            lsn,
+            index: HashMap::new(),
+            files: Vec::new(),
+            rows: Vec::new(),
+            by_key: HashMap::new(),
+            deletes: Vec::new(),
+            truncated: false,
+            pending_lsn: lsn,
+            pending_changes: 0,
+            rel_maps: HashMap::new(),
+        };
+        sink.build_index().await?;
+        Ok(sink)
+    }
+
+    /// Rebuilds key -> (file, position) from the live data files and their position deletes.
+    async fn build_index(&mut self) -> Result<()> {
+        self.index.clear();
+        self.files.clear();
+        let meta = self.table.metadata();
+        let Some(snapshot) = meta.current_snapshot() else {
+            return Ok(());
+        };
+        let file_io = self.table.file_io();
+        let list = self
+            .table
+            .manifest_list_reader(snapshot)
+            .load()
+            .await
+            .context("reading the manifest list")?;
+        let mut data_files = Vec::new();
+        let mut delete_files = Vec::new();
+        for mf in list.entries() {
+            let manifest = mf
+                .load_manifest(file_io)
+                .await
+                .context("reading a manifest")?;
+            for entry in manifest.entries() {
+                if entry.status() == ManifestStatus::Deleted {
+                    continue;
+                }
+                let df = entry.data_file();
+                match df.content_type() {
+                    DataContentType::Data => data_files.push(df.file_path().to_string()),
+                    DataContentType::PositionDeletes => delete_files.push(df.file_path().to_string()),
+                    DataContentType::EqualityDeletes => {
+                        return Err(Error::unrepresentable(format!(
+                            "Iceberg table {} has equality deletes, which skipprd does not write or apply; it must only be written by skipprd",
+                            self.table.identifier()
+                        )))
+                    }
+                }
+            }
+        }
+        let mut deleted: HashSet<(String, i64)> = HashSet::new();
+        for path in &delete_files {
+            let bytes = self.read_file(path).await?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+            for batch in reader {
+                let batch = batch?;
+                let paths = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::StringArray>();
+                let pos = batch
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>();
+                if let (Some(paths), Some(pos)) = (paths, pos) {
+                    for i in 0..batch.num_rows() {
+                        deleted.insert((paths.value(i).to_string(), pos.value(i)));
+                    }
+                }
+            }
+        }
+        for path in data_files.into_iter() {
+            let path: String = path;
+            let file_no = self.files.len() as u32;
+            let bytes = self.read_file(&path).await?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+            let mask =
+                ProjectionMask::roots(builder.parquet_schema(), self.key_idx.iter().copied());
+            let reader = builder.with_projection(mask).build()?;
+            let mut pos: u64 = 0;
+            for batch in reader {
+                let batch = batch?;
+                // Projection keeps file order; reorder to key order.
+                let mut order: Vec<usize> = self.key_idx.clone();
+                order.sort();
+                let cols: Vec<ArrayRef> = self
+                    .key_idx
+                    .iter()
+                    .map(|k| {
+                        batch
+                            .column(order.iter().position(|o| o == k).unwrap_or(0))
+                            .clone()
+                    })
+                    .collect();
+                for row in 0..batch.num_rows() {
+                    let p = pos + row as u64;
+                    if deleted.contains(&(path.clone(), p as i64)) {
+                        continue;
+                    }
+                    if let Some(key) = self.keys.from_arrays(&cols, row) {
+                        self.index.insert(
+                            key,
+                            Loc {
+                                file: file_no,
+                                pos: p,
+                            },
+                        );
+                    }
+                }
+                pos += batch.num_rows() as u64;
+            }
+            self.files.push(path);
+        }
+        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), files = self.files.len(), "key index loaded");
+        Ok(())
+    }
+
+    async fn read_file(&self, path: &str) -> Result<Bytes> {
+        self.table
+            .file_io()
+            .new_input(path)?
+            .read()
+            .await
+            .with_context(|| format!("reading {path}"))
+    }
+
+    /// Learns how a relation's columns map to the table's columns. A column the Iceberg
+    /// table does not have stops the pipeline.
+    pub fn relation(&mut self, r: &Relation) -> Result<()> {
+        let mut map = vec![None; self.names.len()];
+        for (ri, c) in r.columns.iter().enumerate() {
+            match self.names.iter().position(|n| n == &c.name) {
+                Some(ti) => map[ti] = Some(ri),
+                None => {
+                    return Err(Error::unrepresentable(format!(
+                        "table {} gained column `{}`, which Iceberg table {} does not have; schema changes in the stream are not applied by this version, so the pipeline stops here (nothing after this change is lost: it stays in the replication slot)",
+                        self.source,
+                        c.name,
+                        self.table.identifier()
+                    )))
+                }
+            }
+        }
+        self.rel_maps.insert(r.id, map);
+        Ok(())
+    }
+
+    fn to_row(&self, rel: u32, tuple: &[Datum]) -> Result<Vec<Datum>> {
+        let map = self.rel_maps.get(&rel).ok_or_else(|| {
+            Error::fatal(format!(
+                "a change of {} arrived before its relation description",
+                self.source
+            ))
+        })?;
+        Ok(map
+            .iter()
+            .map(|m| m.and_then(|i| tuple.get(i).cloned()).unwrap_or(Datum::Null))
+            .collect())
+    }
+
+    fn key_of(&self, row: &[Datum]) -> Result<Key> {
+        let mut texts = Vec::with_capacity(self.key_idx.len());
+        let mut types = Vec::with_capacity(self.key_idx.len());
+        for &i in &self.key_idx {
+            match &row[i] {
+                Datum::Text(b) => texts.push(std::str::from_utf8(b).map_err(|_| {
+                    Error::unrepresentable(format!(
+                        "table {}, column `{}`: a key value is not UTF-8",
+                        self.source, self.names[i]
+                    ))
+                })?),
+                Datum::Null => texts.push("\u{0}NULL"),
+                Datum::Unchanged => {
+                    return Err(Error::fatal(format!(
+                        "table {}: the key column `{}` arrived without a value",
+                        self.source, self.names[i]
+                    )))
+                }
+            }
+            types.push(self.pg[i].clone());
+        }
+        self.keys.from_text(&types, &texts).map_err(|e| {
+            Error::unrepresentable(format!(
+                "table {}: a key value cannot be read: {e}",
+                self.source
+            ))
+        })
+    }
+
+    /// Removes the live version of `key`, wherever it is.
+    fn remove(&mut self, key: &Key) -> Option<PendingOrLoc> {
+        if let Some(i) = self.by_key.remove(key) {
+            return self.rows[i].take().map(PendingOrLoc::Pending);
+        }
+        self.index.remove(key).map(|loc| {
+            self.deletes.push(loc);
+            PendingOrLoc::Loc(loc)
+        })
+    }
+
+    /// Applies one change of a transaction ending at `end_lsn`.
+    pub fn apply(&mut self, change: &Change, end_lsn: Lsn) -> Result<()> {
+        self.pending_lsn = self.pending_lsn.max(end_lsn);
+        self.pending_changes += 1;
+        match change.op {
+            Op::Truncate => {
+                self.truncated = true;
+                self.rows.clear();
+                self.by_key.clear();
+                self.deletes.clear();
+                self.index.clear();
+            }
+            Op::Insert => {
+                let row = self.to_row(change.rel, change.new.as_deref().unwrap_or_default())?;
+                let key = self.key_of(&row)?;
+                // Without a primary key the whole row is the key: equal rows may coexist.
+                if self.keyed {
+                    self.remove(&key);
+                }
+                self.push(key, row, None);
+            }
+            Op::Delete => {
+                let old = self.to_row(change.rel, change.old.as_deref().unwrap_or_default())?;
+                let key = self.key_of(&old)?;
+                self.remove(&key);
+            }
+            Op::Update => {
+                let mut row = self.to_row(change.rel, change.new.as_deref().unwrap_or_default())?;
+                let new_key = self.key_of(&row)?;
+                let old_key = match &change.old {
+                    Some(o) => self.key_of(&self.to_row(change.rel, o)?)?,
+                    None => new_key.clone(),
+                };
+                let previous = self.remove(&old_key);
+                if old_key != new_key {
+                    self.remove(&new_key);
+                }
+                let mut previous_loc = None;
+                if row.iter().any(|d| matches!(d, Datum::Unchanged)) {
+                    match previous {
+                        Some(PendingOrLoc::Pending(p)) => {
+                            for (i, d) in row.iter_mut().enumerate() {
+                                if matches!(d, Datum::Unchanged) {
+                                    *d = p.values[i].clone();
+                                }
+                            }
+                            previous_loc = p.previous;
+                        }
+                        Some(PendingOrLoc::Loc(loc)) => previous_loc = Some(loc),
+                        None => {
+                            return Err(Error::fatal(format!(
+                                "table {}: an update left a large (TOAST) value unchanged, but the previous version of the row is not in Iceberg; run `skipprd sync --resnapshot`",
+                                self.source
+                            )))
+                        }
+                    }
+                }
+                self.push(new_key, row, previous_loc);
+            }
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, key: Key, values: Vec<Datum>, previous: Option<Loc>) {
+        self.by_key.insert(key.clone(), self.rows.len());
+        self.rows.push(Some(PendingRow {
+            key,
+            values,
+            previous,
+        }));
+    }
+
+    /// The LSN up to which this table has committed every change (including stretches of
+    /// the stream that had none for it).
+    pub fn covered(&self) -> Lsn {
+        if self.has_pending() {
+            self.lsn
+        } else {
+            self.pending_lsn
+        }
+    }
+
+    /// Marks `lsn` as covered even without changes to this table (for exactly-once bookkeeping).
+    pub fn advance(&mut self, lsn: Lsn) {
+        self.pending_lsn = self.pending_lsn.max(lsn);
+    }
+
+    pub fn has_pending(&self) -> bool {
+        self.pending_changes > 0
+    }
+
+    pub fn pending_changes(&self) -> u64 {
+        self.pending_changes
+    }
+
+    /// Commits everything applied since the last commit in one Iceberg snapshot.
+    pub async fn commit(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
+        if !self.has_pending() {
+            return Ok(());
+        }
+        let live: Vec<PendingRow> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .flatten()
+            .collect();
+        let batch = self.build_batch(&live).await?;
+        let commit_id = uuid::Uuid::now_v7().simple().to_string();
+        let mut data_files = Vec::new();
+        let mut new_file: Option<String> = None;
+        if batch.num_rows() > 0 {
+            let mut w =
+                TableWriter::new(&self.table, format!("cdc-{commit_id}"), u64::MAX / 4).await?;
+            w.write(batch).await?;
+            let (files, _) = w.close().await?;
+            if files.len() != 1 {
+                return Err(Error::fatal(
+                    "a change batch was written to more than one file",
+                ));
+            }
+            new_file = Some(files[0].file_path().to_string());
+            data_files = files;
+        }
+        let deletes: Vec<(String, i64)> = self
+            .deletes
+            .iter()
+            .map(|l| (self.files[l.file as usize].clone(), l.pos as i64))
+            .collect();
+        let mut delete_files = Vec::new();
+        if !deletes.is_empty() && !self.truncated {
+            delete_files.push(
+                rowdelta::write_position_deletes(&self.table, deletes, &format!("cdc-{commit_id}"))
+                    .await?,
+            );
+        }
+        let props = HashMap::from([
+            (SUMMARY_LSN.to_string(), self.pending_lsn.to_string()),
+            (SUMMARY_PHASE.to_string(), "cdc".to_string()),
+            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
+        ]);
+        self.table = rowdelta::commit(
+            catalog,
+            &self.table,
+            data_files,
+            delete_files,
+            self.truncated,
+            props,
+        )
+        .await?;
+        // The index follows the commit: truncation dropped every file, new rows are appended.
+        if self.truncated {
+            self.files.clear();
+            self.index.clear();
+        }
+        if let Some(path) = new_file {
+            let file_no = self.files.len() as u32;
+            self.files.push(path);
+            for (pos, row) in live.into_iter().enumerate() {
+                self.index.insert(
+                    row.key,
+                    Loc {
+                        file: file_no,
+                        pos: pos as u64,
+                    },
+                );
+            }
+        }
+        tracing::info!(table = %self.table.identifier(), changes = self.pending_changes, lsn = %self.pending_lsn, "changes committed");
+        self.lsn = self.pending_lsn;
+        self.by_key.clear();
+        self.deletes.clear();
+        self.truncated = false;
+        self.pending_changes = 0;
+        Ok(())
+    }
+
+    /// Decodes pending rows into a batch, filling values an update left unchanged from the
+    /// previous version of the row in Iceberg.
+    async fn build_batch(&self, live: &[PendingRow]) -> Result<RecordBatch> {
+        let mut builders: Vec<ColumnBuilder> = self
+            .arrow
+            .fields()
+            .iter()
+            .zip(&self.pg)
+            .map(|(f, pg)| ColumnBuilder::new(pg, f.data_type(), live.len()))
+            .collect();
+        for row in live {
+            for (i, (b, d)) in builders.iter_mut().zip(&row.values).enumerate() {
+                match d {
+                    Datum::Null | Datum::Unchanged => b.append_null(),
+                    Datum::Text(v) => {
+                        let s = std::str::from_utf8(v).map_err(|_| {
+                            Error::unrepresentable(format!(
+                                "table {}, column `{}`: the value is not UTF-8",
+                                self.source, self.names[i]
+                            ))
+                        })?;
+                        b.append_text(s).map_err(|e| {
+                            Error::unrepresentable(format!(
+                                "table {}, column `{}`: {}",
+                                self.source, self.names[i], e.0
+                            ))
+                        })?;
+                    }
+                }
+            }
+        }
+        let mut columns: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
+
+        // Values left unchanged by an update: read the previous versions and interleave them.
+        let needs: Vec<(usize, Loc)> = live
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.values.iter().any(|d| matches!(d, Datum::Unchanged)))
+            .filter_map(|(i, r)| r.previous.map(|l| (i, l)))
+            .collect();
+        if !needs.is_empty() {
+            let previous = self
+                .read_rows(&needs.iter().map(|(_, l)| *l).collect::<Vec<_>>())
+                .await?;
+            for (c, col) in columns.iter_mut().enumerate() {
+                let mut indices: Vec<(usize, usize)> = (0..live.len()).map(|r| (0, r)).collect();
+                let mut any = false;
+                for (k, (r, _)) in needs.iter().enumerate() {
+                    if matches!(live[*r].values[c], Datum::Unchanged) {
+                        indices[*r] = (1, k);
+                        any = true;
+                    }
+                }
+                if any {
+                    *col = interleave(&[col.as_ref(), previous.column(c).as_ref()], &indices)?;
+                }
+            }
+        }
+        Ok(RecordBatch::try_new(self.arrow.clone(), columns)?)
+    }
+
+    /// Reads whole rows at `locs`, in that order.
+    async fn read_rows(&self, locs: &[Loc]) -> Result<RecordBatch> {
+        let mut by_file: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+        for (i, l) in locs.iter().enumerate() {
+            by_file.entry(l.file).or_default().push((i, l.pos));
+        }
+        let mut parts: Vec<RecordBatch> = Vec::new();
+        let mut order: Vec<usize> = Vec::new();
+        for (file, wanted) in by_file {
+            let bytes = self.read_file(&self.files[file as usize]).await?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+            let batches: Vec<RecordBatch> = reader.collect::<std::result::Result<_, _>>()?;
+            let all = concat_batches(&self.arrow_file_schema(&batches), &batches)?;
+            let idx = UInt32Array::from_iter_values(wanted.iter().map(|(_, p)| *p as u32));
+            let cols = all
+                .columns()
+                .iter()
+                .map(|c| take(c.as_ref(), &idx, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            parts.push(RecordBatch::try_new(all.schema(), cols)?);
+            order.extend(wanted.iter().map(|(i, _)| *i));
+        }
+        let schema = parts
+            .first()
+            .map(|p| p.schema())
+            .unwrap_or_else(|| self.arrow.clone());
+        let merged = concat_batches(&schema, &parts)?;
+        // Put rows back in the order asked for; columns follow the table schema by name.
+        let mut inverse = vec![0u32; order.len()];
+        for (pos, i) in order.iter().enumerate() {
+            inverse[*i] = pos as u32;
+        }
+        let idx = UInt32Array::from(inverse);
+        let cols = self
+            .arrow
+            .fields()
+            .iter()
+            .map(|f| match merged.schema().index_of(f.name()) {
+                Ok(i) => take(merged.column(i).as_ref(), &idx, None).map_err(Error::from),
+                Err(_) => Ok(new_null_array(f.data_type(), locs.len())),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(self.arrow.clone(), cols)?)
+    }
+
+    fn arrow_file_schema(&self, batches: &[RecordBatch]) -> SchemaRef {
+        batches
+            .first()
+            .map(|b| b.schema())
+            .unwrap_or_else(|| Arc::clone(&self.arrow))
+    }
+}
+
+enum PendingOrLoc {
+    Pending(PendingRow),
+    Loc(Loc),
+}

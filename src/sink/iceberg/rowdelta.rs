@@ -1,0 +1,297 @@
+//! Commits that iceberg-rust's transactions cannot express: new data files together with
+//! position-delete files (updates and deletes), or a table emptied by TRUNCATE. The snapshot
+//! is built from the public manifest and metadata writers, and the catalog pointer is swapped
+//! with a compare-and-swap, exactly as the SQL catalog and PyIceberg do.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+use iceberg::spec::{
+    DataContentType, DataFile, DataFileBuilder, DataFileFormat, ManifestListWriter,
+    ManifestWriterBuilder, Operation, Snapshot, SnapshotReference, SnapshotRetention, Struct,
+    Summary, TableMetadataBuilder, MAIN_BRANCH,
+};
+use iceberg::table::Table;
+use iceberg::{Catalog, MetadataLocation};
+use parquet::arrow::{AsyncArrowWriter, PARQUET_FIELD_ID_META_KEY};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+
+use crate::catalog::LocalCatalog;
+use crate::error::{Context, Error, Result};
+
+/// Field id of `file_path` in a position-delete file (Iceberg spec).
+const POS_DELETE_FILE_PATH_ID: i32 = 2147483546;
+/// Field id of `pos` in a position-delete file (Iceberg spec).
+const POS_DELETE_POS_ID: i32 = 2147483545;
+
+/// Writes one position-delete file for `deletes` (data file path, row position).
+pub async fn write_position_deletes(
+    table: &Table,
+    mut deletes: Vec<(String, i64)>,
+    name: &str,
+) -> Result<DataFile> {
+    deletes.sort();
+    let schema = Arc::new(ArrowSchema::new(vec![
+        Field::new("file_path", DataType::Utf8, false).with_metadata(HashMap::from([(
+            PARQUET_FIELD_ID_META_KEY.to_string(),
+            POS_DELETE_FILE_PATH_ID.to_string(),
+        )])),
+        Field::new("pos", DataType::Int64, false).with_metadata(HashMap::from([(
+            PARQUET_FIELD_ID_META_KEY.to_string(),
+            POS_DELETE_POS_ID.to_string(),
+        )])),
+    ]));
+    let n = deletes.len() as u64;
+    let paths = StringArray::from_iter_values(deletes.iter().map(|(p, _)| p.as_str()));
+    let pos = Int64Array::from_iter_values(deletes.iter().map(|(_, p)| *p));
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(paths), Arc::new(pos)])?;
+    let location = format!(
+        "{}/data/{name}-deletes.parquet",
+        table.metadata().location()
+    );
+    // Full (untruncated) statistics let readers match a delete file to the data files it
+    // touches instead of applying it to every file.
+    let props = WriterProperties::builder()
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_statistics_truncate_length(None)
+        .build();
+    let mut buf = Vec::new();
+    {
+        let mut w = AsyncArrowWriter::try_new(&mut buf, schema, Some(props))?;
+        w.write(&batch).await?;
+        w.close().await?;
+    }
+    let size = buf.len() as u64;
+    table
+        .file_io()
+        .new_output(&location)?
+        .write(buf.into())
+        .await
+        .with_context(|| format!("writing position-delete file {location}"))?;
+    let mut b = DataFileBuilder::default();
+    b.content(DataContentType::PositionDeletes)
+        .file_path(location)
+        .file_format(DataFileFormat::Parquet)
+        .partition(Struct::empty())
+        .record_count(n)
+        .file_size_in_bytes(size)
+        .partition_spec_id(table.metadata().default_partition_spec_id());
+    if let (Some(first), Some(last)) = (deletes.first(), deletes.last()) {
+        if first.0 == last.0 {
+            b.referenced_data_file(Some(first.0.clone()));
+        }
+        b.lower_bounds(HashMap::from([
+            (
+                POS_DELETE_FILE_PATH_ID,
+                iceberg::spec::Datum::string(first.0.clone()),
+            ),
+            (
+                POS_DELETE_POS_ID,
+                iceberg::spec::Datum::long(deletes.iter().map(|d| d.1).min().unwrap_or(0)),
+            ),
+        ]))
+        .upper_bounds(HashMap::from([
+            (
+                POS_DELETE_FILE_PATH_ID,
+                iceberg::spec::Datum::string(last.0.clone()),
+            ),
+            (
+                POS_DELETE_POS_ID,
+                iceberg::spec::Datum::long(deletes.iter().map(|d| d.1).max().unwrap_or(0)),
+            ),
+        ]));
+    }
+    b.build()
+        .map_err(|e| Error::fatal(format!("describing a position-delete file: {e}")))
+}
+
+/// Totals carried from one snapshot summary to the next.
+const TOTALS: [&str; 6] = [
+    "total-records",
+    "total-data-files",
+    "total-delete-files",
+    "total-position-deletes",
+    "total-equality-deletes",
+    "total-files-size",
+];
+
+/// Commits `data` and `deletes` in one snapshot. With `replace_all`, every existing file is
+/// dropped first (TRUNCATE). `props` go into the snapshot summary.
+pub async fn commit(
+    catalog: &LocalCatalog,
+    table: &Table,
+    data: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+    replace_all: bool,
+    props: HashMap<String, String>,
+) -> Result<Table> {
+    let meta = table.metadata();
+    let file_io = table.file_io();
+    let commit_id = uuid::Uuid::now_v7();
+    let mut snapshot_id = (commit_id.as_u64_pair().1 & (i64::MAX as u64)) as i64;
+    while meta.snapshots().any(|s| s.snapshot_id() == snapshot_id) {
+        snapshot_id = snapshot_id.wrapping_add(1) & i64::MAX;
+    }
+    let seq = meta.next_sequence_number();
+    let parent = meta.current_snapshot();
+    let location = meta.location();
+    let schema = meta.current_schema().clone();
+    let spec = meta.default_partition_spec().as_ref().clone();
+
+    let mut manifests = Vec::new();
+    if !replace_all {
+        if let Some(s) = parent {
+            let list = table
+                .manifest_list_reader(s)
+                .load()
+                .await
+                .context("reading the current manifest list")?;
+            manifests.extend(list.entries().iter().cloned());
+        }
+    }
+    let mut counter = 0;
+    let mut write_manifest = |files: Vec<DataFile>, deletes: bool| {
+        counter += 1;
+        let path = format!("{location}/metadata/{commit_id}-m{counter}.avro");
+        let schema = schema.clone();
+        let spec = spec.clone();
+        async move {
+            let out = file_io.new_output(path)?;
+            let builder = ManifestWriterBuilder::new(out, Some(snapshot_id), schema, spec);
+            let mut w = if deletes {
+                builder.build_v2_deletes()
+            } else {
+                builder.build_v2_data()
+            };
+            for f in files {
+                w.add_file(f, seq)?;
+            }
+            w.write_manifest_file().await
+        }
+    };
+    let added_records: u64 = data.iter().map(|f| f.record_count()).sum();
+    let added_size: u64 = data
+        .iter()
+        .chain(&deletes)
+        .map(|f| f.file_size_in_bytes())
+        .sum();
+    let added_pos_deletes: u64 = deletes.iter().map(|f| f.record_count()).sum();
+    let (n_data, n_deletes) = (data.len() as u64, deletes.len() as u64);
+    if !data.is_empty() {
+        manifests.push(
+            write_manifest(data, false)
+                .await
+                .context("writing a data manifest")?,
+        );
+    }
+    if !deletes.is_empty() {
+        manifests.push(
+            write_manifest(deletes, true)
+                .await
+                .context("writing a delete manifest")?,
+        );
+    }
+
+    let list_path = format!("{location}/metadata/snap-{snapshot_id}-1-{commit_id}.avro");
+    let mut list = ManifestListWriter::v2(
+        file_io.new_output(&list_path)?.writer().await?,
+        snapshot_id,
+        meta.current_snapshot_id(),
+        seq,
+    );
+    list.add_manifests(manifests.into_iter())?;
+    list.close().await.context("writing the manifest list")?;
+
+    // Every total-* key is carried forward and kept numeric, or readers stop trusting them.
+    let prev: HashMap<&str, u64> = TOTALS
+        .iter()
+        .map(|k| {
+            let v = if replace_all {
+                0
+            } else {
+                parent
+                    .and_then(|s| s.summary().additional_properties.get(*k))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            (*k, v)
+        })
+        .collect();
+    let mut summary = props;
+    let mut set = |k: &str, v: u64| {
+        summary.insert(k.to_string(), v.to_string());
+    };
+    set("added-data-files", n_data);
+    set("added-records", added_records);
+    set("added-delete-files", n_deletes);
+    set("added-position-delete-files", n_deletes);
+    set("added-position-deletes", added_pos_deletes);
+    set("added-files-size", added_size);
+    set("total-records", prev["total-records"] + added_records);
+    set("total-data-files", prev["total-data-files"] + n_data);
+    set("total-delete-files", prev["total-delete-files"] + n_deletes);
+    set(
+        "total-position-deletes",
+        prev["total-position-deletes"] + added_pos_deletes,
+    );
+    set("total-equality-deletes", prev["total-equality-deletes"]);
+    set("total-files-size", prev["total-files-size"] + added_size);
+    let operation = if replace_all || n_deletes > 0 {
+        Operation::Overwrite
+    } else {
+        Operation::Append
+    };
+    let timestamp_ms = chrono::Utc::now()
+        .timestamp_millis()
+        .max(meta.last_updated_ms() + 1);
+    let snapshot = Snapshot::builder()
+        .with_snapshot_id(snapshot_id)
+        .with_parent_snapshot_id(meta.current_snapshot_id())
+        .with_sequence_number(seq)
+        .with_timestamp_ms(timestamp_ms)
+        .with_manifest_list(list_path)
+        .with_summary(Summary {
+            operation,
+            additional_properties: summary,
+        })
+        .with_schema_id(meta.current_schema_id())
+        .build();
+
+    let old_location = table
+        .metadata_location()
+        .ok_or_else(|| {
+            Error::fatal(format!(
+                "Iceberg table {} has no metadata location",
+                table.identifier()
+            ))
+        })?
+        .to_string();
+    let new_meta =
+        TableMetadataBuilder::new_from_metadata(meta.clone(), Some(old_location.clone()))
+            .add_snapshot(snapshot)?
+            .set_ref(
+                MAIN_BRANCH,
+                SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+            )?
+            .build()?
+            .metadata;
+    let new_location = MetadataLocation::from_str(&old_location)?
+        .with_next_version()
+        .with_new_metadata(&new_meta);
+    new_meta
+        .write_to(file_io, &new_location)
+        .await
+        .context("writing table metadata")?;
+    let new_location = new_location.to_string();
+    catalog
+        .swap_metadata(table.identifier(), &old_location, &new_location)
+        .await?;
+    catalog
+        .catalog
+        .load_table(table.identifier())
+        .await
+        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))
+}

@@ -1,0 +1,219 @@
+//! The change stream: reads the pipeline's slot (pgoutput), assembles whole transactions,
+//! makes them durable in Skippr's WAL, and only then acknowledges them to Postgres.
+
+use std::time::{Duration, Instant};
+
+use pgwire_replication::{ReplicationClient, ReplicationEvent};
+use tokio::sync::watch;
+
+use super::connect::replication_config;
+use super::lsn::Lsn;
+use super::pgoutput::{self, Message};
+use crate::config::PostgresConfig;
+use crate::error::{Error, ErrorKind, Result};
+use crate::wal::store::SegmentBuilder;
+use crate::wal::{Change, Op, Txn, WalStore};
+
+/// Prefix of the logical message `sync --once` emits to know where "now" is in the stream.
+pub const ONCE_MARKER_PREFIX: &str = "skippr.once";
+/// A segment is written at this size even if the flush interval has not passed.
+const SEGMENT_MAX_BYTES: usize = 8 * 1024 * 1024;
+/// Longest time a complete transaction waits before it is made durable and acknowledged.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// When the stream ends.
+#[derive(Debug, Clone)]
+pub enum StopAt {
+    /// When the logical message with this content arrives (everything committed before it
+    /// has then been received).
+    Marker(String),
+    /// Only on shutdown.
+    Shutdown,
+}
+
+/// Streams from the slot into `wal`, from `start` (the slot's confirmed position when
+/// zero). Publishes each durable LSN on `durable`. Returns the last durable LSN.
+pub async fn stream_to_wal(
+    cfg: &PostgresConfig,
+    wal: &WalStore,
+    start: Lsn,
+    stop: StopAt,
+    mut shutdown: watch::Receiver<bool>,
+    durable: &watch::Sender<Lsn>,
+) -> Result<Lsn> {
+    let rc = replication_config(cfg, &cfg.slot)
+        .with_start_lsn(pgwire_replication::Lsn(start.0))
+        .with_status_interval(Duration::from_secs(1));
+    let mut client = ReplicationClient::connect(rc).await.map_err(|e| {
+        Error::new(
+            ErrorKind::Source,
+            format!(
+                "cannot start replication from slot `{}`: {e}; run `skipprd discover` to check the slot and publication",
+                cfg.slot
+            ),
+        )
+    })?;
+    let mut builder = SegmentBuilder::default();
+    let mut current: Option<Txn> = None;
+    let mut last_end = start;
+    let mut last_durable = start;
+    let mut last_flush = Instant::now();
+    let mut tick = tokio::time::interval(FLUSH_INTERVAL);
+
+    let flush = |builder: &mut SegmentBuilder,
+                 client: &ReplicationClient,
+                 last_durable: &mut Lsn|
+     -> Result<()> {
+        if let Some(lsn) = builder.flush(wal)? {
+            client.update_applied_lsn(pgwire_replication::Lsn(lsn.0));
+            *last_durable = lsn;
+            let _ = durable.send(lsn);
+        }
+        Ok(())
+    };
+
+    loop {
+        let event = tokio::select! {
+            ev = client.recv() => ev.map_err(|e| Error::new(ErrorKind::Retryable, format!("replication stream from slot `{}` failed: {e}", cfg.slot)))?,
+            _ = tick.tick() => {
+                if !builder.is_empty() && last_flush.elapsed() >= FLUSH_INTERVAL {
+                    flush(&mut builder, &client, &mut last_durable)?;
+                    last_flush = Instant::now();
+                } else if builder.is_empty() && current.is_none() && last_end > last_durable {
+                    // Only transactions without our tables since the last flush: nothing is
+                    // pending, so their end can be acknowledged and the slot can advance.
+                    client.update_applied_lsn(pgwire_replication::Lsn(last_end.0));
+                    last_durable = last_end;
+                    let _ = durable.send(last_end);
+                }
+                continue;
+            }
+            _ = shutdown.changed() => {
+                flush(&mut builder, &client, &mut last_durable)?;
+                break;
+            }
+        };
+        let Some(event) = event else {
+            return Err(Error::new(
+                ErrorKind::Retryable,
+                format!(
+                    "the replication stream from slot `{}` ended unexpectedly",
+                    cfg.slot
+                ),
+            ));
+        };
+        match event {
+            ReplicationEvent::Begin {
+                final_lsn,
+                xid,
+                commit_time_micros,
+            } => {
+                current = Some(Txn {
+                    xid,
+                    commit_lsn: Lsn(final_lsn.0),
+                    end_lsn: Lsn(final_lsn.0),
+                    commit_time_micros,
+                    changes: Vec::new(),
+                });
+            }
+            ReplicationEvent::XLogData { data, .. } => {
+                let msg = pgoutput::decode(data).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Fatal,
+                        format!("replication slot `{}`: {e}", cfg.slot),
+                    )
+                })?;
+                let change = match msg {
+                    Message::Relation(r) => {
+                        builder.relation(r);
+                        None
+                    }
+                    Message::Insert { rel, new } => Some(Change {
+                        op: Op::Insert,
+                        rel,
+                        old: None,
+                        new: Some(new),
+                    }),
+                    Message::Update { rel, old, new } => Some(Change {
+                        op: Op::Update,
+                        rel,
+                        old,
+                        new: Some(new),
+                    }),
+                    Message::Delete { rel, old } => Some(Change {
+                        op: Op::Delete,
+                        rel,
+                        old: Some(old),
+                        new: None,
+                    }),
+                    Message::Truncate { rels, .. } => {
+                        if let Some(t) = current.as_mut() {
+                            for rel in rels {
+                                t.changes.push(Change {
+                                    op: Op::Truncate,
+                                    rel,
+                                    old: None,
+                                    new: None,
+                                });
+                            }
+                        }
+                        None
+                    }
+                    Message::Other(_) => None,
+                };
+                if let Some(c) = change {
+                    match current.as_mut() {
+                        Some(t) => t.changes.push(c),
+                        None => {
+                            return Err(Error::fatal(format!(
+                                "replication slot `{}` sent a change outside a transaction",
+                                cfg.slot
+                            )))
+                        }
+                    }
+                }
+            }
+            ReplicationEvent::Commit { lsn, end_lsn, .. } => {
+                if let Some(mut t) = current.take() {
+                    t.commit_lsn = Lsn(lsn.0);
+                    t.end_lsn = Lsn(end_lsn.0);
+                    last_end = t.end_lsn;
+                    if !t.changes.is_empty() {
+                        builder.push(&t);
+                    }
+                }
+                if builder.len_bytes() >= SEGMENT_MAX_BYTES {
+                    flush(&mut builder, &client, &mut last_durable)?;
+                    last_flush = Instant::now();
+                }
+            }
+            ReplicationEvent::Message {
+                transactional: false,
+                prefix,
+                content,
+                lsn,
+            } if prefix == ONCE_MARKER_PREFIX => {
+                if let StopAt::Marker(m) = &stop {
+                    if content.as_ref() == m.as_bytes() && current.is_none() {
+                        flush(&mut builder, &client, &mut last_durable)?;
+                        if builder.is_empty() && last_end > last_durable {
+                            client.update_applied_lsn(pgwire_replication::Lsn(last_end.0));
+                            last_durable = last_end;
+                        }
+                        let _ = lsn;
+                        break;
+                    }
+                }
+            }
+            ReplicationEvent::StoppedAt { .. } => {
+                flush(&mut builder, &client, &mut last_durable)?;
+                break;
+            }
+            _ => {}
+        }
+    }
+    // Let the final acknowledgement reach the server before closing.
+    client.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.join()).await;
+    Ok(last_durable)
+}

@@ -1,0 +1,14 @@
+//! Skippr's write-ahead log: every change from the source is made durable here before
+//! Postgres is acknowledged, and stays here until it is committed to Iceberg.
+//!
+//! A segment is a file of whole source transactions (and the relation descriptions they
+//! use), each record framed with its length and a CRC32. Segments are written to a temporary
+//! name, fsynced, then renamed: a segment is either complete or absent. A temporary file left
+//! by a crash is deleted on start; a checksum failure in a complete segment stops the
+//! pipeline (fail closed) instead of being misread.
+
+pub mod codec;
+pub mod store;
+
+pub use codec::{Change, Op, Record, Txn};
+pub use store::{SegmentInfo, WalStore};
