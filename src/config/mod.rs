@@ -527,6 +527,15 @@ fn keys(parts: &[&str]) -> Vec<Segment> {
 }
 
 impl Validator<'_> {
+    /// Whether a problem was already reported at or below `path` (so that a consequence of
+    /// it is not reported a second time).
+    fn reported_under(&self, path: &[&str]) -> bool {
+        let prefix = path.join(".");
+        self.problems
+            .iter()
+            .any(|p| p.path == prefix || p.path.starts_with(&format!("{prefix}.")))
+    }
+
     fn report(&mut self, path: Vec<Segment>, message: impl Into<String>) {
         self.problems.push(Problem {
             file: self.file.to_path_buf(),
@@ -594,7 +603,7 @@ impl Validator<'_> {
         );
 
         for (name, def) in &file.data_sources {
-            if def.postgres.is_none() {
+            if def.postgres.is_none() && !self.reported_under(&["data_sources", name]) {
                 self.report(
                     keys(&["data_sources", name]),
                     "a data source needs exactly one connector key; allowed: Postgres",
@@ -603,7 +612,7 @@ impl Validator<'_> {
         }
         for (name, def) in &file.data_sinks {
             let n = def.local_iceberg.is_some() as u8 + def.athena_iceberg.is_some() as u8;
-            if n != 1 {
+            if n != 1 && !self.reported_under(&["data_sinks", name]) {
                 self.report(
                     keys(&["data_sinks", name]),
                     "a data sink needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg",
@@ -631,7 +640,7 @@ impl Validator<'_> {
         }
         for (name, def) in &file.schema_sinks {
             let n = def.local_iceberg.is_some() as u8 + def.athena_iceberg.is_some() as u8;
-            if n != 1 {
+            if n != 1 && !self.reported_under(&["schema_sinks", name]) {
                 self.report(
                     keys(&["schema_sinks", name]),
                     "a schema sink needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg",
