@@ -12,6 +12,7 @@ use crate::config::{PipelineConfig, TableRef};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::sink::iceberg::apply::TableSink;
 use crate::source::postgres::lsn::Lsn;
+use crate::source::postgres::slot::advance_slot;
 use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
 use crate::wal::{Op, Record, WalStore};
 
@@ -178,7 +179,7 @@ pub async fn catch_up_once(
     let (_shutdown_tx, shutdown_rx) = watch::channel(false);
     let (durable_tx, _) = watch::channel(Lsn::default());
     let start = resume_point(wal)?;
-    stream_to_wal(
+    let durable = stream_to_wal(
         &p.source,
         wal,
         start,
@@ -187,6 +188,7 @@ pub async fn catch_up_once(
         &durable_tx,
     )
     .await?;
+    advance_slot(client, &p.source.slot, durable).await?;
     let mut sinks = Sinks::load(catalog, namespace, p).await?;
     apply_wal(wal, &mut sinks, catalog, &p.name).await
 }
@@ -235,8 +237,10 @@ pub async fn run_continuous(
         let stream_result =
             outcome.map_err(|e| Error::fatal(format!("the replication task failed: {e}")))?;
         match stream_result {
-            Ok(_) if *shutdown.borrow() => {
+            Ok(durable) if *shutdown.borrow() => {
                 apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+                let client = crate::source::postgres::connect::connect(&p.source).await?;
+                advance_slot(&client, &p.source.slot, durable).await?;
                 tracing::info!(pipeline = %p.name, "stopped: changes flushed, committed and acknowledged");
                 return Ok(());
             }

@@ -184,3 +184,41 @@ pub async fn create_slot_exporting_snapshot(
         snapshot_name,
     })
 }
+
+/// Moves the slot's confirmed position to `lsn` (everything before it is durable in the
+/// WAL), so Postgres can recycle what it no longer needs. The stream's own status updates
+/// do this while it runs; this makes the last one certain when a session ends. The slot may
+/// still be held for a moment by the session that just closed, so this retries briefly.
+pub async fn advance_slot(client: &Client, slot: &str, lsn: Lsn) -> Result<()> {
+    if lsn == Lsn::default() {
+        return Ok(());
+    }
+    let target = lsn.to_string();
+    tracing::debug!(slot, %lsn, "acknowledging on the slot");
+    let mut last_err = None;
+    for _ in 0..50 {
+        let res = client
+            .query_opt(
+                "SELECT pg_replication_slot_advance(slot_name, $2::text::pg_lsn)::text
+                 FROM pg_replication_slots
+                 WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+                &[&slot, &target],
+            )
+            .await;
+        match res {
+            Ok(row) => {
+                tracing::debug!(slot, advanced = row.is_some(), "slot acknowledgement done");
+                return Ok(());
+            }
+            Err(e) => {
+                last_err = Some(e);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+    match last_err {
+        Some(e) => Err(Error::from(e))
+            .with_context(|| format!("acknowledging {lsn} on replication slot `{slot}`")),
+        None => Ok(()),
+    }
+}

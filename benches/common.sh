@@ -1,0 +1,49 @@
+# Shared by the benchmarks: a private Postgres cluster with logical WAL, and timing helpers.
+# Source it; it defines start_cluster, timed and median.
+
+bench_dir="${SKIPPR_BENCH_DIR:-/tmp/skippr-bench}"
+bench_port="${SKIPPR_BENCH_PORT:-55439}"
+pg_bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
+
+start_cluster() {
+  export PGHOST="$bench_dir/socket" PGPORT="$bench_port" PGUSER=postgres
+  if [ ! -f "$bench_dir/pgdata/PG_VERSION" ]; then
+    mkdir -p "$bench_dir/pgdata" "$PGHOST"
+    chown -R postgres:postgres "$bench_dir"
+    runuser -u postgres -- "$pg_bin/initdb" -D "$bench_dir/pgdata" -U postgres --auth=trust >/dev/null
+    cat >>"$bench_dir/pgdata/postgresql.conf" <<CONF
+wal_level = logical
+max_replication_slots = 10
+max_wal_senders = 10
+listen_addresses = '127.0.0.1'
+port = $bench_port
+unix_socket_directories = '$PGHOST'
+shared_buffers = 1GB
+max_wal_size = 8GB
+synchronous_commit = off
+CONF
+  fi
+  touch "$bench_dir/postgres.log"; chown postgres:postgres "$bench_dir/postgres.log" "$PGHOST"
+  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" status >/dev/null 2>&1 \
+    || runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" -l "$bench_dir/postgres.log" -w start >/dev/null
+}
+
+# timed OUTFILE CMD...: runs CMD, appends "<seconds> <peak RSS KiB>" to OUTFILE.
+timed() {
+  local out="$1"; shift
+  /usr/bin/time -f "%e %M" -o "$out.one" "$@"
+  cat "$out.one" >>"$out"
+}
+
+# median COLUMN FILE
+median() {
+  awk -v c="$1" '{print $c}' "$2" | sort -g | awk '{a[NR]=$1} END {print (NR%2==1) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'
+}
+
+skipprd_bin() {
+  echo "${SKIPPRD_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/skippr/target-release}/release/skipprd}"
+}
+
+build_release() {
+  (cd "$(dirname "$0")/.." && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/skippr/target-release}" cargo build --release --quiet --bin skipprd)
+}
