@@ -154,6 +154,34 @@ pub async fn apply_wal(
     Ok(())
 }
 
+/// How often a running pipeline checks that its tables still exist and are published.
+const SOURCE_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A dropped table, or one removed from the publication, sends no more changes: the stream
+/// alone cannot tell. Check the catalog and stop with a clear error instead.
+async fn check_source(p: &PipelineConfig) -> Result<()> {
+    let client = crate::source::postgres::connect::connect(&p.source).await?;
+    for t in &p.source.tables {
+        crate::source::postgres::schema::describe(&client, t).await?;
+    }
+    let published =
+        crate::source::postgres::slot::publication_tables(&client, &p.source.publication)
+            .await?
+            .unwrap_or_default();
+    for t in &p.source.tables {
+        if !published.contains(t) {
+            return Err(Error::source_err(format!(
+                "table {t} was removed from publication `{}` while the pipeline ran, so its changes are no longer sent; run ALTER PUBLICATION {} ADD TABLE {}; then `skipprd sync --pipeline {} --resnapshot`",
+                p.source.publication,
+                crate::config::quote_ident(&p.source.publication),
+                t.quoted(),
+                p.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Where the stream resumes: after the newest transaction already in the WAL, or, with an
 /// empty WAL, at the slot's confirmed position.
 fn resume_point(wal: &WalStore) -> Result<Lsn> {
@@ -225,12 +253,17 @@ pub async fn run_continuous(
             .await
         });
         let mut ticker = tokio::time::interval(p.commit_interval);
+        let mut checked = std::time::Instant::now();
         ticker.tick().await;
         let outcome = loop {
             tokio::select! {
                 res = &mut stream => break res,
                 _ = ticker.tick() => {
                     apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+                    if checked.elapsed() >= SOURCE_CHECK_INTERVAL {
+                        check_source(p).await?;
+                        checked = std::time::Instant::now();
+                    }
                 }
             }
         };

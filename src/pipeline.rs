@@ -332,9 +332,12 @@ async fn check_replication_ready(
         }
     }
     for ts in schemas {
-        if ts.primary_key.is_empty() && ts.replica_identity != "full" {
+        if ts.primary_key.is_empty()
+            && ts.replica_identity != "full"
+            && !cfg.append_only.contains(&ts.table)
+        {
             return Err(Error::source_err(format!(
-                "table {} has no primary key and replica identity {}, so its updates and deletes cannot be applied; add a primary key, or run ALTER TABLE {} REPLICA IDENTITY FULL;",
+                "table {} has no primary key and replica identity {}, so its updates and deletes cannot be applied; add a primary key, run ALTER TABLE {} REPLICA IDENTITY FULL;, or list it under `append_only:` if it only ever receives inserts",
                 ts.table,
                 ts.replica_identity,
                 ts.table.quoted()

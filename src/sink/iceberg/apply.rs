@@ -260,7 +260,7 @@ impl TableSink {
                 Some(ti) => map[ti] = Some(ri),
                 None => {
                     return Err(Error::unrepresentable(format!(
-                        "table {} gained column `{}`, which Iceberg table {} does not have; schema changes in the stream are not applied by this version, so the pipeline stops here (nothing after this change is lost: it stays in the replication slot)",
+                        "table {} gained column `{}`, which Iceberg table {} does not have; schema changes in the stream are not applied by this version, so the pipeline stops here; nothing is lost: the change and everything after it stay in Skippr's WAL",
                         self.source,
                         c.name,
                         self.table.identifier()
