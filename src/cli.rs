@@ -19,6 +19,14 @@ pub struct Cli {
     #[arg(long, global = true, default_value = crate::config::DEFAULT_CONFIG_FILE, value_name = "PATH")]
     pub config: PathBuf,
 
+    /// Workspace to write into the config file (`connect` only).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub workspace: Option<String>,
+
+    /// Storage mode of the WAL and state to write into the config file (`connect` only).
+    #[arg(long, global = true, value_enum, value_name = "MODE")]
+    pub storage_mode: Option<StorageModeArg>,
+
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -31,6 +39,19 @@ pub struct Cli {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StorageModeArg {
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum CdcModeArg {
+    SnapshotThenCdc,
+    CdcOnly,
+    SnapshotOnly,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -75,6 +96,15 @@ pub enum Command {
         resnapshot: bool,
     },
 
+    /// Create or update skippr.yml: add a data source, a data sink or a schema sink to a pipeline.
+    #[command(
+        after_help = "Example:\n  skipprd --workspace analytics --storage-mode local connect data-source postgres \\\n    --pipeline orders --name app_db --host db.internal --user skippr_reader \\\n    --password '${APP_DB_PASSWORD}' --database app --tables orders --tables customers"
+    )]
+    Connect {
+        #[command(subcommand)]
+        what: ConnectCommand,
+    },
+
     /// Run SQL over the workspace's tables.
     #[command(
         after_help = "Examples:\n  skipprd query \"SELECT count(*), sum(amount) FROM analytics.orders\"\n  skipprd query --format csv \"SELECT * FROM analytics.customers\""
@@ -86,4 +116,108 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConnectCommand {
+    /// Add a data source to a pipeline.
+    DataSource {
+        #[command(subcommand)]
+        kind: SourceKind,
+    },
+    /// Add a data sink to a pipeline.
+    DataSink {
+        #[command(subcommand)]
+        kind: SinkKind,
+    },
+    /// Add a schema sink and link it to a pipeline's data sink. Without settings flags it
+    /// takes them from that data sink.
+    SchemaSink {
+        #[command(subcommand)]
+        kind: SinkKind,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SourceKind {
+    /// A Postgres database.
+    Postgres(PostgresArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SinkKind {
+    /// Iceberg on S3 with the Glue catalog, queried by Athena.
+    Athenaiceberg(AthenaArgs),
+    /// Iceberg in a local warehouse folder (the embedded default).
+    Localiceberg(LocalArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PostgresArgs {
+    /// Pipeline the source feeds.
+    #[arg(long)]
+    pub pipeline: String,
+    /// Name of the data source.
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub host: String,
+    #[arg(long)]
+    pub port: Option<u16>,
+    #[arg(long)]
+    pub user: String,
+    /// Password; pass '${VAR}' (quoted) to keep it in the environment.
+    #[arg(long)]
+    pub password: Option<String>,
+    #[arg(long)]
+    pub database: String,
+    /// A table to follow (`name` or `schema.name`); repeat for more.
+    #[arg(long = "tables", required = true)]
+    pub tables: Vec<String>,
+    #[arg(long, value_enum)]
+    pub cdc_mode: Option<CdcModeArg>,
+    #[arg(long)]
+    pub publication: Option<String>,
+    #[arg(long)]
+    pub slot: Option<String>,
+    /// A table without primary key that only receives inserts; repeat for more.
+    #[arg(long = "append-only")]
+    pub append_only: Vec<String>,
+    #[arg(long)]
+    pub snapshot_parallelism: Option<usize>,
+    #[arg(long)]
+    pub parquet_target_file_size_mb: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AthenaArgs {
+    /// Pipeline whose sink this is.
+    #[arg(long)]
+    pub pipeline: String,
+    /// Name of the sink.
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub warehouse: Option<String>,
+    #[arg(long)]
+    pub glue_database_name: Option<String>,
+    #[arg(long)]
+    pub athena_workgroup_name: Option<String>,
+    #[arg(long)]
+    pub athena_results_s3_bucket: Option<String>,
+    #[arg(long)]
+    pub region: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LocalArgs {
+    /// Pipeline whose sink this is.
+    #[arg(long)]
+    pub pipeline: String,
+    /// Name of the sink.
+    #[arg(long)]
+    pub name: String,
+    /// Warehouse folder (relative to the config file).
+    #[arg(long)]
+    pub warehouse: Option<String>,
 }

@@ -5,10 +5,12 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use skippr::cli::{Cli, Command, DiscoverFormat};
+use serde_yaml::{Mapping, Value};
+use skippr::cli::{CdcModeArg, Cli, Command, ConnectCommand, DiscoverFormat, SinkKind, SourceKind};
+use skippr::config::connect::Connect;
 use skippr::config::{Config, PipelineConfig, SinkConfig};
 use skippr::error::{Error, Result};
-use skippr::{pipeline, query, source, telemetry};
+use skippr::{config, pipeline, query, source, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -55,6 +57,13 @@ fn pick<'c>(config: &'c Config, name: Option<&str>) -> Result<&'c PipelineConfig
 }
 
 async fn run(cli: Cli) -> Result<u8> {
+    if let Command::Connect { what } = &cli.command {
+        let change = connect_change(what)?;
+        let storage = cli.storage_mode.map(|_| "local");
+        config::connect::apply(&cli.config, cli.workspace.as_deref(), storage, Some(change))?;
+        println!("wrote {}", cli.config.display());
+        return Ok(0);
+    }
     let config = load(&cli)?;
     let mut stdout = std::io::stdout().lock();
     match cli.command {
@@ -118,6 +127,7 @@ async fn run(cli: Cli) -> Result<u8> {
             )?;
             Ok(0)
         }
+        Command::Connect { .. } => Ok(0),
         Command::Query { sql, format } => {
             let ctx = query::session(&config).await?;
             let (schema, batches) = query::run(&ctx, &sql).await?;
@@ -125,4 +135,142 @@ async fn run(cli: Cli) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+fn put(m: &mut Mapping, k: &str, v: Option<Value>) {
+    if let Some(v) = v {
+        m.insert(Value::String(k.to_string()), v);
+    }
+}
+
+fn s(v: &Option<String>) -> Option<Value> {
+    v.clone().map(Value::String)
+}
+
+fn n<T: Into<serde_yaml::Number> + Copy>(v: Option<T>) -> Option<Value> {
+    v.map(|x| Value::Number(x.into()))
+}
+
+fn list(v: &[String]) -> Option<Value> {
+    (!v.is_empty()).then(|| Value::Sequence(v.iter().cloned().map(Value::String).collect()))
+}
+
+/// Turns `connect` flags into the entry to write.
+fn connect_change(what: &ConnectCommand) -> Result<Connect> {
+    let sink_fields =
+        |kind: &SinkKind, require: bool| -> Result<(String, String, &'static str, Mapping)> {
+            let mut m = Mapping::new();
+            match kind {
+                SinkKind::Athenaiceberg(a) => {
+                    let fields = [
+                        ("warehouse", &a.warehouse),
+                        ("glue_database_name", &a.glue_database_name),
+                        ("athena_workgroup_name", &a.athena_workgroup_name),
+                        ("athena_results_s3_bucket", &a.athena_results_s3_bucket),
+                        ("region", &a.region),
+                    ];
+                    let missing: Vec<String> = fields
+                        .iter()
+                        .filter(|(_, v)| v.is_none())
+                        .map(|(k, _)| format!("--{}", k.replace('_', "-")))
+                        .collect();
+                    let given = fields.len() - missing.len();
+                    if (require || given > 0) && !missing.is_empty() {
+                        return Err(Error::config(format!(
+                            "an AthenaIceberg sink needs {}",
+                            missing.join(", ")
+                        )));
+                    }
+                    if let Some(w) = &a.warehouse {
+                        if !w.starts_with("s3://") {
+                            return Err(Error::config(format!(
+                            "--warehouse `{w}` is not an S3 location: write s3://bucket/prefix/"
+                        )));
+                        }
+                    }
+                    for (k, v) in fields {
+                        put(&mut m, k, s(v));
+                    }
+                    Ok((a.pipeline.clone(), a.name.clone(), "AthenaIceberg", m))
+                }
+                SinkKind::Localiceberg(l) => {
+                    if require && l.warehouse.is_none() {
+                        return Err(Error::config("a LocalIceberg sink needs --warehouse"));
+                    }
+                    put(&mut m, "warehouse", s(&l.warehouse));
+                    Ok((l.pipeline.clone(), l.name.clone(), "LocalIceberg", m))
+                }
+            }
+        };
+    Ok(match what {
+        ConnectCommand::DataSource {
+            kind: SourceKind::Postgres(a),
+        } => {
+            let mut m = Mapping::new();
+            put(&mut m, "host", Some(Value::String(a.host.clone())));
+            put(&mut m, "port", n(a.port));
+            put(&mut m, "user", Some(Value::String(a.user.clone())));
+            put(&mut m, "password", s(&a.password));
+            put(&mut m, "database", Some(Value::String(a.database.clone())));
+            put(&mut m, "tables", list(&a.tables));
+            put(
+                &mut m,
+                "cdc_mode",
+                a.cdc_mode.map(|c| {
+                    Value::String(
+                        match c {
+                            CdcModeArg::SnapshotThenCdc => "snapshot_then_cdc",
+                            CdcModeArg::CdcOnly => "cdc_only",
+                            CdcModeArg::SnapshotOnly => "snapshot_only",
+                        }
+                        .to_string(),
+                    )
+                }),
+            );
+            put(&mut m, "publication", s(&a.publication));
+            put(&mut m, "slot", s(&a.slot));
+            put(&mut m, "append_only", list(&a.append_only));
+            put(
+                &mut m,
+                "snapshot_parallelism",
+                n(a.snapshot_parallelism.map(|v| v as u64)),
+            );
+            put(
+                &mut m,
+                "parquet_target_file_size_mb",
+                n(a.parquet_target_file_size_mb),
+            );
+            for t in &a.tables {
+                if config::TableRef::parse(t).is_none() {
+                    return Err(Error::config(format!(
+                        "--tables `{t}` is not a table name: write `name` or `schema.name`"
+                    )));
+                }
+            }
+            Connect::DataSource {
+                pipeline: a.pipeline.clone(),
+                name: a.name.clone(),
+                kind: "Postgres",
+                fields: m,
+            }
+        }
+        ConnectCommand::DataSink { kind } => {
+            let (pipeline, name, kind, fields) = sink_fields(kind, true)?;
+            Connect::DataSink {
+                pipeline,
+                name,
+                kind,
+                fields,
+            }
+        }
+        ConnectCommand::SchemaSink { kind } => {
+            let (pipeline, name, kind, fields) = sink_fields(kind, false)?;
+            Connect::SchemaSink {
+                pipeline,
+                name,
+                kind,
+                fields,
+            }
+        }
+    })
 }

@@ -4,6 +4,8 @@
 //! Errors name the file, the line, the field path and what is allowed. Values read from the
 //! environment are never written back and never logged.
 
+pub mod connect;
+pub mod emit;
 pub mod locate;
 pub mod model;
 

@@ -1,0 +1,264 @@
+//! `skipprd connect`: creates or updates `skippr.yml` from command-line flags, keeping what
+//! is already there (including `${VAR}` references, which stay literal).
+
+use std::path::Path;
+
+use serde_yaml::{Mapping, Value};
+
+use super::emit::to_canonical_yaml;
+use crate::error::{Context, Error, Result};
+
+/// What one `connect` call adds.
+#[derive(Debug, Clone)]
+pub enum Connect {
+    DataSource {
+        pipeline: String,
+        name: String,
+        kind: &'static str,
+        fields: Mapping,
+    },
+    DataSink {
+        pipeline: String,
+        name: String,
+        kind: &'static str,
+        fields: Mapping,
+    },
+    SchemaSink {
+        pipeline: String,
+        name: String,
+        kind: &'static str,
+        fields: Mapping,
+    },
+}
+
+fn key(s: &str) -> Value {
+    Value::String(s.to_string())
+}
+
+fn section<'a>(doc: &'a mut Mapping, name: &str) -> Result<&'a mut Mapping> {
+    let v = doc
+        .entry(key(name))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    if v.is_null() {
+        *v = Value::Mapping(Mapping::new());
+    }
+    v.as_mapping_mut().ok_or_else(|| {
+        Error::config(format!(
+            "`{name}` in the config file is not a mapping; fix it by hand first"
+        ))
+    })
+}
+
+fn valid_name(what: &str, s: &str) -> Result<()> {
+    let mut chars = s.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "`{s}` is not a valid {what} name: use letters, digits and `_`, starting with a letter or `_`"
+        )))
+    }
+}
+
+/// Sets `pipelines.<p>.<field>` to `reference`, refusing to repoint an existing link.
+fn link(doc: &mut Mapping, pipeline: &str, field: &str, reference: &str) -> Result<()> {
+    let pipelines = section(doc, "pipelines")?;
+    let p = pipelines
+        .entry(key(pipeline))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    let p = p.as_mapping_mut().ok_or_else(|| {
+        Error::config(format!(
+            "pipelines.{pipeline} is not a mapping; fix it by hand first"
+        ))
+    })?;
+    match p.get(field).and_then(Value::as_str) {
+        Some(existing) if existing != reference => Err(Error::config(format!(
+            "pipeline `{pipeline}` already has {field}: {existing}; choose another --pipeline, or edit skippr.yml to change it"
+        ))),
+        _ => {
+            p.insert(key(field), key(reference));
+            Ok(())
+        }
+    }
+}
+
+/// Inserts `section.<name> = value`; an existing entry must be identical.
+fn define(doc: &mut Mapping, section_name: &str, name: &str, value: Value) -> Result<()> {
+    let sec = section(doc, section_name)?;
+    match sec.get(name) {
+        Some(existing) if existing != &value => Err(Error::config(format!(
+            "{section_name}.{name} already exists with other settings; choose another --name, or edit skippr.yml to change it"
+        ))),
+        _ => {
+            sec.insert(key(name), value);
+            Ok(())
+        }
+    }
+}
+
+/// Applies global settings and one `connect` to the file at `path` (created if missing).
+pub fn apply(
+    path: &Path,
+    workspace: Option<&str>,
+    storage_mode: Option<&str>,
+    what: Option<Connect>,
+) -> Result<String> {
+    let mut doc = if path.exists() {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        match serde_yaml::from_str::<Value>(&text) {
+            Ok(Value::Mapping(m)) => m,
+            Ok(Value::Null) => Mapping::new(),
+            Ok(_) => {
+                return Err(Error::config(format!(
+                    "{} is not a YAML mapping; fix it or move it away",
+                    path.display()
+                )))
+            }
+            Err(e) => {
+                return Err(Error::config(format!(
+                    "{} is not valid YAML ({e}); fix it or move it away",
+                    path.display()
+                )))
+            }
+        }
+    } else {
+        Mapping::new()
+    };
+
+    {
+        let skippr = section(&mut doc, "skippr")?;
+        if let Some(w) = workspace {
+            valid_name("workspace", w)?;
+            skippr.insert(key("workspace"), key(w));
+        }
+        if let Some(m) = storage_mode {
+            skippr.insert(key("skipprd_el_storage_mode"), key(m));
+        }
+        if !skippr.contains_key("workspace") {
+            return Err(Error::config(format!(
+                "{} has no workspace yet: pass --workspace NAME (e.g. `skipprd --workspace analytics connect ...`)",
+                path.display()
+            )));
+        }
+        if !skippr.contains_key("skipprd_el_storage_mode") {
+            skippr.insert(key("skipprd_el_storage_mode"), key("local"));
+        }
+    }
+
+    match what {
+        None => {}
+        Some(Connect::DataSource {
+            pipeline,
+            name,
+            kind,
+            fields,
+        }) => {
+            valid_name("pipeline", &pipeline)?;
+            valid_name("data source", &name)?;
+            let mut def = Mapping::new();
+            def.insert(key(kind), Value::Mapping(fields));
+            define(&mut doc, "data_sources", &name, Value::Mapping(def))?;
+            link(
+                &mut doc,
+                &pipeline,
+                "data_source",
+                &format!("data_sources.{name}"),
+            )?;
+        }
+        Some(Connect::DataSink {
+            pipeline,
+            name,
+            kind,
+            fields,
+        }) => {
+            valid_name("pipeline", &pipeline)?;
+            valid_name("data sink", &name)?;
+            let existing_link = section(&mut doc, "data_sinks")?
+                .get(name.as_str())
+                .and_then(|v| v.get("schema_sink"))
+                .cloned();
+            let mut def = Mapping::new();
+            def.insert(key(kind), Value::Mapping(fields));
+            if let Some(l) = existing_link {
+                def.insert(key("schema_sink"), l);
+            }
+            define(&mut doc, "data_sinks", &name, Value::Mapping(def))?;
+            link(
+                &mut doc,
+                &pipeline,
+                "data_sink",
+                &format!("data_sinks.{name}"),
+            )?;
+        }
+        Some(Connect::SchemaSink {
+            pipeline,
+            name,
+            kind,
+            fields,
+        }) => {
+            valid_name("schema sink", &name)?;
+            let sink_ref = doc
+                .get("pipelines")
+                .and_then(|p| p.get(pipeline.as_str()))
+                .and_then(|p| p.get("data_sink"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "pipeline `{pipeline}` has no data sink yet: run `skipprd connect data-sink ... --pipeline {pipeline}` first"
+                    ))
+                })?;
+            let sink_name = sink_ref
+                .strip_prefix("data_sinks.")
+                .unwrap_or(&sink_ref)
+                .to_string();
+            let sink = doc
+                .get("data_sinks")
+                .and_then(|s| s.get(sink_name.as_str()))
+                .cloned()
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "pipeline `{pipeline}` refers to {sink_ref}, which is not defined"
+                    ))
+                })?;
+            let fields = if fields.is_empty() {
+                match sink.get(kind).and_then(Value::as_mapping) {
+                    Some(m) => m.clone(),
+                    None => {
+                        return Err(Error::config(format!(
+                            "data sink `{sink_name}` of pipeline `{pipeline}` is not {kind}: pass the schema sink's settings as flags, or use the sink's kind"
+                        )))
+                    }
+                }
+            } else {
+                fields
+            };
+            let mut def = Mapping::new();
+            def.insert(key(kind), Value::Mapping(fields));
+            define(&mut doc, "schema_sinks", &name, Value::Mapping(def))?;
+            let sinks = section(&mut doc, "data_sinks")?;
+            if let Some(Value::Mapping(s)) = sinks.get_mut(sink_name.as_str()) {
+                let reference = format!("schema_sinks.{name}");
+                match s.get("schema_sink").and_then(Value::as_str) {
+                    Some(existing) if existing != reference => {
+                        return Err(Error::config(format!(
+                            "data sink `{sink_name}` already has schema_sink: {existing}; edit skippr.yml to change it"
+                        )))
+                    }
+                    _ => {
+                        s.insert(key("schema_sink"), key(&reference));
+                    }
+                }
+            }
+        }
+    }
+
+    let text = to_canonical_yaml(&Value::Mapping(doc));
+    let tmp = path.with_extension("yml.tmp");
+    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(text)
+}

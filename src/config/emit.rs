@@ -1,0 +1,193 @@
+//! Writes `skippr.yml` in its canonical style: sections in a fixed order, block mappings
+//! with two-space indentation, lists of scalars in flow style, and strings quoted only when
+//! they would not read back as the same string. The Python package writes the same bytes.
+
+use serde_yaml::{Mapping, Value};
+
+/// Top-level sections, in order.
+const SECTIONS: [&str; 5] = [
+    "skippr",
+    "pipelines",
+    "data_sources",
+    "data_sinks",
+    "schema_sinks",
+];
+
+/// Key order inside each known mapping; unknown keys follow in their own order.
+const KEY_ORDER: [&str; 24] = [
+    "workspace",
+    "skipprd_el_storage_mode",
+    "skipprd_el_storage_path",
+    "data_source",
+    "data_sink",
+    "commit_interval",
+    "Postgres",
+    "LocalIceberg",
+    "AthenaIceberg",
+    "host",
+    "port",
+    "user",
+    "password",
+    "database",
+    "tables",
+    "cdc_mode",
+    "publication",
+    "slot",
+    "append_only",
+    "snapshot_parallelism",
+    "parquet_target_file_size_mb",
+    "warehouse",
+    "glue_database_name",
+    "schema_sink",
+];
+/// Athena fields after `warehouse`, in order.
+const ATHENA_ORDER: [&str; 4] = [
+    "glue_database_name",
+    "athena_workgroup_name",
+    "athena_results_s3_bucket",
+    "region",
+];
+
+fn rank(key: &str) -> usize {
+    if let Some(i) = ATHENA_ORDER.iter().position(|k| *k == key) {
+        // Right after `warehouse`.
+        let w = KEY_ORDER
+            .iter()
+            .position(|k| *k == "warehouse")
+            .unwrap_or(0);
+        return w * 10 + 1 + i;
+    }
+    match KEY_ORDER.iter().position(|k| *k == key) {
+        Some(i) if key == "schema_sink" => 1000 + i,
+        Some(i) => i * 10,
+        None => 10_000,
+    }
+}
+
+fn sorted(m: &Mapping) -> Vec<(&Value, &Value)> {
+    let mut entries: Vec<_> = m.iter().enumerate().collect();
+    entries.sort_by_key(|(i, (k, _))| (k.as_str().map(rank).unwrap_or(10_000), *i));
+    entries.into_iter().map(|(_, kv)| kv).collect()
+}
+
+/// Whether `s` can be written without quotes and read back as the same string.
+fn plain_ok(s: &str, in_flow: bool) -> bool {
+    let mut chars = s.chars();
+    let Some(first) = chars.next() else {
+        return false;
+    };
+    let first_ok = first.is_ascii_alphanumeric() || matches!(first, '_' | '.' | '/' | '$');
+    let rest_ok = s.chars().all(|c| {
+        c.is_ascii_alphanumeric()
+            || matches!(c, '_' | '.' | '/' | '$' | '{' | '}' | ':' | '@' | '+' | '-')
+    });
+    let lower = s.to_ascii_lowercase();
+    let keyword = matches!(
+        lower.as_str(),
+        "true" | "false" | "yes" | "no" | "on" | "off" | "null" | "~"
+    );
+    let number = s.parse::<i64>().is_ok() || s.parse::<f64>().is_ok();
+    let flow_bad = in_flow && s.contains(['{', '}', '[', ']', ',']);
+    first_ok && rest_ok && !s.ends_with(':') && !keyword && !number && !flow_bad
+}
+
+fn scalar(v: &Value, in_flow: bool) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) if plain_ok(s, in_flow) => s.clone(),
+        Value::String(s) => format!("'{}'", s.replace('\'', "''")),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    }
+}
+
+fn is_scalar(v: &Value) -> bool {
+    !matches!(v, Value::Mapping(_) | Value::Sequence(_) | Value::Tagged(_))
+}
+
+fn emit_value(out: &mut String, key: &str, v: &Value, indent: usize) {
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Mapping(m) => {
+            out.push_str(&format!("{pad}{key}:\n"));
+            emit_mapping(out, m, indent + 2);
+        }
+        Value::Sequence(items) if items.iter().all(is_scalar) => {
+            let parts: Vec<String> = items.iter().map(|i| scalar(i, true)).collect();
+            out.push_str(&format!("{pad}{key}: [{}]\n", parts.join(", ")));
+        }
+        Value::Sequence(items) => {
+            out.push_str(&format!("{pad}{key}:\n"));
+            for item in items {
+                match item {
+                    Value::Mapping(m) => {
+                        let mut inner = String::new();
+                        emit_mapping(&mut inner, m, indent + 4);
+                        let trimmed = inner.trim_start();
+                        out.push_str(&format!("{pad}  - {trimmed}"));
+                    }
+                    other => out.push_str(&format!("{pad}  - {}\n", scalar(other, false))),
+                }
+            }
+        }
+        other => out.push_str(&format!("{pad}{key}: {}\n", scalar(other, false))),
+    }
+}
+
+fn emit_mapping(out: &mut String, m: &Mapping, indent: usize) {
+    for (k, v) in sorted(m) {
+        emit_value(out, &scalar(k, false), v, indent);
+    }
+}
+
+/// The canonical text of a whole file.
+pub fn to_canonical_yaml(doc: &Value) -> String {
+    let Value::Mapping(top) = doc else {
+        return serde_yaml::to_string(doc).unwrap_or_default();
+    };
+    let mut blocks = Vec::new();
+    let mut keys: Vec<&Value> = SECTIONS
+        .iter()
+        .filter_map(|s| top.keys().find(|k| k.as_str() == Some(*s)))
+        .collect();
+    keys.extend(
+        top.keys()
+            .filter(|k| !k.as_str().is_some_and(|s| SECTIONS.contains(&s))),
+    );
+    for k in keys {
+        let v = &top[k];
+        let name = scalar(k, false);
+        if name != "skippr" && matches!(v, Value::Mapping(m) if m.is_empty()) {
+            continue;
+        }
+        let mut block = String::new();
+        emit_value(&mut block, &name, v, 0);
+        blocks.push(block);
+    }
+    blocks.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_style() {
+        let doc: Value = serde_yaml::from_str(
+            "data_sources: {db: {Postgres: {tables: [a, 'b'], host: h, user: u, database: d, password: '${P}', port: 5432}}}\nskippr: {skipprd_el_storage_mode: local, workspace: w}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            to_canonical_yaml(&doc),
+            "skippr:\n  workspace: w\n  skipprd_el_storage_mode: local\n\ndata_sources:\n  db:\n    Postgres:\n      host: h\n      port: 5432\n      user: u\n      password: ${P}\n      database: d\n      tables: [a, b]\n"
+        );
+        assert!(!plain_ok("true", false));
+        assert!(!plain_ok("5432", false));
+        assert!(!plain_ok("a b", false));
+        assert!(plain_ok("s3://bucket/", false));
+    }
+}
