@@ -76,45 +76,65 @@ fn put_tuple(b: &mut BytesMut, t: &Option<Vec<Datum>>) {
 
 /// Appends one framed record to `out`.
 pub fn encode(record: &Record, out: &mut BytesMut) {
-    let mut body = BytesMut::new();
     match record {
-        Record::Relation(r) => {
-            body.put_u8(b'R');
-            body.put_u32(r.id);
-            put_str(&mut body, &r.namespace);
-            put_str(&mut body, &r.name);
-            body.put_u8(r.replica_identity);
-            body.put_u32(r.columns.len() as u32);
-            for c in &r.columns {
-                body.put_u8(c.is_key as u8);
-                put_str(&mut body, &c.name);
-                body.put_u32(c.type_oid);
-                body.put_i32(c.typmod);
-            }
-        }
-        Record::Txn(t) => {
-            body.put_u8(b'X');
-            body.put_u32(t.xid);
-            body.put_u64(t.commit_lsn.0);
-            body.put_u64(t.end_lsn.0);
-            body.put_i64(t.commit_time_micros);
-            body.put_u32(t.changes.len() as u32);
-            for c in &t.changes {
-                body.put_u8(match c.op {
-                    Op::Insert => b'I',
-                    Op::Update => b'U',
-                    Op::Delete => b'D',
-                    Op::Truncate => b'T',
-                });
-                body.put_u32(c.rel);
-                put_tuple(&mut body, &c.old);
-                put_tuple(&mut body, &c.new);
-            }
-        }
+        Record::Relation(r) => encode_relation(r, out),
+        Record::Txn(t) => encode_txn(t, out),
     }
-    out.put_u32(body.len() as u32);
-    out.put_u32(crc32fast::hash(&body));
-    out.put_slice(&body);
+}
+
+/// Appends a relation record to `out`.
+pub fn encode_relation(r: &Relation, out: &mut BytesMut) {
+    encode_body(out, |body| {
+        body.put_u8(b'R');
+        body.put_u32(r.id);
+        put_str(body, &r.namespace);
+        put_str(body, &r.name);
+        body.put_u8(r.replica_identity);
+        body.put_u32(r.columns.len() as u32);
+        for c in &r.columns {
+            body.put_u8(c.is_key as u8);
+            put_str(body, &c.name);
+            body.put_u32(c.type_oid);
+            body.put_i32(c.typmod);
+        }
+    })
+}
+
+/// Appends a transaction record to `out`.
+pub fn encode_txn(t: &Txn, out: &mut BytesMut) {
+    encode_body(out, |body| {
+        body.put_u8(b'X');
+        body.put_u32(t.xid);
+        body.put_u64(t.commit_lsn.0);
+        body.put_u64(t.end_lsn.0);
+        body.put_i64(t.commit_time_micros);
+        body.put_u32(t.changes.len() as u32);
+        for c in &t.changes {
+            body.put_u8(match c.op {
+                Op::Insert => b'I',
+                Op::Update => b'U',
+                Op::Delete => b'D',
+                Op::Truncate => b'T',
+            });
+            body.put_u32(c.rel);
+            put_tuple(body, &c.old);
+            put_tuple(body, &c.new);
+        }
+    })
+}
+
+/// Frames what `write` produces with its length and CRC32, written in place.
+fn encode_body(out: &mut BytesMut, write: impl FnOnce(&mut BytesMut)) {
+    let start = out.len();
+    out.put_u32(0);
+    out.put_u32(0);
+    let mut body = out.split_off(start + 8);
+    write(&mut body);
+    let len = body.len() as u32;
+    let crc = crc32fast::hash(&body);
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+    out.unsplit(body);
 }
 
 /// Why a segment could not be read.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 
-use super::codec::{decode_all, encode, Record, Txn, MAGIC};
+use super::codec::{decode_all, encode_relation, encode_txn, Record, Txn, MAGIC};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::source::postgres::lsn::Lsn;
 use crate::source::postgres::pgoutput::Relation;
@@ -186,12 +186,12 @@ impl SegmentBuilder {
         for c in &txn.changes {
             if !self.written.contains(&c.rel) {
                 if let Some(r) = self.relations.get(&c.rel) {
-                    encode(&Record::Relation(r.clone()), &mut self.buf);
+                    encode_relation(r, &mut self.buf);
                 }
                 self.written.insert(c.rel);
             }
         }
-        encode(&Record::Txn(txn.clone()), &mut self.buf);
+        encode_txn(txn, &mut self.buf);
         self.first.get_or_insert(txn.end_lsn);
         self.last = txn.end_lsn;
         self.txns += 1;
