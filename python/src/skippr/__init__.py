@@ -1,0 +1,63 @@
+"""Write and read ``skippr.yml``, the configuration of ``skipprd``, from Python.
+
+The file :meth:`Config.save` writes is byte for byte what ``skipprd connect`` writes for the
+same settings, and :meth:`Config.load` reads any valid ``skippr.yml`` back into the same
+objects. Every setting is checked when it is given; a bad one raises :class:`ConfigError`
+naming the field and what is allowed.
+
+Example::
+
+    from skippr import (Config, DataSinkAthenaIceberg, DataSourcePostgres,
+                        DataSourcePostgresSourceCdcMode, EnvRef, LocalStorage, Pipeline)
+
+    cfg = Config().workspace("analytics").storage(LocalStorage())
+    app_db = cfg.data_source("app_db", DataSourcePostgres(
+        host="db.internal", user="skippr_reader", password=EnvRef("APP_DB_PASSWORD"),
+        database="app", tables=["orders", "customers"],
+        cdc_mode=DataSourcePostgresSourceCdcMode.SNAPSHOTTHENCDC))
+    lake = cfg.data_sink("lake", DataSinkAthenaIceberg(
+        warehouse="s3://my-iceberg-warehouse/", glue_database_name="analytics",
+        athena_workgroup_name="primary", athena_results_s3_bucket="my-athena-results",
+        region="us-east-1"), schema_sink="lake_schema")
+    cfg.pipeline("orders", Pipeline(data_source=app_db, data_sink=lake))
+    cfg.save("skippr.yml")
+"""
+
+from ._config import Config
+from ._errors import ConfigError
+from ._model import (
+    DataSinkAthenaIceberg,
+    DataSinkDef,
+    DataSinkLocalIceberg,
+    DataSinkRef,
+    DataSourcePostgres,
+    DataSourcePostgresSourceCdcMode,
+    DataSourceRef,
+    EnvRef,
+    LocalStorage,
+    Pipeline,
+    SchemaSinkRef,
+    SinkConnector,
+    Text,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "DataSinkAthenaIceberg",
+    "DataSinkDef",
+    "DataSinkLocalIceberg",
+    "DataSinkRef",
+    "DataSourcePostgres",
+    "DataSourcePostgresSourceCdcMode",
+    "DataSourceRef",
+    "EnvRef",
+    "LocalStorage",
+    "Pipeline",
+    "SchemaSinkRef",
+    "SinkConnector",
+    "Text",
+    "__version__",
+]

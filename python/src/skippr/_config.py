@@ -1,0 +1,522 @@
+"""``Config``: builds, reads and writes a whole ``skippr.yml``."""
+
+from __future__ import annotations
+
+import enum
+import os
+import tempfile
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+
+from ._errors import ConfigError, Segment, display_path
+from ._model import (
+    SINK_KINDS,
+    DataSinkAthenaIceberg,
+    DataSinkDef,
+    DataSinkLocalIceberg,
+    DataSinkRef,
+    DataSourcePostgres,
+    DataSourceRef,
+    LocalStorage,
+    Pipeline,
+    SchemaSinkRef,
+    SinkConnector,
+    Text,
+    check_simple_name,
+    describe,
+    has_reference,
+    is_simple_name,
+    reference_name,
+)
+from ._yaml import Document, Node, Scalar, parse, render
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_SECTIONS = ("skippr", "pipelines", "data_sources", "data_sinks", "schema_sinks")
+_SINK_CLASSES: Dict[str, Type[Any]] = {"LocalIceberg": DataSinkLocalIceberg, "AthenaIceberg": DataSinkAthenaIceberg}
+
+
+def _defined(section: str, names: Sequence[str]) -> str:
+    if not names:
+        return f"no `{section}` are defined"
+    return "defined: " + ", ".join(f"{section}.{n}" for n in names)
+
+
+class Config:
+    """A whole ``skippr.yml``.
+
+    Build it step by step (each step checks its arguments and raises :class:`ConfigError`)::
+
+        cfg = Config().workspace("analytics").storage(LocalStorage())
+        src = cfg.data_source("app_db", DataSourcePostgres(...))
+        lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./warehouse"))
+        cfg.pipeline("orders", Pipeline(data_source=src, data_sink=lake))
+        cfg.save("skippr.yml")
+
+    or read one with :meth:`Config.load`. :meth:`save` writes the same bytes as
+    ``skipprd connect`` would for the same settings. Entries keep the order they were added
+    (or read) in.
+    """
+
+    def __init__(self) -> None:
+        self._workspace: Optional[str] = None
+        self._storage = LocalStorage()
+        self._pipelines: Dict[str, Pipeline] = {}
+        self._data_sources: Dict[str, DataSourcePostgres] = {}
+        self._data_sinks: Dict[str, DataSinkDef] = {}
+        self._schema_sinks: Dict[str, SinkConnector] = {}
+
+    # ---- building ---------------------------------------------------------------------------
+
+    def workspace(self, name: str) -> Config:
+        """Sets the workspace: the Iceberg namespace and SQL schema the tables appear under."""
+        if isinstance(name, str) and has_reference(name):
+            self._workspace = name
+        else:
+            self._workspace = check_simple_name("skippr.workspace", "workspace", name)
+        return self
+
+    def storage(self, storage: LocalStorage) -> Config:
+        """Sets where skipprd keeps its WAL and state."""
+        if not isinstance(storage, LocalStorage):
+            raise ConfigError(
+                f"expected LocalStorage(path=None), found {describe(storage)}", "skippr.storage"
+            )
+        self._storage = storage
+        return self
+
+    def data_source(self, name: str, source: DataSourcePostgres) -> DataSourceRef:
+        """Adds the data source ``name`` (``data_sources.<name>``) and returns its handle.
+
+        Adding the same name again with the same settings returns the same handle; with
+        other settings it is an error.
+        """
+        name = check_simple_name("data_sources", "data source", name)
+        if not isinstance(source, DataSourcePostgres):
+            raise ConfigError(
+                f"expected a DataSourcePostgres, found {describe(source)}", f"data_sources.{name}"
+            )
+        self._define(self._data_sources, "data_sources", name, source)
+        return DataSourceRef(name)
+
+    def data_sink(
+        self,
+        name: str,
+        sink: SinkConnector,
+        schema_sink: Union[str, SchemaSinkRef, None] = None,
+    ) -> DataSinkRef:
+        """Adds the data sink ``name`` (``data_sinks.<name>``) and returns its handle.
+
+        ``schema_sink`` links a schema sink: an existing one, or, when no schema sink of that
+        name exists yet, a new one with the data sink's settings (as
+        ``skipprd connect schema-sink KIND --pipeline P --name NAME`` does).
+        """
+        name = check_simple_name("data_sinks", "data sink", name)
+        if not isinstance(sink, SINK_KINDS):
+            raise ConfigError(
+                f"expected a DataSinkAthenaIceberg or DataSinkLocalIceberg, found {describe(sink)}",
+                f"data_sinks.{name}",
+            )
+        link: Optional[str] = None
+        if schema_sink is not None:
+            try:
+                link = reference_name(
+                    "data_sinks", "schema_sink", schema_sink, "schema_sinks", SchemaSinkRef,
+                    "a schema sink name or handle",
+                )
+            except ConfigError as e:
+                raise ConfigError(e.message, f"data_sinks.{name}.schema_sink") from None
+            check_simple_name(f"data_sinks.{name}.schema_sink", "schema sink", link)
+        existing = self._data_sinks.get(name)
+        if existing is not None and link is None:
+            link = existing.schema_sink  # keep a link made before, like `skipprd connect`
+        definition = DataSinkDef(sink, link)
+        self._check_new(self._data_sinks, "data_sinks", name, definition)
+        if existing is not None and existing.schema_sink not in (None, link):
+            raise ConfigError(
+                f"already linked to schema_sinks.{existing.schema_sink}; "
+                "choose another data sink name to link another schema sink",
+                f"data_sinks.{name}.schema_sink",
+            )
+        if link is not None and link not in self._schema_sinks:
+            self._schema_sinks[link] = sink
+        self._data_sinks[name] = definition
+        return DataSinkRef(name)
+
+    def schema_sink(self, name: str, sink: SinkConnector) -> SchemaSinkRef:
+        """Adds the schema sink ``name`` (``schema_sinks.<name>``): where table schemas are
+        registered. Link it with ``cfg.data_sink(..., schema_sink=handle)``."""
+        name = check_simple_name("schema_sinks", "schema sink", name)
+        if not isinstance(sink, SINK_KINDS):
+            raise ConfigError(
+                f"expected a DataSinkAthenaIceberg or DataSinkLocalIceberg, found {describe(sink)}",
+                f"schema_sinks.{name}",
+            )
+        self._define(self._schema_sinks, "schema_sinks", name, sink)
+        return SchemaSinkRef(name)
+
+    def pipeline(self, name: str, pipeline: Pipeline) -> Config:
+        """Adds the pipeline ``name``; its source and sink must already be in this config."""
+        name = check_simple_name("pipelines", "pipeline", name)
+        if not isinstance(pipeline, Pipeline):
+            raise ConfigError(
+                f"expected a Pipeline(data_source=..., data_sink=...), found {describe(pipeline)}",
+                f"pipelines.{name}",
+            )
+        self._check_refs(name, pipeline)
+        self._define(self._pipelines, "pipelines", name, pipeline)
+        return self
+
+    def _check_refs(self, name: str, pipeline: Pipeline) -> None:
+        if pipeline.data_source.name not in self._data_sources:
+            raise ConfigError(
+                f"`{pipeline.data_source.reference}` refers to nothing; "
+                f"{_defined('data_sources', list(self._data_sources))}; add it with cfg.data_source first",
+                f"pipelines.{name}.data_source",
+            )
+        if pipeline.data_sink.name not in self._data_sinks:
+            raise ConfigError(
+                f"`{pipeline.data_sink.reference}` refers to nothing; "
+                f"{_defined('data_sinks', list(self._data_sinks))}; add it with cfg.data_sink first",
+                f"pipelines.{name}.data_sink",
+            )
+
+    @staticmethod
+    def _check_new(table: Mapping[str, Any], section: str, name: str, value: Any) -> None:
+        if name in table and table[name] != value:
+            raise ConfigError(
+                f"already defined with other settings ({table[name]!r}); "
+                "choose another name, or pass the same settings",
+                f"{section}.{name}",
+            )
+
+    def _define(self, table: Dict[str, Any], section: str, name: str, value: Any) -> None:
+        self._check_new(table, section, name, value)
+        table[name] = value
+
+    # ---- reading the settings ---------------------------------------------------------------
+
+    def get_workspace(self) -> Optional[str]:
+        """The workspace, or None when not set yet."""
+        return self._workspace
+
+    def get_storage(self) -> LocalStorage:
+        """Where skipprd keeps its WAL and state (``LocalStorage()`` unless set)."""
+        return self._storage
+
+    @property
+    def pipelines(self) -> Mapping[str, Pipeline]:
+        """Pipelines by name, read-only."""
+        return MappingProxyType(self._pipelines)
+
+    @property
+    def data_sources(self) -> Mapping[str, DataSourcePostgres]:
+        """Data sources by name, read-only."""
+        return MappingProxyType(self._data_sources)
+
+    @property
+    def data_sinks(self) -> Mapping[str, DataSinkDef]:
+        """Data sinks by name (connector and schema sink link), read-only."""
+        return MappingProxyType(self._data_sinks)
+
+    @property
+    def schema_sinks(self) -> Mapping[str, SinkConnector]:
+        """Schema sinks by name, read-only."""
+        return MappingProxyType(self._schema_sinks)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Config):
+            return NotImplemented
+        return self._state() == other._state()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _state(self) -> Tuple[Any, ...]:
+        return (
+            self._workspace, self._storage, self._pipelines, self._data_sources,
+            self._data_sinks, self._schema_sinks,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Config(workspace={self._workspace!r}, storage={self._storage!r}, "
+            f"pipelines={self._pipelines!r}, data_sources={self._data_sources!r}, "
+            f"data_sinks={self._data_sinks!r}, schema_sinks={self._schema_sinks!r})"
+        )
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def to_yaml(self) -> str:
+        """The canonical text of ``skippr.yml``, byte for byte what :meth:`save` writes."""
+        if self._workspace is None:
+            raise ConfigError(
+                "is not set: call .workspace(NAME) before writing the file", "skippr.workspace"
+            )
+        skippr: Dict[str, Node] = {
+            "workspace": self._workspace,
+            "skipprd_el_storage_mode": self._storage.mode,
+        }
+        if self._storage.path is not None:
+            skippr["skipprd_el_storage_path"] = self._storage.path
+        pipelines: Dict[str, Node] = {}
+        for name, p in self._pipelines.items():
+            entry: Dict[str, Node] = {
+                "data_source": p.data_source.reference,
+                "data_sink": p.data_sink.reference,
+            }
+            if p.commit_interval is not None:
+                entry["commit_interval"] = p.commit_interval
+            pipelines[name] = entry
+        sources: Dict[str, Node] = {
+            name: {"Postgres": _fields(src, src._fields)} for name, src in self._data_sources.items()
+        }
+        sinks: Dict[str, Node] = {}
+        for name, d in self._data_sinks.items():
+            sink: Dict[str, Node] = {d.sink.kind: _fields(d.sink, d.sink._fields)}
+            if d.schema_sink is not None:
+                sink["schema_sink"] = f"schema_sinks.{d.schema_sink}"
+            sinks[name] = sink
+        schema_sinks: Dict[str, Node] = {
+            name: {s.kind: _fields(s, s._fields)} for name, s in self._schema_sinks.items()
+        }
+        return render(
+            {
+                "skippr": skippr,
+                "pipelines": pipelines,
+                "data_sources": sources,
+                "data_sinks": sinks,
+                "schema_sinks": schema_sinks,
+            }
+        )
+
+    def save(self, path: PathLike) -> None:
+        """Writes the file (replacing it in one step: readers never see half a file)."""
+        text = self.to_yaml().encode("utf-8")
+        target = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(target))
+        fd, tmp = tempfile.mkstemp(prefix=".skippr-", suffix=".yml.tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
+            if os.path.exists(target):
+                os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: PathLike) -> Config:
+        """Reads ``skippr.yml`` (any valid one: block or flow style, any key order).
+
+        ``${VAR}`` references stay literal (an exact ``${VAR}`` becomes an :class:`EnvRef`);
+        the environment is never read. A file skipprd would refuse raises
+        :class:`ConfigError` naming the file, the line and the field.
+        """
+        name = os.fspath(path)
+        try:
+            with open(name, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read the config file: {e.strerror or e}", file=name
+            ) from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"is not UTF-8 text ({e.reason} at byte {e.start})", file=name) from None
+        return cls.from_yaml(text, source=name)
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<string>") -> Config:
+        """Like :meth:`load`, from text; ``source`` names it in errors."""
+        return _Reader(parse(text, source)).read(cls())
+
+
+def _fields(obj: Any, names: Sequence[str]) -> Dict[str, Node]:
+    """The set fields of ``obj``, in the order they are written."""
+    out: Dict[str, Node] = {}
+    for n in names:
+        v = getattr(obj, n)
+        if v is None:
+            continue
+        if isinstance(v, tuple):
+            items: List[Scalar] = list(v)
+            out[n] = items
+        elif isinstance(v, enum.Enum):
+            out[n] = str(v.value)
+        else:
+            out[n] = v
+    return out
+
+
+_POSTGRES_KEYS = DataSourcePostgres._fields
+_POSTGRES_REQUIRED = ("host", "user", "database", "tables")
+
+
+class _Reader:
+    """Turns a parsed document into a Config, checking it as skipprd would."""
+
+    def __init__(self, doc: Document) -> None:
+        self.doc = doc
+
+    def fail(self, path: Tuple[Segment, ...], message: str) -> ConfigError:
+        return self.doc.error(path, message)
+
+    def mapping(self, path: Tuple[Segment, ...], value: Any, what: str) -> Dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(path, f"wrong type: found {describe(value)}, expected {what}")
+        return value
+
+    def keys(
+        self,
+        path: Tuple[Segment, ...],
+        value: Dict[str, Any],
+        allowed: Sequence[str],
+        required: Sequence[str] = (),
+    ) -> None:
+        for k in value:
+            if k not in allowed:
+                raise self.fail(path + (k,), f"unknown key `{k}`; allowed: {', '.join(allowed)}")
+        for k in required:
+            if k not in value:
+                raise self.fail(path, f"missing required key `{k}`")
+
+    def build(self, path: Tuple[Segment, ...], make: Any, kwargs: Dict[str, Any], rename: Optional[Dict[str, str]] = None) -> Any:
+        """Calls a constructor, moving its errors to the file's path and line."""
+        try:
+            return make(**kwargs)
+        except ConfigError as e:
+            if not e.owner:
+                raise
+            segs = list(e.segments)
+            if rename and segs and isinstance(segs[0], str):
+                segs[0] = rename.get(segs[0], segs[0])
+            raise self.fail(path + tuple(segs), e.message) from None
+
+    def reference(
+        self, path: Tuple[Segment, ...], value: Any, section: str, defined: Sequence[str]
+    ) -> str:
+        if not isinstance(value, str):
+            raise self.fail(path, f"wrong type: found {describe(value)}, expected a reference `{section}.<name>`")
+        prefix, dot, name = value.partition(".")
+        if prefix != section or not dot:
+            raise self.fail(
+                path,
+                f"`{value}` is not a reference of the form `{section}.<name>`; {_defined(section, defined)}",
+            )
+        if name not in defined:
+            raise self.fail(path, f"`{value}` refers to nothing; {_defined(section, defined)}")
+        return name
+
+    def connector(self, path: Tuple[Segment, ...], value: Dict[str, Any], what: str) -> SinkConnector:
+        kinds = [k for k in value if k in _SINK_CLASSES]
+        if len(kinds) != 1:
+            raise self.fail(
+                path, f"{what} needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg"
+            )
+        kind = kinds[0]
+        fields = self.mapping(path + (kind,), value[kind], f"the {kind} settings (a mapping)")
+        cls = _SINK_CLASSES[kind]
+        self.keys(path + (kind,), fields, cls._fields, cls._fields)
+        sink: SinkConnector = self.build(path + (kind,), cls, fields)
+        return sink
+
+    def read(self, cfg: Config) -> Config:
+        doc = self.doc.value
+        if doc is None:
+            raise self.fail((), "the file is empty; it needs at least a `skippr:` section with a `workspace`")
+        top = self.mapping((), doc, "a mapping with a `skippr:` section")
+        self.keys((), top, _SECTIONS, ("skippr",))
+
+        # skippr
+        settings = self.mapping(("skippr",), top["skippr"], "a mapping")
+        self.keys(
+            ("skippr",), settings,
+            ("workspace", "skipprd_el_storage_mode", "skipprd_el_storage_path"), ("workspace",),
+        )
+        try:
+            cfg.workspace(settings["workspace"])
+        except ConfigError as e:
+            raise self.fail(("skippr", "workspace"), e.message) from None
+        mode = settings.get("skipprd_el_storage_mode")
+        if mode is not None and mode != "local":
+            raise self.fail(
+                ("skippr", "skipprd_el_storage_mode"), f"unknown value `{mode}`; allowed: local"
+            )
+        cfg.storage(
+            self.build(
+                ("skippr",), LocalStorage, {"path": settings.get("skipprd_el_storage_path")},
+                {"path": "skipprd_el_storage_path"},
+            )
+        )
+
+        # data_sources
+        sources = self.mapping(("data_sources",), top.get("data_sources"), "a mapping of data sources")
+        for name, value in sources.items():
+            at: Tuple[Segment, ...] = ("data_sources", name)
+            entry = self.mapping(at, value, "a data source (a mapping with one connector key)")
+            self.keys(at, entry, ("Postgres",))
+            if "Postgres" not in entry:
+                raise self.fail(at, "a data source needs exactly one connector key; allowed: Postgres")
+            fields = self.mapping(at + ("Postgres",), entry["Postgres"], "the Postgres settings (a mapping)")
+            self.keys(at + ("Postgres",), fields, _POSTGRES_KEYS, _POSTGRES_REQUIRED)
+            cfg._data_sources[self.name(at, name)] = self.build(at + ("Postgres",), DataSourcePostgres, fields)
+
+        # schema_sinks, before the data sinks that link them
+        schema_sinks = self.mapping(("schema_sinks",), top.get("schema_sinks"), "a mapping of schema sinks")
+        for name, value in schema_sinks.items():
+            at = ("schema_sinks", name)
+            entry = self.mapping(at, value, "a schema sink (a mapping with one connector key)")
+            self.keys(at, entry, ("LocalIceberg", "AthenaIceberg"))
+            cfg._schema_sinks[self.name(at, name)] = self.connector(at, entry, "a schema sink")
+
+        # data_sinks
+        sinks = self.mapping(("data_sinks",), top.get("data_sinks"), "a mapping of data sinks")
+        for name, value in sinks.items():
+            at = ("data_sinks", name)
+            entry = self.mapping(at, value, "a data sink (a mapping with one connector key)")
+            self.keys(at, entry, ("LocalIceberg", "AthenaIceberg", "schema_sink"))
+            connector = self.connector(at, entry, "a data sink")
+            link = None
+            if entry.get("schema_sink") is not None:
+                link = self.reference(
+                    at + ("schema_sink",), entry["schema_sink"], "schema_sinks", list(cfg._schema_sinks)
+                )
+            cfg._data_sinks[self.name(at, name)] = DataSinkDef(connector, link)
+
+        # pipelines
+        pipelines = self.mapping(("pipelines",), top.get("pipelines"), "a mapping of pipelines")
+        for name, value in pipelines.items():
+            at = ("pipelines", name)
+            if not is_simple_name(name):
+                raise self.fail(at, f"`{name}` is not a valid pipeline name: use letters, digits and `_`")
+            entry = self.mapping(at, value, "a pipeline (a mapping)")
+            self.keys(at, entry, ("data_source", "data_sink", "commit_interval"), ("data_source", "data_sink"))
+            source = self.reference(at + ("data_source",), entry["data_source"], "data_sources", list(cfg._data_sources))
+            sink = self.reference(at + ("data_sink",), entry["data_sink"], "data_sinks", list(cfg._data_sinks))
+            cfg._pipelines[name] = self.build(
+                at, Pipeline,
+                {"data_source": DataSourceRef(source), "data_sink": DataSinkRef(sink),
+                 "commit_interval": entry.get("commit_interval")},
+            )
+        return cfg
+
+    def name(self, at: Tuple[Segment, ...], name: str) -> str:
+        if not name.strip():
+            raise self.fail(at, "names must not be empty")
+        return name
+
+
+__all__ = ["Config"]

@@ -1,0 +1,600 @@
+"""The pieces of a configuration: sources, sinks, storage, pipelines and their handles.
+
+Every constructor checks its arguments at once and raises :class:`ConfigError` naming the
+field and what is allowed. Objects are immutable and compare by value.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Union
+
+from ._errors import ConfigError, Segment, field_error
+
+_SIMPLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ENV_WHOLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}\Z")
+_PG_OBJECT_NAME = re.compile(r"[a-z0-9_]{1,63}\Z")
+_DURATION = re.compile(r"\s*([0-9]+)\s*(ms|s|m|h)\s*\Z")
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+# Line breaks and other control characters cannot be written on one line of skippr.yml.
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+SIMPLE_NAME_RULE = "use letters, digits and `_`, starting with a letter or `_`"
+
+
+def describe(value: object) -> str:
+    """A short description of a value's type for error messages."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"a string ({value!r})"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def is_simple_name(s: str) -> bool:
+    """Letters, digits and ``_``, starting with a letter or ``_`` (ASCII)."""
+    return _SIMPLE_NAME.match(s) is not None
+
+
+def has_reference(s: str) -> bool:
+    """Whether skipprd rewrites ``s`` when it loads the file (``${VAR}``, ``$$``).
+
+    Such values are only known then, so their format is left for skipprd to check.
+    """
+    return "$" in s
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """A reference to an environment variable, written ``${NAME}``.
+
+    skipprd reads the variable when it loads the file; this package never reads the
+    environment, so the value is never written to the file.
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise field_error("EnvRef", ["name"], f"expected a string, found {describe(self.name)}")
+        if not is_simple_name(self.name):
+            raise field_error(
+                "EnvRef",
+                ["name"],
+                f"`{self.name}` is not a valid environment variable name: {SIMPLE_NAME_RULE}",
+            )
+
+    def __str__(self) -> str:
+        return "${" + self.name + "}"
+
+
+#: A string setting: literal text, or a reference to an environment variable.
+Text = Union[str, EnvRef]
+
+
+class _Check:
+    """Argument checks for one constructor; errors name ``owner.field``."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def fail(self, segments: Sequence[Segment], message: str) -> NoReturn:
+        raise field_error(self.owner, segments, message)
+
+    def _string(self, segments: Sequence[Segment], value: str) -> str:
+        bad = _CONTROL.search(value)
+        if bad:
+            self.fail(
+                segments,
+                f"{value!r} contains the control character {bad.group()!r}; "
+                "settings are single-line text",
+            )
+        return value
+
+    def text(self, field: str, value: object, *, required: bool) -> Optional[Text]:
+        """A string or an :class:`EnvRef`; an exact ``${NAME}`` string becomes an EnvRef."""
+        if value is None:
+            if required:
+                self.fail([field], "is required: give a string (or an EnvRef)")
+            return None
+        if isinstance(value, EnvRef):
+            return value
+        if not isinstance(value, str):
+            self.fail([field], f"expected a string (or an EnvRef), found {describe(value)}")
+        self._string([field], value)
+        if required and not value.strip():
+            self.fail([field], "must not be empty")
+        whole = _ENV_WHOLE.match(value)
+        if whole:
+            return EnvRef(whole.group(1))
+        return value
+
+    def string(self, field: str, value: object, *, required: bool) -> Optional[str]:
+        if value is None:
+            if required:
+                self.fail([field], "is required: give a string")
+            return None
+        if not isinstance(value, str):
+            self.fail([field], f"expected a string, found {describe(value)}")
+        self._string([field], value)
+        if not value.strip():
+            self.fail([field], "must not be empty")
+        return value
+
+    def integer(self, field: str, value: object, low: int, high: int, what: str) -> Optional[int]:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail([field], f"expected {what} ({low}-{high}), found {describe(value)}")
+        if not low <= value <= high:
+            self.fail([field], f"{value} is out of range: {what} must be between {low} and {high}")
+        return int(value)
+
+    def tables(self, field: str, value: object, *, required: bool) -> Optional[Tuple[str, ...]]:
+        if value is None:
+            if required:
+                self.fail([field], "is required: list at least one table, `name` or `schema.name`")
+            return None
+        if isinstance(value, str):
+            self.fail(
+                [field],
+                f"expected a list of table names, found {describe(value)}; "
+                f"give a list, e.g. [{value!r}]",
+            )
+        if not isinstance(value, (list, tuple)):
+            self.fail([field], f"expected a list of table names, found {describe(value)}")
+        if not value:
+            if required:
+                self.fail([field], "list at least one table: `name` (schema public) or `schema.name`")
+            return None
+        out = []
+        seen: Dict[str, str] = {}
+        for i, t in enumerate(value):
+            if not isinstance(t, str):
+                self.fail([field, i], f"expected a table name (a string), found {describe(t)}")
+            self._string([field, i], t)
+            if not has_reference(t):
+                ref = parse_table(t)
+                if ref is None:
+                    self.fail(
+                        [field, i],
+                        f"`{t}` is not a table name: write `name` (schema public) or "
+                        "`schema.name`, each a letter or `_` followed by letters, digits, `_` or `$`",
+                    )
+                iceberg = ref[1] if ref[0] == "public" else f"{ref[0]}_{ref[1]}"
+                if iceberg in seen:
+                    self.fail(
+                        [field, i],
+                        f"`{t}` is listed twice (or maps to the same Iceberg table name "
+                        f"`{iceberg}` as `{seen[iceberg]}`)",
+                    )
+                seen[iceberg] = t
+            out.append(t)
+        return tuple(out)
+
+
+def parse_table(s: str) -> Optional[Tuple[str, str]]:
+    """``name`` -> ``("public", name)``; ``schema.name`` -> ``(schema, name)``; else None."""
+    parts = s.split(".")
+    if len(parts) == 1:
+        schema, name = "public", parts[0]
+    elif len(parts) == 2:
+        schema, name = parts
+    else:
+        return None
+    if not (_is_identifier(schema) and _is_identifier(name)):
+        return None
+    return schema, name
+
+
+def _is_identifier(s: str) -> bool:
+    if not s or not (s[0].isalpha() or s[0] == "_"):
+        return False
+    return all(c.isalnum() or c in "_$" for c in s[1:])
+
+
+class _Value:
+    """Immutable, compares by the value of its fields."""
+
+    __slots__ = ()
+    _fields: Tuple[str, ...] = ()
+
+    def _key(self) -> Tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _Value)
+        return self._key() == other._key()
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable; create a new one")
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in self._fields:
+            v = getattr(self, f)
+            if v is not None:
+                if isinstance(v, tuple):
+                    v = list(v)
+                parts.append(f"{f}={v!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+class LocalStorage(_Value):
+    """Skippr keeps its WAL and state in a local folder: ``skipprd_el_storage_mode: local``.
+
+    ``path`` is that folder (``skipprd_el_storage_path``), relative to ``skippr.yml``;
+    without it skipprd uses ``.skippr`` beside the file.
+    """
+
+    __slots__ = ("path",)
+    _fields = ("path",)
+    path: Optional[Text]
+    #: The value of ``skipprd_el_storage_mode``.
+    mode = "local"
+
+    def __init__(self, path: Optional[Text] = None) -> None:
+        value = _Check("LocalStorage").text("path", path, required=False)
+        if isinstance(value, str) and not value.strip():
+            raise field_error(
+                "LocalStorage", ["path"], "must not be empty: give a folder, or None for `.skippr`"
+            )
+        self._set("path", value)
+
+
+class DataSourcePostgresSourceCdcMode(str, enum.Enum):
+    """How the tables of a Postgres source are read (``cdc_mode``)."""
+
+    #: A consistent snapshot, then the change stream from exactly where it ended (default).
+    SNAPSHOTTHENCDC = "snapshot_then_cdc"
+    #: Only a consistent snapshot, no replication slot.
+    SNAPSHOTONLY = "snapshot_only"
+    #: Only the change stream, from the slot's current position.
+    CDCONLY = "cdc_only"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_CDC_ALLOWED = ", ".join(m.value for m in DataSourcePostgresSourceCdcMode)
+
+
+class DataSourcePostgres(_Value):
+    """A Postgres database, read by snapshot and logical replication (``Postgres:``).
+
+    Strings may be :class:`EnvRef` (or ``"${NAME}"``), which skipprd fills from the
+    environment. Settings left as ``None`` are not written, and skipprd uses its defaults.
+    """
+
+    #: Fields in the order they are written.
+    _fields = (
+        "host", "port", "user", "password", "database", "tables", "cdc_mode",
+        "publication", "slot", "append_only", "snapshot_parallelism",
+        "parquet_target_file_size_mb",
+    )
+    __slots__ = _fields
+    host: Text
+    port: Optional[int]
+    user: Text
+    password: Optional[Text]
+    database: Text
+    tables: Tuple[str, ...]
+    cdc_mode: Optional[DataSourcePostgresSourceCdcMode]
+    publication: Optional[Text]
+    slot: Optional[Text]
+    #: ``None`` when there are none (an empty list is not written).
+    append_only: Optional[Tuple[str, ...]]
+    snapshot_parallelism: Optional[int]
+    parquet_target_file_size_mb: Optional[int]
+
+    def __init__(
+        self,
+        *,
+        host: Text,
+        user: Text,
+        database: Text,
+        tables: Sequence[str],
+        port: Optional[int] = None,
+        password: Optional[Text] = None,
+        cdc_mode: Union[DataSourcePostgresSourceCdcMode, str, None] = None,
+        publication: Optional[Text] = None,
+        slot: Optional[Text] = None,
+        append_only: Optional[Sequence[str]] = None,
+        snapshot_parallelism: Optional[int] = None,
+        parquet_target_file_size_mb: Optional[int] = None,
+    ) -> None:
+        c = _Check("DataSourcePostgres")
+        self._set("host", c.text("host", host, required=True))
+        self._set("port", c.integer("port", port, 1, 65535, "a port number"))
+        self._set("user", c.text("user", user, required=True))
+        self._set("password", c.text("password", password, required=False))
+        self._set("database", c.text("database", database, required=True))
+        the_tables = c.tables("tables", tables, required=True)
+        self._set("tables", the_tables)
+        self._set("cdc_mode", _cdc_mode(c, cdc_mode))
+        for field, value in (("publication", publication), ("slot", slot)):
+            v = c.text(field, value, required=False)
+            if isinstance(v, str) and not has_reference(v) and not _PG_OBJECT_NAME.match(v):
+                c.fail(
+                    [field],
+                    f"`{v}` is not a valid {field} name: use at most 63 lower-case letters, digits and `_`",
+                )
+            self._set(field, v)
+        only = c.tables("append_only", append_only, required=False)
+        if only is not None and the_tables is not None:
+            listed = {parse_table(t) for t in the_tables if not has_reference(t)}
+            deferred = any(has_reference(t) for t in the_tables)
+            for i, t in enumerate(only):
+                if not has_reference(t) and not deferred and parse_table(t) not in listed:
+                    c.fail(
+                        ["append_only", i],
+                        f"`{t}` is not one of the source's tables ({', '.join(the_tables)})",
+                    )
+        self._set("append_only", only)
+        self._set(
+            "snapshot_parallelism",
+            c.integer("snapshot_parallelism", snapshot_parallelism, 1, 64, "the number of connections"),
+        )
+        self._set(
+            "parquet_target_file_size_mb",
+            c.integer(
+                "parquet_target_file_size_mb", parquet_target_file_size_mb, 1, 4096, "a size in MiB"
+            ),
+        )
+
+
+def _cdc_mode(c: _Check, value: object) -> Optional[DataSourcePostgresSourceCdcMode]:
+    if value is None or isinstance(value, DataSourcePostgresSourceCdcMode):
+        return value
+    if isinstance(value, str):
+        for m in DataSourcePostgresSourceCdcMode:
+            if m.value == value:
+                return m
+        c.fail(["cdc_mode"], f"unknown value `{value}`; allowed: {_CDC_ALLOWED}")
+    c.fail(
+        ["cdc_mode"],
+        f"expected a DataSourcePostgresSourceCdcMode or one of {_CDC_ALLOWED}, found {describe(value)}",
+    )
+
+
+class DataSinkLocalIceberg(_Value):
+    """Iceberg tables in a local warehouse folder with an embedded sqlite catalog
+    (``LocalIceberg:``). ``warehouse`` is relative to ``skippr.yml``."""
+
+    __slots__ = ("warehouse",)
+    _fields = ("warehouse",)
+    warehouse: Text
+    #: The connector key in ``skippr.yml``.
+    kind = "LocalIceberg"
+
+    def __init__(self, warehouse: Text) -> None:
+        self._set("warehouse", _Check("DataSinkLocalIceberg").text("warehouse", warehouse, required=True))
+
+
+class DataSinkAthenaIceberg(_Value):
+    """Iceberg tables on S3, registered in AWS Glue, queried with Athena (``AthenaIceberg:``)."""
+
+    _fields = (
+        "warehouse", "glue_database_name", "athena_workgroup_name",
+        "athena_results_s3_bucket", "region",
+    )
+    __slots__ = _fields
+    warehouse: Text
+    glue_database_name: Text
+    athena_workgroup_name: Text
+    athena_results_s3_bucket: Text
+    region: Text
+    #: The connector key in ``skippr.yml``.
+    kind = "AthenaIceberg"
+
+    def __init__(
+        self,
+        *,
+        warehouse: Text,
+        glue_database_name: Text,
+        athena_workgroup_name: Text,
+        athena_results_s3_bucket: Text,
+        region: Text,
+    ) -> None:
+        c = _Check("DataSinkAthenaIceberg")
+        w = c.text("warehouse", warehouse, required=True)
+        if isinstance(w, str) and not w.startswith("s3://") and not has_reference(w):
+            c.fail(["warehouse"], f"`{w}` is not an S3 location: write `s3://bucket/prefix/`")
+        self._set("warehouse", w)
+        self._set("glue_database_name", c.text("glue_database_name", glue_database_name, required=True))
+        self._set(
+            "athena_workgroup_name", c.text("athena_workgroup_name", athena_workgroup_name, required=True)
+        )
+        self._set(
+            "athena_results_s3_bucket",
+            c.text("athena_results_s3_bucket", athena_results_s3_bucket, required=True),
+        )
+        self._set("region", c.text("region", region, required=True))
+
+
+#: A sink connector: what a data sink or a schema sink is.
+SinkConnector = Union[DataSinkLocalIceberg, DataSinkAthenaIceberg]
+SINK_KINDS = (DataSinkLocalIceberg, DataSinkAthenaIceberg)
+
+
+@dataclass(frozen=True)
+class DataSourceRef:
+    """A handle on a data source of a :class:`Config`, as returned by ``cfg.data_source``."""
+
+    name: str
+
+    @property
+    def reference(self) -> str:
+        """``data_sources.<name>``, as written in ``skippr.yml``."""
+        return f"data_sources.{self.name}"
+
+    def __str__(self) -> str:
+        return self.reference
+
+
+@dataclass(frozen=True)
+class DataSinkRef:
+    """A handle on a data sink of a :class:`Config`, as returned by ``cfg.data_sink``."""
+
+    name: str
+
+    @property
+    def reference(self) -> str:
+        """``data_sinks.<name>``, as written in ``skippr.yml``."""
+        return f"data_sinks.{self.name}"
+
+    def __str__(self) -> str:
+        return self.reference
+
+
+@dataclass(frozen=True)
+class SchemaSinkRef:
+    """A handle on a schema sink of a :class:`Config`, as returned by ``cfg.schema_sink``."""
+
+    name: str
+
+    @property
+    def reference(self) -> str:
+        """``schema_sinks.<name>``, as written in ``skippr.yml``."""
+        return f"schema_sinks.{self.name}"
+
+    def __str__(self) -> str:
+        return self.reference
+
+
+def reference_name(
+    owner: str, field: str, value: object, section: str, handle: type, handle_doc: str
+) -> str:
+    """The name in a handle, a ``<section>.<name>`` reference, or a bare name."""
+    if isinstance(value, handle):
+        name = getattr(value, "name")
+        assert isinstance(name, str)
+        return name
+    if isinstance(value, str):
+        name = value[len(section) + 1:] if value.startswith(section + ".") else value
+        if name and "." not in name and not _CONTROL.search(name):
+            return name
+        raise field_error(
+            owner,
+            [field],
+            f"`{value}` is not a reference of the form `{section}.<name>` (or a bare name)",
+        )
+    raise field_error(
+        owner,
+        [field],
+        f"expected {handle_doc} or a `{section}.<name>` reference, found {describe(value)}",
+    )
+
+
+class DataSinkDef(_Value):
+    """A data sink entry: its connector and the name of its schema sink, if linked."""
+
+    __slots__ = ("sink", "schema_sink")
+    _fields = ("sink", "schema_sink")
+    sink: SinkConnector
+    #: The linked schema sink's name (written ``schema_sinks.<name>``), if any.
+    schema_sink: Optional[str]
+
+    def __init__(self, sink: SinkConnector, schema_sink: Optional[str] = None) -> None:
+        self._set("sink", sink)
+        self._set("schema_sink", schema_sink)
+
+
+class Pipeline(_Value):
+    """One data source flowing into one data sink.
+
+    ``data_source`` and ``data_sink`` are handles from ``cfg.data_source`` and
+    ``cfg.data_sink`` (or ``"data_sources.<name>"`` / ``"data_sinks.<name>"``).
+    ``commit_interval`` is a duration such as ``"500ms"``, ``"10s"`` or ``"1m"`` (at least
+    100ms; skipprd's default is 10s).
+    """
+
+    __slots__ = ("data_source", "data_sink", "commit_interval")
+    _fields = ("data_source", "data_sink", "commit_interval")
+    data_source: DataSourceRef
+    data_sink: DataSinkRef
+    commit_interval: Optional[str]
+
+    def __init__(
+        self,
+        data_source: Union[DataSourceRef, str],
+        data_sink: Union[DataSinkRef, str],
+        commit_interval: Optional[str] = None,
+    ) -> None:
+        source = reference_name(
+            "Pipeline", "data_source", data_source, "data_sources", DataSourceRef,
+            "a data source handle (from cfg.data_source)",
+        )
+        sink = reference_name(
+            "Pipeline", "data_sink", data_sink, "data_sinks", DataSinkRef,
+            "a data sink handle (from cfg.data_sink)",
+        )
+        self._set("data_source", DataSourceRef(source))
+        self._set("data_sink", DataSinkRef(sink))
+        interval = _Check("Pipeline").string("commit_interval", commit_interval, required=False)
+        if interval is not None and not has_reference(interval):
+            m = _DURATION.match(interval)
+            if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < 100:
+                raise field_error(
+                    "Pipeline",
+                    ["commit_interval"],
+                    f"`{interval}` is not a duration of at least 100ms: write e.g. `500ms`, `10s` or `1m`",
+                )
+        self._set("commit_interval", interval)
+
+    def __repr__(self) -> str:
+        parts = [f"data_source={self.data_source.reference!r}", f"data_sink={self.data_sink.reference!r}"]
+        if self.commit_interval is not None:
+            parts.append(f"commit_interval={self.commit_interval!r}")
+        return f"Pipeline({', '.join(parts)})"
+
+
+def check_simple_name(path: str, what: str, name: object) -> str:
+    """Pipeline, workspace, source and sink names: ``[A-Za-z_][A-Za-z0-9_]*``."""
+    if not isinstance(name, str):
+        raise ConfigError(f"expected the {what} name as a string, found {describe(name)}", path)
+    if not is_simple_name(name):
+        raise ConfigError(f"`{name}` is not a valid {what} name: {SIMPLE_NAME_RULE}", path)
+    return name
+
+
+__all__ = [
+    "ConfigError",
+    "DataSinkAthenaIceberg",
+    "DataSinkDef",
+    "DataSinkLocalIceberg",
+    "DataSinkRef",
+    "DataSourcePostgres",
+    "DataSourcePostgresSourceCdcMode",
+    "DataSourceRef",
+    "EnvRef",
+    "LocalStorage",
+    "Pipeline",
+    "SchemaSinkRef",
+    "SinkConnector",
+    "Text",
+]
