@@ -60,6 +60,8 @@ pub enum DiscoverFormat {
     Json,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Check the configuration file without connecting anywhere.

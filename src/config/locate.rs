@@ -139,10 +139,8 @@ impl MarkedEventReceiver for Builder {
                     self.path.pop();
                 }
             }
-            Event::Alias(_) => {
-                if self.enter_value(mark) {
-                    self.path.pop();
-                }
+            Event::Alias(_) if self.enter_value(mark) => {
+                self.path.pop();
             }
             Event::MappingStart(..) | Event::SequenceStart(..) => {
                 let entered = self.enter_value(mark);

@@ -568,7 +568,7 @@ fn not_representable_or_bad(what: &str, v: &str) -> ValueError {
 fn parse_ymd(s: &str, bc: bool) -> Option<chrono::NaiveDate> {
     let dash = s.find('-')?;
     let year: i32 = s[..dash].parse().ok()?;
-    let rest = s[dash + 1..].as_bytes();
+    let rest = &s.as_bytes()[dash + 1..];
     if rest.len() != 5 || rest[2] != b'-' {
         return None;
     }
