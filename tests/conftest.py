@@ -408,9 +408,12 @@ def render_config(
     workspace: str = "analytics",
     warehouse: str = "./warehouse",
     extra_source: dict[str, Any] | None = None,
+    extra_pipeline: dict[str, Any] | None = None,
 ) -> str:
-    """The config format of the issue, as a user would write it."""
+    """The config format of the issue, as a user would write it. `extra_pipeline` adds keys
+    to `pipelines.app` (e.g. `commit_interval`)."""
     extra = "".join(f"      {k}: {json.dumps(v)}\n" for k, v in (extra_source or {}).items())
+    extra_p = "".join(f"    {k}: {json.dumps(v)}\n" for k, v in (extra_pipeline or {}).items())
     return (
         "skippr:\n"
         f"  workspace: {workspace}\n"
@@ -419,6 +422,7 @@ def render_config(
         "  app:\n"
         "    data_source: data_sources.app_db\n"
         "    data_sink: data_sinks.lake\n"
+        f"{extra_p}"
         "data_sources:\n"
         "  app_db:\n"
         "    Postgres:\n"
@@ -820,6 +824,7 @@ class Skippr:
         workspace: str = "analytics",
         host: str | None = None,
         port: int | None = None,
+        extra_pipeline: dict[str, Any] | None = None,
     ) -> Path:
         """Writes skippr.yml; the password goes through ${APP_DB_PASSWORD} like a user's would."""
         self.workspace = workspace
@@ -834,6 +839,7 @@ class Skippr:
                 cdc_mode=cdc_mode,
                 workspace=workspace,
                 extra_source=extra_source,
+                extra_pipeline=extra_pipeline,
             )
         )
         return self.config_path
@@ -878,6 +884,15 @@ class Skippr:
     def read_duckdb(self, name: str, order_by: Sequence[str] = ()) -> list[dict]:
         return read_duckdb(self.warehouse, self.workspace, name, order_by)
 
+    def read_query(self, spec: "PgTableSpec") -> list[dict]:
+        """The table read back through `skipprd query --format json`, values converted to
+        what psycopg would give for the column's kind (see `query_json_value`)."""
+        proc = self.run("query", f"SELECT * FROM {quote_ident(self.workspace)}.{quote_ident(spec.iceberg_name)}",
+                        "--format", "json", check=False)
+        assert_no_panic(proc)
+        assert proc.returncode == 0, describe_run(proc, f"query of {spec.iceberg_name} failed")
+        return query_json_rows(proc.stdout, spec)
+
     def assert_table_matches(self, qualified: str, readers: Sequence[str] = ("pyiceberg", "duckdb")) -> PgTableSpec:
         """The Iceberg table of `qualified` (schema.name or name) equals the Postgres table,
         row by row, read with each reader."""
@@ -888,6 +903,8 @@ class Skippr:
                 actual = self.read_pyiceberg(spec.iceberg_name, spec.primary_key)
             elif reader == "duckdb":
                 actual = self.read_duckdb(spec.iceberg_name, spec.primary_key)
+            elif reader == "query":
+                actual = self.read_query(spec)
             else:
                 raise ValueError(reader)
             assert_rows_equal(expected, actual, spec, reader)
@@ -914,3 +931,56 @@ def lsn_to_int(lsn: str) -> int:
 def iceberg_type_strings(table) -> dict[str, str]:
     return {f.name: str(f.field_type) for f in table.schema().fields}
 
+
+
+# --------------------------------------------------------------------------------------------
+# `skipprd query --format json` read back as comparable rows
+# --------------------------------------------------------------------------------------------
+
+
+def query_json_value(value: Any, kind: str) -> Any:
+    """Converts one JSON value of `skipprd query --format json` to the Python type psycopg
+    gives for the column's kind, so that `normalize` can compare it. Only the spelling is
+    converted (ISO strings to datetimes, hex to bytes); a value of the wrong JSON type stays
+    as it is and shows up as a mismatch."""
+    if value is None:
+        return None
+    if kind.startswith("list:"):
+        return [query_json_value(v, kind[5:]) for v in value] if isinstance(value, list) else value
+    try:
+        if kind == "decimal" and isinstance(value, (int, decimal.Decimal)) and not isinstance(value, bool):
+            return decimal.Decimal(value)
+        if kind in ("float32", "float64") and isinstance(value, (int, decimal.Decimal)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            if kind == "timestamptz":
+                return dt.datetime.fromisoformat(value)
+            if kind == "timestamp":
+                return dt.datetime.fromisoformat(value)
+            if kind == "date":
+                return dt.date.fromisoformat(value)
+            if kind == "time":
+                return dt.time.fromisoformat(value)
+            if kind == "binary" and value.startswith("\\x"):
+                return bytes.fromhex(value[2:])
+    except ValueError:
+        return ("unparsable", value)
+    return value
+
+
+def query_json_rows(stdout: str, spec: "PgTableSpec") -> list[dict]:
+    """Rows of newline-delimited JSON in the column order of `spec`. A key left out of an
+    object counts as NULL here (whether JSON prints explicit nulls is test_query's business);
+    a key that is not a column of the table is kept, so it shows up as a column difference."""
+    kinds = {c.name: c.kind for c in spec.columns}
+    rows = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        obj = json.loads(line, parse_float=decimal.Decimal)
+        row = {c.name: query_json_value(obj.get(c.name), c.kind) for c in spec.columns}
+        for k, v in obj.items():
+            if k not in kinds:
+                row[k] = v
+        rows.append(row)
+    return rows

@@ -628,7 +628,8 @@ fn parse_timestamp(v: &str, with_tz: bool) -> VResult<i64> {
         .ok_or_else(|| not_representable_or_bad(what, v))?;
     let date = parse_ymd(date_part, bc).ok_or_else(|| bad(what, v))?;
     // Split off a UTC offset: the first '+' or '-' after the seconds.
-    let (clock, offset_secs) = match time_part[8.min(time_part.len())..].find(['+', '-']) {
+    let after_seconds = time_part.get(8..).unwrap_or("");
+    let (clock, offset_secs) = match after_seconds.find(['+', '-']) {
         Some(i) => {
             let at = 8 + i;
             let off = parse_offset(&time_part[at..]).ok_or_else(|| bad(what, v))?;
