@@ -157,69 +157,69 @@ pub enum SinkKind {
 #[derive(Debug, clap::Args)]
 pub struct PostgresArgs {
     /// Pipeline the source feeds.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub pipeline: String,
     /// Name of the data source.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub name: String,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub host: String,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub port: Option<u16>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub user: String,
     /// Password; pass '${VAR}' (quoted) to keep it in the environment.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub password: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub database: String,
     /// A table to follow (`name` or `schema.name`); repeat for more.
-    #[arg(long = "tables", required = true)]
+    #[arg(long = "tables", required = true, allow_hyphen_values = true)]
     pub tables: Vec<String>,
     #[arg(long, value_enum)]
     pub cdc_mode: Option<CdcModeArg>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub publication: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub slot: Option<String>,
     /// A table without primary key that only receives inserts; repeat for more.
-    #[arg(long = "append-only")]
+    #[arg(long = "append-only", allow_hyphen_values = true)]
     pub append_only: Vec<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub snapshot_parallelism: Option<usize>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub parquet_target_file_size_mb: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct AthenaArgs {
     /// Pipeline whose sink this is.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub name: String,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub warehouse: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub glue_database_name: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub athena_workgroup_name: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub athena_results_s3_bucket: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub region: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct LocalArgs {
     /// Pipeline whose sink this is.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub name: String,
     /// Warehouse folder (relative to the config file).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub warehouse: Option<String>,
 }

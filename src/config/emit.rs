@@ -88,7 +88,10 @@ fn plain_ok(s: &str, in_flow: bool) -> bool {
     );
     let number = s.parse::<i64>().is_ok() || s.parse::<f64>().is_ok();
     let flow_bad = in_flow && s.contains(['{', '}', '[', ']', ',']);
-    first_ok && rest_ok && !s.ends_with(':') && !keyword && !number && !flow_bad
+    // Finally, the reader itself decides: it must read the text back as this very string
+    // (this catches `0x1F`, `.inf`, `.NaN` and the like).
+    let reads_back = matches!(serde_yaml::from_str::<Value>(s), Ok(Value::String(ref r)) if r == s);
+    first_ok && rest_ok && !s.ends_with(':') && !keyword && !number && !flow_bad && reads_back
 }
 
 fn scalar(v: &Value, in_flow: bool) -> String {
@@ -189,5 +192,8 @@ mod tests {
         assert!(!plain_ok("5432", false));
         assert!(!plain_ok("a b", false));
         assert!(plain_ok("s3://bucket/", false));
+        for s in ["0x1F", "0o17", ".inf", "-.Inf", ".NaN", "+1"] {
+            assert!(!plain_ok(s, false), "{s}");
+        }
     }
 }
