@@ -57,10 +57,13 @@ pub struct TableSink {
     /// Source LSN covered by the last commit.
     pub lsn: Lsn,
     index: HashMap<Key, Loc>,
+    /// Further copies of a key: only tables keyed by the whole row can have equal rows.
+    extra: HashMap<Key, Vec<Loc>>,
     files: Vec<String>,
     // Changes since the last commit.
     rows: Vec<Option<PendingRow>>,
     by_key: HashMap<Key, usize>,
+    extra_pending: HashMap<Key, Vec<usize>>,
     deletes: Vec<Loc>,
     truncated: bool,
     pending_lsn: Lsn,
@@ -123,9 +126,11 @@ impl TableSink {
             keys,
             lsn,
             index: HashMap::new(),
+            extra: HashMap::new(),
             files: Vec::new(),
             rows: Vec::new(),
             by_key: HashMap::new(),
+            extra_pending: HashMap::new(),
             deletes: Vec::new(),
             truncated: false,
             pending_lsn: lsn,
@@ -139,6 +144,7 @@ impl TableSink {
     /// Rebuilds key -> (file, position) from the live data files and their position deletes.
     async fn build_index(&mut self) -> Result<()> {
         self.index.clear();
+        self.extra.clear();
         self.files.clear();
         let meta = self.table.metadata();
         let Some(snapshot) = meta.current_snapshot() else {
@@ -225,7 +231,7 @@ impl TableSink {
                         continue;
                     }
                     if let Some(key) = self.keys.from_arrays(&cols, row) {
-                        self.index.insert(
+                        self.index_insert(
                             key,
                             Loc {
                                 file: file_no,
@@ -290,13 +296,13 @@ impl TableSink {
         let mut types = Vec::with_capacity(self.key_idx.len());
         for &i in &self.key_idx {
             match &row[i] {
-                Datum::Text(b) => texts.push(std::str::from_utf8(b).map_err(|_| {
+                Datum::Text(b) => texts.push(Some(std::str::from_utf8(b).map_err(|_| {
                     Error::unrepresentable(format!(
                         "table {}, column `{}`: a key value is not UTF-8",
                         self.source, self.names[i]
                     ))
-                })?),
-                Datum::Null => texts.push("\u{0}NULL"),
+                })?)),
+                Datum::Null => texts.push(None),
                 Datum::Unchanged => {
                     return Err(Error::fatal(format!(
                         "table {}: the key column `{}` arrived without a value",
@@ -316,13 +322,30 @@ impl TableSink {
 
     /// Removes the live version of `key`, wherever it is.
     fn remove(&mut self, key: &Key) -> Option<PendingOrLoc> {
+        if let Some(i) = self.extra_pending.get_mut(key).and_then(Vec::pop) {
+            return self.rows[i].take().map(PendingOrLoc::Pending);
+        }
         if let Some(i) = self.by_key.remove(key) {
             return self.rows[i].take().map(PendingOrLoc::Pending);
         }
-        self.index.remove(key).map(|loc| {
+        let loc = match self.extra.get_mut(key).and_then(Vec::pop) {
+            Some(l) => Some(l),
+            None => self.index.remove(key),
+        };
+        loc.map(|loc| {
             self.deletes.push(loc);
             PendingOrLoc::Loc(loc)
         })
+    }
+
+    fn index_insert(&mut self, key: Key, loc: Loc) {
+        if self.keyed {
+            self.index.insert(key, loc);
+        } else if self.index.contains_key(&key) {
+            self.extra.entry(key).or_default().push(loc);
+        } else {
+            self.index.insert(key, loc);
+        }
     }
 
     /// Applies one change of a transaction ending at `end_lsn`.
@@ -334,8 +357,10 @@ impl TableSink {
                 self.truncated = true;
                 self.rows.clear();
                 self.by_key.clear();
+                self.extra_pending.clear();
                 self.deletes.clear();
                 self.index.clear();
+                self.extra.clear();
             }
             Op::Insert => {
                 let row = self.to_row(change.rel, change.new.as_deref().unwrap_or_default())?;
@@ -353,9 +378,22 @@ impl TableSink {
             }
             Op::Update => {
                 let mut row = self.to_row(change.rel, change.new.as_deref().unwrap_or_default())?;
+                let old_row = match &change.old {
+                    Some(o) => Some(self.to_row(change.rel, o)?),
+                    None => None,
+                };
+                // A full old row (replica identity full) carries the values a TOASTed column
+                // left unchanged; a key-only old row has NULL there and gives nothing.
+                if let Some(old) = &old_row {
+                    for (d, o) in row.iter_mut().zip(old) {
+                        if matches!(d, Datum::Unchanged) && matches!(o, Datum::Text(_)) {
+                            *d = o.clone();
+                        }
+                    }
+                }
                 let new_key = self.key_of(&row)?;
-                let old_key = match &change.old {
-                    Some(o) => self.key_of(&self.to_row(change.rel, o)?)?,
+                let old_key = match &old_row {
+                    Some(o) => self.key_of(o)?,
                     None => new_key.clone(),
                 };
                 let previous = self.remove(&old_key);
@@ -476,12 +514,13 @@ impl TableSink {
         if self.truncated {
             self.files.clear();
             self.index.clear();
+            self.extra.clear();
         }
         if let Some(path) = new_file {
             let file_no = self.files.len() as u32;
             self.files.push(path);
             for (pos, row) in live.into_iter().enumerate() {
-                self.index.insert(
+                self.index_insert(
                     row.key,
                     Loc {
                         file: file_no,
@@ -493,6 +532,7 @@ impl TableSink {
         tracing::info!(table = %self.table.identifier(), changes = self.pending_changes, lsn = %self.pending_lsn, "changes committed");
         self.lsn = self.pending_lsn;
         self.by_key.clear();
+        self.extra_pending.clear();
         self.deletes.clear();
         self.truncated = false;
         self.pending_changes = 0;

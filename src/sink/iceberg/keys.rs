@@ -34,9 +34,12 @@ impl KeyEncoder {
     pub fn from_arrays(&self, columns: &[ArrayRef], row: usize) -> Option<Key> {
         let mut out = Vec::with_capacity(16);
         for (col, dt) in columns.iter().zip(&self.types) {
+            // A tag byte per column: NULL (0) is a value too, for tables keyed by the whole row.
             if col.is_null(row) {
-                return None;
+                out.push(0);
+                continue;
             }
+            out.push(1);
             match dt {
                 DataType::Int32 => out.extend_from_slice(
                     &(col.as_primitive::<Int32Type>().value(row) as i64).to_be_bytes(),
@@ -92,9 +95,13 @@ impl KeyEncoder {
     }
 
     /// Encodes a key given as Postgres text values (the key columns, in key order).
-    pub fn from_text(&self, pg: &[PgType], values: &[&str]) -> Result<Key, String> {
+    pub fn from_text(&self, pg: &[PgType], values: &[Option<&str>]) -> Result<Key, String> {
         let mut arrays = Vec::with_capacity(values.len());
         for ((v, t), dt) in values.iter().zip(pg).zip(&self.types) {
+            let Some(v) = v else {
+                arrays.push(KeyPart::Null);
+                continue;
+            };
             // Fast paths for the common key types.
             match dt {
                 DataType::Int32 | DataType::Int64 => {
@@ -116,15 +123,22 @@ impl KeyEncoder {
         }
         let mut out = Vec::with_capacity(16);
         for part in arrays {
+            if matches!(part, KeyPart::Null) {
+                out.push(0);
+                continue;
+            }
+            out.push(1);
             match part {
+                KeyPart::Null => {}
                 KeyPart::Int(n) => out.extend_from_slice(&n.to_be_bytes()),
                 KeyPart::Bytes(b) => put_len(&mut out, &b),
                 KeyPart::Array(a) => {
                     let enc = KeyEncoder::new(vec![a.data_type().clone()]);
                     let k = enc
                         .from_arrays(&[a], 0)
-                        .ok_or_else(|| "a key value is NULL".to_string())?;
-                    out.extend_from_slice(&k);
+                        .ok_or_else(|| "a key value cannot be encoded".to_string())?;
+                    // Skip the inner tag byte: this component's tag is already written.
+                    out.extend_from_slice(&k[1..]);
                 }
             }
         }
@@ -133,6 +147,7 @@ impl KeyEncoder {
 }
 
 enum KeyPart {
+    Null,
     Int(i64),
     Bytes(Vec<u8>),
     Array(ArrayRef),
@@ -151,7 +166,7 @@ mod tests {
         let b: ArrayRef = Arc::new(StringArray::from(vec!["x"]));
         let k1 = enc.from_arrays(&[a, b], 0).unwrap();
         let k2 = enc
-            .from_text(&[PgType::Int8, PgType::Text], &["42", "x"])
+            .from_text(&[PgType::Int8, PgType::Text], &[Some("42"), Some("x")])
             .unwrap();
         assert_eq!(k1, k2);
     }
