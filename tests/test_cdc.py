@@ -455,6 +455,38 @@ def test_cdc_large_transactions(skippr: Skippr, db):
     assert_position_deletes_only(skippr, "accounts", expect_some=True)
 
 
+def test_every_type_through_cdc(skippr: Skippr, db):
+    """Every type of the mapping arriving as change-stream text (inserts, updates, key moves,
+    whole rows copied), not through the snapshot's copy."""
+    from test_snapshot import ALL_TYPES_DDL, ALL_TYPES_ROWS, insert_rows
+
+    db.execute(ALL_TYPES_DDL)
+    insert_rows(db, "all_types", [r for r in ALL_TYPES_ROWS if r["id"] == "2"])
+    skippr.write_config(["all_types"])
+    skippr.sync_once()
+    skippr.assert_table_matches("all_types")
+
+    insert_rows(db, "all_types", [r for r in ALL_TYPES_ROWS if r["id"] != "2"])
+    skippr.sync_once()
+    skippr.assert_table_matches("all_types")
+
+    # every column sent again, except large values left unchanged (TOAST)
+    db.execute("UPDATE all_types SET c_varchar = coalesce(c_varchar, '') || '~'")
+    skippr.sync_once()
+    skippr.assert_table_matches("all_types")
+
+    db.execute("UPDATE all_types SET id = id + 100")
+    cols = ", ".join(r[0] for r in db.execute(
+        "SELECT quote_ident(attname) FROM pg_attribute WHERE attrelid = 'all_types'::regclass "
+        "AND attnum > 1 AND NOT attisdropped ORDER BY attnum"))
+    tx(db, f"INSERT INTO all_types SELECT id + 200, {cols} FROM all_types",
+       f"UPDATE all_types t SET ({cols}) = (SELECT {cols} FROM all_types s WHERE s.id = 304) WHERE t.id = 102",
+       f"UPDATE all_types t SET ({cols}) = (SELECT {cols} FROM all_types s WHERE s.id = 302) WHERE t.id = 104")
+    assert db.scalar("SELECT c_text IS NULL FROM all_types WHERE id = 104")
+    skippr.sync_once()
+    skippr.assert_table_matches("all_types")
+
+
 # --------------------------------------------------------------------------------------------
 # Unchanged TOAST values
 # --------------------------------------------------------------------------------------------
@@ -862,6 +894,57 @@ def test_shutdown_flushes_changes_received_since_the_last_commit(skippr: Skippr,
             proc.wait()
     assert rc == 0, f"sync exited {rc} after SIGTERM\n{bg_log(skippr)}"
     assert_synced(skippr, db, ["items"], changed_since=before, changed=["items"])
+
+
+CONTINUOUS_FAILURES = {
+    # case: (what breaks the pipeline, strings the error must contain)
+    "table_dropped": ("DROP TABLE watched", ["watched"]),
+    "table_left_publication": (f"ALTER PUBLICATION {PUBLICATION} DROP TABLE watched", ["watched", "--resnapshot"]),
+    "unrepresentable_value": ("INSERT INTO watched VALUES (99, 'infinity', 'bad')", ["watched", "ts"]),
+    "append_only_update": ("UPDATE log_by_index SET msg = 'edited' WHERE seq = 1", ["log_by_index"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CONTINUOUS_FAILURES))
+def test_continuous_sync_stops_on_what_it_cannot_apply(skippr: Skippr, db, case):
+    """A running pipeline fails closed too: it exits non-zero naming the table, it does not
+    skip the change or keep running without the table."""
+    db.execute("""
+        CREATE TABLE watched (id integer PRIMARY KEY, ts timestamp, v text);
+        CREATE TABLE other (id integer PRIMARY KEY, v text);
+        CREATE TABLE log_by_index (seq integer NOT NULL, msg text);
+        CREATE UNIQUE INDEX log_by_index_seq ON log_by_index (seq);
+        ALTER TABLE log_by_index REPLICA IDENTITY USING INDEX log_by_index_seq;
+        INSERT INTO watched SELECT i, '2024-01-01 00:00:00', 'v' FROM generate_series(1, 10) i;
+        INSERT INTO other VALUES (1, 'a');
+        INSERT INTO log_by_index VALUES (1, 'first');
+    """)
+    bad, must_name = CONTINUOUS_FAILURES[case]
+    skippr.write_config(["watched", "other", "log_by_index"], extra_pipeline={"commit_interval": "1s"},
+                        extra_source={"append_only": ["log_by_index"]})
+    proc = skippr.start("sync", "--pipeline", "app")
+    try:
+        wait_until_synced(skippr, db, ["watched", "other"], proc, timeout=120)
+        db.execute("UPDATE watched SET v = 'seen' WHERE id = 1")
+        wait_until_synced(skippr, db, ["watched"], proc)
+        db.execute(bad)
+        db.execute("INSERT INTO other VALUES (2, 'after')")
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"continuous sync kept running 60s after `{bad}`\n{bg_log(skippr)}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = bg_log(skippr)
+    assert "panicked" not in log, log
+    assert rc != 0, f"continuous sync exited 0 after `{bad}`\n{log}"
+    for s_ in must_name:
+        assert s_ in (skippr.workdir / "bg.stderr").read_text(errors="replace"), \
+            f"the error does not mention {s_!r}\n{log}"
+    # and the next run does not get past it either
+    assert_fails(skippr, must_name=must_name, what=f"sync --once after `{bad}` stopped the continuous sync")
 
 
 # --------------------------------------------------------------------------------------------
