@@ -12,6 +12,7 @@ use crate::config::{PipelineConfig, TableRef};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::sink::iceberg::apply::TableSink;
 use crate::source::postgres::lsn::Lsn;
+use crate::source::postgres::pgoutput::Relation;
 use crate::source::postgres::slot::advance_slot;
 use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
 use crate::wal::{Op, Record, WalStore};
@@ -23,7 +24,10 @@ const COMMIT_MAX_CHANGES: u64 = 500_000;
 pub struct Sinks {
     tables: Vec<TableSink>,
     by_name: HashMap<TableRef, usize>,
-    rel: HashMap<u32, usize>,
+    /// Relation id -> (table, latest description, whether the table has taken it yet).
+    rel: HashMap<u32, (usize, Relation, bool)>,
+    source: crate::config::PostgresConfig,
+    client: Option<tokio_postgres::Client>,
     append_only: Vec<TableRef>,
     /// End LSN of the last WAL transaction applied (duplicates at or below it are skipped).
     applied_through: Lsn,
@@ -52,6 +56,8 @@ impl Sinks {
             tables,
             by_name,
             rel: HashMap::new(),
+            source: p.source.clone(),
+            client: None,
             append_only: p.source.append_only.clone(),
             applied_through,
         })
@@ -70,8 +76,15 @@ impl Sinks {
         self.tables.iter().map(|t| t.pending_changes()).sum()
     }
 
-    /// Applies WAL records in order.
-    pub fn apply(&mut self, records: Vec<Record>) -> Result<()> {
+    /// Applies WAL records in order. A relation description is taken by its table only when
+    /// a change that follows it is applied, so replaying a segment never re-applies a schema
+    /// the table has already moved past.
+    pub async fn apply(
+        &mut self,
+        records: Vec<Record>,
+        catalog: &LocalCatalog,
+        pipeline: &str,
+    ) -> Result<()> {
         for rec in records {
             match rec {
                 Record::Relation(r) => {
@@ -80,8 +93,7 @@ impl Sinks {
                         name: r.name.clone(),
                     };
                     if let Some(&i) = self.by_name.get(&name) {
-                        self.tables[i].relation(&r)?;
-                        self.rel.insert(r.id, i);
+                        self.rel.insert(r.id, (i, r, false));
                     }
                 }
                 Record::Txn(t) => {
@@ -89,13 +101,43 @@ impl Sinks {
                         continue;
                     }
                     for c in &t.changes {
-                        let Some(&i) = self.rel.get(&c.rel) else {
-                            continue;
-                        };
-                        let sink = &mut self.tables[i];
-                        if t.end_lsn <= sink.lsn {
+                        if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
+                            let name = TableRef {
+                                schema: r.namespace.clone(),
+                                name: r.name.clone(),
+                            };
+                            if let Some(&i) = self.by_name.get(&name) {
+                                self.rel.insert(r.id, (i, r.clone(), false));
+                            }
                             continue;
                         }
+                        let Some((i, _, taken)) = self.rel.get(&c.rel) else {
+                            continue;
+                        };
+                        let (i, taken) = (*i, *taken);
+                        if t.end_lsn <= self.tables[i].lsn {
+                            continue;
+                        }
+                        if !taken {
+                            if self.client.is_none() {
+                                self.client = Some(
+                                    crate::source::postgres::connect::connect(&self.source).await?,
+                                );
+                            }
+                            let (client, rel) = (
+                                self.client.as_ref(),
+                                self.rel.get(&c.rel).map(|x| x.1.clone()),
+                            );
+                            if let (Some(client), Some(rel)) = (client, rel) {
+                                self.tables[i]
+                                    .relation(&rel, catalog, pipeline, client)
+                                    .await?;
+                            }
+                            if let Some(entry) = self.rel.get_mut(&c.rel) {
+                                entry.2 = true;
+                            }
+                        }
+                        let sink = &mut self.tables[i];
                         if matches!(c.op, Op::Update | Op::Delete)
                             && self.append_only.contains(&sink.source)
                         {
@@ -138,7 +180,7 @@ pub async fn apply_wal(
             continue;
         }
         let records = wal.read(&seg)?;
-        sinks.apply(records)?;
+        sinks.apply(records, catalog, pipeline).await?;
         if sinks.pending_changes() >= COMMIT_MAX_CHANGES {
             sinks.commit(catalog, pipeline).await?;
         }

@@ -16,6 +16,8 @@ pub enum Op {
     Update,
     Delete,
     Truncate,
+    /// A relation's description changed inside the transaction (DDL between changes).
+    Relation,
 }
 
 /// One row change (or a truncate) of one relation.
@@ -27,6 +29,8 @@ pub struct Change {
     pub old: Option<Vec<Datum>>,
     /// The new row for inserts and updates.
     pub new: Option<Vec<Datum>>,
+    /// The new description, for `Op::Relation`.
+    pub relation: Option<Relation>,
 }
 
 /// A committed source transaction.
@@ -86,18 +90,22 @@ pub fn encode(record: &Record, out: &mut BytesMut) {
 pub fn encode_relation(r: &Relation, out: &mut BytesMut) {
     encode_body(out, |body| {
         body.put_u8(b'R');
-        body.put_u32(r.id);
-        put_str(body, &r.namespace);
-        put_str(body, &r.name);
-        body.put_u8(r.replica_identity);
-        body.put_u32(r.columns.len() as u32);
-        for c in &r.columns {
-            body.put_u8(c.is_key as u8);
-            put_str(body, &c.name);
-            body.put_u32(c.type_oid);
-            body.put_i32(c.typmod);
-        }
+        put_relation(body, r);
     })
+}
+
+fn put_relation(body: &mut BytesMut, r: &Relation) {
+    body.put_u32(r.id);
+    put_str(body, &r.namespace);
+    put_str(body, &r.name);
+    body.put_u8(r.replica_identity);
+    body.put_u32(r.columns.len() as u32);
+    for c in &r.columns {
+        body.put_u8(c.is_key as u8);
+        put_str(body, &c.name);
+        body.put_u32(c.type_oid);
+        body.put_i32(c.typmod);
+    }
 }
 
 /// Appends a transaction record to `out`.
@@ -115,10 +123,14 @@ pub fn encode_txn(t: &Txn, out: &mut BytesMut) {
                 Op::Update => b'U',
                 Op::Delete => b'D',
                 Op::Truncate => b'T',
+                Op::Relation => b'R',
             });
             body.put_u32(c.rel);
             put_tuple(body, &c.old);
             put_tuple(body, &c.new);
+            if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
+                put_relation(body, r);
+            }
         }
     })
 }
@@ -202,10 +214,9 @@ impl Reader {
     }
 }
 
-fn decode_body(body: Bytes) -> Result<Record, String> {
-    let mut r = Reader { buf: body };
-    match r.u8()? {
-        b'R' => {
+fn read_relation(r: &mut Reader) -> Result<Relation, String> {
+    {
+        {
             let id = r.u32()?;
             let namespace = r.string()?;
             let name = r.string()?;
@@ -222,14 +233,21 @@ fn decode_body(body: Bytes) -> Result<Record, String> {
                     typmod: r.i32()?,
                 });
             }
-            Ok(Record::Relation(Relation {
+            Ok(Relation {
                 id,
                 namespace,
                 name,
                 replica_identity,
                 columns,
-            }))
+            })
         }
+    }
+}
+
+fn decode_body(body: Bytes) -> Result<Record, String> {
+    let mut r = Reader { buf: body };
+    match r.u8()? {
+        b'R' => Ok(Record::Relation(read_relation(&mut r)?)),
         b'X' => {
             let xid = r.u32()?;
             let commit_lsn = Lsn(r.u64()?);
@@ -243,12 +261,24 @@ fn decode_body(body: Bytes) -> Result<Record, String> {
                     b'U' => Op::Update,
                     b'D' => Op::Delete,
                     b'T' => Op::Truncate,
+                    b'R' => Op::Relation,
                     k => return Err(format!("unknown change kind {k:#x}")),
                 };
                 let rel = r.u32()?;
                 let old = r.tuple()?;
                 let new = r.tuple()?;
-                changes.push(Change { op, rel, old, new });
+                let relation = if op == Op::Relation {
+                    Some(read_relation(&mut r)?)
+                } else {
+                    None
+                };
+                changes.push(Change {
+                    op,
+                    rel,
+                    old,
+                    new,
+                    relation,
+                });
             }
             Ok(Record::Txn(Txn {
                 xid,
@@ -328,6 +358,7 @@ mod tests {
                         rel: 7,
                         old: None,
                         new: None,
+                        relation: None,
                     },
                 ],
             }),

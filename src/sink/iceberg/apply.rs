@@ -17,6 +17,7 @@ use parquet::arrow::ProjectionMask;
 
 use super::keys::{Key, KeyEncoder};
 use super::writer::TableWriter;
+use super::{evolve, PROP_COLUMNS};
 use super::{
     rowdelta, schema as ice_schema, PROP_PRIMARY_KEY, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
 };
@@ -257,16 +258,59 @@ impl TableSink {
             .with_context(|| format!("reading {path}"))
     }
 
-    /// Learns how a relation's columns map to the table's columns. A column the Iceberg
-    /// table does not have stops the pipeline.
-    pub fn relation(&mut self, r: &Relation) -> Result<()> {
+    /// Learns how a relation's columns map to the table's columns, first evolving the
+    /// Iceberg schema when the relation shows a schema change (pending changes are committed
+    /// before it, so data and schema changes land in order).
+    pub async fn relation(
+        &mut self,
+        r: &Relation,
+        catalog: &LocalCatalog,
+        pipeline: &str,
+        client: &tokio_postgres::Client,
+    ) -> Result<()> {
+        let pk = self.primary_key();
+        if let Some(evo) = evolve::plan(&self.source, &self.table, &pk, r, client).await? {
+            // Pending rows stay pending: fields are only ever appended, widened, renamed or
+            // made optional, so a row of the old shape is a row of the new one with NULLs
+            // at the end. The schema commits first, the data after it.
+            let _ = pipeline;
+            let mut props = self.table.metadata().properties().clone();
+            props.insert(
+                PROP_COLUMNS.to_string(),
+                serde_json::to_string(&evo.columns)?,
+            );
+            self.table = rowdelta::evolve_schema(catalog, &self.table, evo.schema, props).await?;
+            for change in &evo.changes {
+                tracing::info!(table = %self.table.identifier(), change = %change, "schema changed");
+            }
+            for col in &evo.added {
+                if evolve::has_default(client, &self.source, col).await {
+                    tracing::warn!(
+                        table = %self.table.identifier(),
+                        column = %col,
+                        "column added with a DEFAULT: Postgres shows the default on rows that existed before, Iceberg shows NULL for them; run `skipprd sync --resnapshot` to backfill"
+                    );
+                }
+            }
+            self.refresh_schema()?;
+            let width = self.names.len();
+            for row in self.rows.iter_mut().flatten() {
+                row.values.resize(width, Datum::Null);
+            }
+        }
+        let columns = evolve::recorded_columns(&self.table);
         let mut map = vec![None; self.names.len()];
         for (ri, c) in r.columns.iter().enumerate() {
-            match self.names.iter().position(|n| n == &c.name) {
+            let target = columns
+                .as_ref()
+                .and_then(|cols| cols.iter().find(|x| x.name == c.name))
+                .map(|x| x.target().to_string())
+                .unwrap_or_else(|| c.name.clone());
+            match self.names.iter().position(|n| *n == target) {
                 Some(ti) => map[ti] = Some(ri),
                 None => {
                     return Err(Error::unrepresentable(format!(
-                        "table {} gained column `{}`, which Iceberg table {} does not have; schema changes in the stream are not applied by this version, so the pipeline stops here; nothing is lost: the change and everything after it stay in Skippr's WAL",
+                        "table {} has column `{}`, which Iceberg table {} does not have, and the table carries no record of its source columns to evolve from; run `skipprd sync --resnapshot`",
                         self.source,
                         c.name,
                         self.table.identifier()
@@ -275,6 +319,58 @@ impl TableSink {
             }
         }
         self.rel_maps.insert(r.id, map);
+        Ok(())
+    }
+
+    fn primary_key(&self) -> Vec<String> {
+        if self.keyed {
+            self.key_idx
+                .iter()
+                .map(|i| self.names[*i].clone())
+                .collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Re-reads names, types and key encoders after a schema change.
+    fn refresh_schema(&mut self) -> Result<()> {
+        let key_names = self.primary_key();
+        self.arrow = ice_schema::arrow_schema(&self.table)?;
+        self.names = self
+            .arrow
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        self.pg = self
+            .arrow
+            .fields()
+            .iter()
+            .map(|f| PgType::from_arrow(f.data_type()))
+            .collect();
+        self.key_idx = if self.keyed {
+            key_names
+                .iter()
+                .map(|k| {
+                    self.names.iter().position(|n| n == k).ok_or_else(|| {
+                        Error::fatal(format!(
+                            "primary key column `{k}` is missing from Iceberg table {}",
+                            self.table.identifier()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?
+        } else {
+            (0..self.names.len()).collect()
+        };
+        self.keys = KeyEncoder::new(
+            self.key_idx
+                .iter()
+                .map(|i| self.arrow.field(*i).data_type().clone())
+                .collect(),
+        );
+        self.rel_maps.clear();
         Ok(())
     }
 
@@ -353,6 +449,8 @@ impl TableSink {
         self.pending_lsn = self.pending_lsn.max(end_lsn);
         self.pending_changes += 1;
         match change.op {
+            // Relation changes are handled by the caller before the changes that follow.
+            Op::Relation => {}
             Op::Truncate => {
                 self.truncated = true;
                 self.rows.clear();

@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod commit;
+pub mod evolve;
 pub mod keys;
 pub mod rowdelta;
 pub mod schema;
@@ -18,3 +19,25 @@ pub const SUMMARY_PIPELINE: &str = "skippr.pipeline";
 pub const PROP_SOURCE: &str = "skippr.source";
 /// Table property: the primary key columns, comma-separated, in key order.
 pub const PROP_PRIMARY_KEY: &str = "skippr.primary-key";
+/// Table property: the source columns, in order, with their declared Postgres type oid and
+/// modifier (JSON). Schema changes in the stream are detected against it.
+pub const PROP_COLUMNS: &str = "skippr.columns";
+
+/// One entry of [`PROP_COLUMNS`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceColumn {
+    pub name: String,
+    pub oid: u32,
+    pub typmod: i32,
+    /// The Iceberg field receiving the column when it is not the column's name (a sibling
+    /// column after an incompatible type change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl SourceColumn {
+    /// The Iceberg field this column writes to.
+    pub fn target(&self) -> &str {
+        self.field.as_deref().unwrap_or(&self.name)
+    }
+}

@@ -295,3 +295,44 @@ pub async fn commit(
         .await
         .with_context(|| format!("reloading Iceberg table {}", table.identifier()))
 }
+
+/// Commits a new current schema (and table properties) in one metadata change.
+pub async fn evolve_schema(
+    catalog: &LocalCatalog,
+    table: &Table,
+    schema: iceberg::spec::Schema,
+    properties: HashMap<String, String>,
+) -> Result<Table> {
+    let meta = table.metadata();
+    let old_location = table
+        .metadata_location()
+        .ok_or_else(|| {
+            Error::fatal(format!(
+                "Iceberg table {} has no metadata location",
+                table.identifier()
+            ))
+        })?
+        .to_string();
+    let new_meta =
+        TableMetadataBuilder::new_from_metadata(meta.clone(), Some(old_location.clone()))
+            .add_current_schema(schema)?
+            .set_properties(properties)?
+            .build()?
+            .metadata;
+    let new_location = MetadataLocation::from_str(&old_location)?
+        .with_next_version()
+        .with_new_metadata(&new_meta);
+    new_meta
+        .write_to(table.file_io(), &new_location)
+        .await
+        .context("writing table metadata")?;
+    let new_location = new_location.to_string();
+    catalog
+        .swap_metadata(table.identifier(), &old_location, &new_location)
+        .await?;
+    catalog
+        .catalog
+        .load_table(table.identifier())
+        .await
+        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))
+}

@@ -9,7 +9,7 @@ use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
 
-use super::{PROP_PRIMARY_KEY, PROP_SOURCE};
+use super::{SourceColumn, PROP_COLUMNS, PROP_PRIMARY_KEY, PROP_SOURCE};
 use crate::catalog::LocalCatalog;
 use crate::error::{Context, Result};
 use crate::source::postgres::schema::TableSchema;
@@ -72,6 +72,20 @@ pub async fn create_or_load(
     let props = HashMap::from([
         (PROP_SOURCE.to_string(), ts.table.to_string()),
         (PROP_PRIMARY_KEY.to_string(), ts.primary_key.join(",")),
+        (
+            PROP_COLUMNS.to_string(),
+            serde_json::to_string(
+                &ts.columns
+                    .iter()
+                    .map(|c| SourceColumn {
+                        name: c.name.clone(),
+                        oid: c.type_oid,
+                        typmod: c.typmod,
+                        field: None,
+                    })
+                    .collect::<Vec<_>>(),
+            )?,
+        ),
         (
             "write.parquet.compression-codec".to_string(),
             "zstd".to_string(),

@@ -18,6 +18,9 @@ pub struct Column {
     /// Set when the column travels as text because Iceberg has no matching type.
     pub fallback: Option<&'static str>,
     pub not_null: bool,
+    /// The declared type (a domain, not its base) and modifier, as the change stream reports them.
+    pub type_oid: u32,
+    pub typmod: i32,
 }
 
 /// A source table as the catalog describes it.
@@ -43,17 +46,20 @@ WHERE n.nspname = $1 AND c.relname = $2";
 const COLUMNS_SQL: &str = "
 WITH RECURSIVE cols AS (
   SELECT a.attnum, a.attname::text AS attname, format_type(a.atttypid, a.atttypmod) AS type_name,
-         a.attnotnull, a.atttypid AS tid, a.atttypmod AS tmod, 0 AS depth
+         a.attnotnull, a.atttypid AS tid, a.atttypmod AS tmod, 0 AS depth,
+         a.atttypid AS decl_oid, a.atttypmod AS decl_mod
   FROM pg_attribute a
   WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
   UNION ALL
   SELECT c.attnum, c.attname, c.type_name, c.attnotnull, t.typbasetype,
-         CASE WHEN c.tmod = -1 THEN t.typtypmod ELSE c.tmod END, c.depth + 1
+         CASE WHEN c.tmod = -1 THEN t.typtypmod ELSE c.tmod END, c.depth + 1,
+         c.decl_oid, c.decl_mod
   FROM cols c JOIN pg_type t ON t.oid = c.tid
   WHERE t.typtype = 'd' AND c.depth < 16
 )
 SELECT DISTINCT ON (c.attnum) c.attnum, c.attname, c.type_name, c.attnotnull,
-       t.oid, c.tmod, t.typtype::text, e.oid, e.typtype::text, t.typcategory::text
+       t.oid, c.tmod, t.typtype::text, e.oid, e.typtype::text, t.typcategory::text,
+       c.decl_oid, c.decl_mod
 FROM cols c
 JOIN pg_type t ON t.oid = c.tid
 LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
@@ -130,6 +136,8 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
             pg,
             fallback,
             not_null: r.get(3),
+            type_oid: r.get(10),
+            typmod: r.get(11),
         });
     }
     let primary_key = client
@@ -148,4 +156,48 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
         row_estimate: row_estimate.max(0),
         blocks,
     })
+}
+
+/// Resolves a type the change stream names by oid: through domains, and to its element for
+/// arrays. Also returns the type's name, used for sibling columns.
+pub async fn resolve_type(client: &Client, oid: u32, typmod: i32) -> Result<(TypeInfo, String)> {
+    const TYPE_SQL: &str = "
+WITH RECURSIVE t AS (
+  SELECT oid AS tid, $2::int AS tmod, 0 AS depth FROM pg_type WHERE oid = $1
+  UNION ALL
+  SELECT p.typbasetype, CASE WHEN t.tmod = -1 THEN p.typtypmod ELSE t.tmod END, t.depth + 1
+  FROM t JOIN pg_type p ON p.oid = t.tid WHERE p.typtype = 'd' AND t.depth < 16
+)
+SELECT t.tid, t.tmod, p.typtype::text, e.oid, e.typtype::text,
+       (SELECT typname::text FROM pg_type WHERE oid = $1)
+FROM t JOIN pg_type p ON p.oid = t.tid
+LEFT JOIN pg_type e ON e.oid = p.typelem AND p.typcategory = 'A'
+ORDER BY t.depth DESC LIMIT 1";
+    let row = client
+        .query_opt(TYPE_SQL, &[&oid, &typmod])
+        .await
+        .with_context(|| format!("resolving type oid {oid}"))?
+        .ok_or_else(|| {
+            Error::source_err(format!("type oid {oid} no longer exists in the source"))
+        })?;
+    let typtype: String = row.get(2);
+    let elem_oid: Option<u32> = row.get(3);
+    let elem_typtype: Option<String> = row.get(4);
+    let info = TypeInfo {
+        oid: row.get(0),
+        typmod: row.get(1),
+        typtype: typtype.chars().next().unwrap_or('b'),
+        element: elem_oid.map(|eo| {
+            Box::new(TypeInfo {
+                oid: eo,
+                typmod: row.get(1),
+                typtype: elem_typtype
+                    .as_deref()
+                    .and_then(|s| s.chars().next())
+                    .unwrap_or('b'),
+                element: None,
+            })
+        }),
+    };
+    Ok((info, row.get(5)))
 }

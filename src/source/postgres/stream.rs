@@ -125,26 +125,38 @@ pub async fn stream_to_wal(
                 })?;
                 let change = match msg {
                     Message::Relation(r) => {
+                        // Inside a transaction a new description applies from this point:
+                        // keep it in the transaction, in order with the changes.
+                        let inline = current.as_ref().map(|_| Change {
+                            op: Op::Relation,
+                            rel: r.id,
+                            old: None,
+                            new: None,
+                            relation: Some(r.clone()),
+                        });
                         builder.relation(r);
-                        None
+                        inline
                     }
                     Message::Insert { rel, new } => Some(Change {
                         op: Op::Insert,
                         rel,
                         old: None,
                         new: Some(new),
+                        relation: None,
                     }),
                     Message::Update { rel, old, new } => Some(Change {
                         op: Op::Update,
                         rel,
                         old,
                         new: Some(new),
+                        relation: None,
                     }),
                     Message::Delete { rel, old } => Some(Change {
                         op: Op::Delete,
                         rel,
                         old: Some(old),
                         new: None,
+                        relation: None,
                     }),
                     Message::Truncate { rels, .. } => {
                         if let Some(t) = current.as_mut() {
@@ -154,6 +166,7 @@ pub async fn stream_to_wal(
                                     rel,
                                     old: None,
                                     new: None,
+                                    relation: None,
                                 });
                             }
                         }

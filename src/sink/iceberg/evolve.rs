@@ -1,0 +1,303 @@
+//! Schema changes that arrive with the change stream: added columns, widened types (Iceberg
+//! type promotions, no rewrite), incompatible type changes (a sibling column
+//! `<column>__<type>` takes the values from then on), dropped columns (kept, NULL from
+//! then on) and renames (same field id), decided against the source columns recorded on
+//! the table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use tokio_postgres::Client;
+
+use super::{SourceColumn, PROP_COLUMNS};
+use crate::config::TableRef;
+use crate::error::{Context, Error, Result};
+use crate::source::postgres::pgoutput::Relation;
+use crate::source::postgres::schema::resolve_type;
+use crate::source::postgres::types::PgType;
+
+/// The source columns a table was last known to have.
+pub fn recorded_columns(table: &iceberg::table::Table) -> Option<Vec<SourceColumn>> {
+    table
+        .metadata()
+        .properties()
+        .get(PROP_COLUMNS)
+        .and_then(|v| serde_json::from_str(v).ok())
+}
+
+/// The columns a relation message describes.
+pub fn relation_columns(r: &Relation) -> Vec<SourceColumn> {
+    r.columns
+        .iter()
+        .map(|c| SourceColumn {
+            name: c.name.clone(),
+            oid: c.type_oid,
+            typmod: c.typmod,
+            field: None,
+        })
+        .collect()
+}
+
+/// Whether `from` can be promoted to `to` without rewriting data.
+fn promotable(from: &Type, to: &Type) -> bool {
+    use PrimitiveType as P;
+    match (from, to) {
+        (Type::Primitive(a), Type::Primitive(b)) => {
+            matches!((a, b), (P::Int, P::Long) | (P::Float, P::Double))
+                || matches!((a, b), (P::Decimal { precision: p1, scale: s1 }, P::Decimal { precision: p2, scale: s2 }) if s1 == s2 && p2 >= p1)
+        }
+        _ => false,
+    }
+}
+
+fn same_type(a: &Type, b: &Type) -> bool {
+    match (a, b) {
+        (Type::List(x), Type::List(y)) => {
+            same_type(&x.element_field.field_type, &y.element_field.field_type)
+        }
+        _ => a == b,
+    }
+}
+
+/// A planned schema change.
+pub struct Evolution {
+    pub schema: Schema,
+    pub columns: Vec<SourceColumn>,
+    /// Human-readable changes, for the log.
+    pub changes: Vec<String>,
+    /// Columns added while rows already existed (their old rows read NULL).
+    pub added: Vec<String>,
+}
+
+/// Works out the new schema for `relation`, or `None` when nothing changed.
+pub async fn plan(
+    source: &TableRef,
+    table: &iceberg::table::Table,
+    primary_key: &[String],
+    relation: &Relation,
+    client: &Client,
+) -> Result<Option<Evolution>> {
+    let new_cols = relation_columns(relation);
+    let Some(prev) = recorded_columns(table) else {
+        return Ok(None);
+    };
+    let same = prev.len() == new_cols.len()
+        && prev
+            .iter()
+            .zip(&new_cols)
+            .all(|(a, b)| a.name == b.name && a.oid == b.oid && a.typmod == b.typmod);
+    if same {
+        return Ok(None);
+    }
+    let meta = table.metadata();
+    let schema = meta.current_schema();
+    let mut fields: Vec<NestedField> = schema
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| (**f).clone())
+        .collect();
+    let mut next_id = meta.last_column_id() + 1;
+    let identifier: Vec<i32> = schema.identifier_field_ids().collect();
+    let mut changes = Vec::new();
+    let mut added = Vec::new();
+    let prev_by_name: HashMap<&str, &SourceColumn> =
+        prev.iter().map(|c| (c.name.as_str(), c)).collect();
+    let key_touched = |name: &str| primary_key.iter().any(|k| k == name);
+
+    // A rename: one column gone and one new at the same position, with the same type.
+    let mut renamed: HashMap<String, String> = HashMap::new();
+    let gone: Vec<&SourceColumn> = prev
+        .iter()
+        .filter(|p| !new_cols.iter().any(|n| n.name == p.name))
+        .collect();
+    let fresh: Vec<&SourceColumn> = new_cols
+        .iter()
+        .filter(|n| !prev_by_name.contains_key(n.name.as_str()))
+        .collect();
+    if gone.len() == 1 && fresh.len() == 1 && prev.len() == new_cols.len() {
+        let (g, f) = (gone[0], fresh[0]);
+        let same_pos = prev.iter().position(|c| c.name == g.name)
+            == new_cols.iter().position(|c| c.name == f.name);
+        if same_pos && g.oid == f.oid && g.typmod == f.typmod && g.field.is_none() {
+            if key_touched(&g.name) {
+                return Err(Error::unrepresentable(format!(
+                    "primary key column `{}` of table {source} was renamed to `{}`; run `skipprd sync --resnapshot`",
+                    g.name, f.name
+                )));
+            }
+            if let Some(field) = fields.iter_mut().find(|x| x.name == g.name) {
+                field.name = f.name.clone();
+                renamed.insert(f.name.clone(), g.name.clone());
+                changes.push(format!("renamed column `{}` to `{}`", g.name, f.name));
+            }
+        }
+    }
+
+    let mut columns = Vec::with_capacity(new_cols.len());
+    for c in &new_cols {
+        let mut entry = c.clone();
+        let before = prev_by_name.get(c.name.as_str()).copied().or_else(|| {
+            renamed
+                .get(&c.name)
+                .and_then(|old| prev_by_name.get(old.as_str()).copied())
+        });
+        match before {
+            Some(p) if p.oid == c.oid && p.typmod == c.typmod => {
+                entry.field = p.field.clone();
+            }
+            Some(p) => {
+                let (new_info, typname) = resolve_type(client, c.oid, c.typmod).await?;
+                let new_pg = PgType::from_info(&new_info).pg;
+                let mut probe = next_id;
+                let new_ty = new_pg.iceberg_type(&mut probe);
+                // A field that already holds this type (the column's own, or its current
+                // target) takes the values as they are: this is also what makes replaying
+                // older changes after a schema change harmless.
+                let fits = |f: &NestedField| {
+                    same_type(&f.field_type, &new_ty) || promotable(&new_ty, &f.field_type)
+                };
+                if fields.iter().any(|f| f.name == c.name && fits(f)) {
+                    entry.field = None;
+                    columns.push(entry);
+                    continue;
+                }
+                let target = p.target().to_string();
+                let Some(pos) = fields.iter().position(|f| f.name == target) else {
+                    return Err(Error::fatal(format!(
+                        "column `{target}` is missing from Iceberg table {}",
+                        table.identifier()
+                    )));
+                };
+                let old_ty = (*fields[pos].field_type).clone();
+                if fits(&fields[pos]) {
+                    entry.field = p.field.clone();
+                } else if promotable(&old_ty, &new_ty) {
+                    fields[pos].field_type = Box::new(new_ty.clone());
+                    entry.field = p.field.clone();
+                    changes.push(format!(
+                        "widened column `{}` to {}",
+                        c.name,
+                        new_pg.iceberg_type_name()
+                    ));
+                } else {
+                    if key_touched(&c.name) {
+                        return Err(Error::unrepresentable(format!(
+                            "the type of primary key column `{}` of table {source} changed incompatibly; run `skipprd sync --resnapshot`",
+                            c.name
+                        )));
+                    }
+                    let sibling = format!("{}__{}", c.name, typname);
+                    match fields.iter().find(|f| f.name == sibling) {
+                        Some(f) if same_type(&f.field_type, &new_ty) => {}
+                        Some(_) => {
+                            return Err(Error::unrepresentable(format!(
+                                "column `{}` of table {source} changed type again and its sibling column `{sibling}` has another type; run `skipprd sync --resnapshot`",
+                                c.name
+                            )))
+                        }
+                        None => {
+                            let id = next_id;
+                            let mut n = next_id;
+                            let ty = new_pg.iceberg_type(&mut n);
+                            next_id = n + 1;
+                            fields.push(NestedField::optional(id, &sibling, ty));
+                            changes.push(format!(
+                                "column `{}` changed type incompatibly: its values go to the new column `{sibling}` from now on",
+                                c.name
+                            ));
+                        }
+                    }
+                    // The original keeps its history and is NULL from now on.
+                    if !identifier.contains(&fields[pos].id) {
+                        fields[pos].required = false;
+                    }
+                    entry.field = Some(sibling);
+                }
+            }
+            None => {
+                let (info, typname) = resolve_type(client, c.oid, c.typmod).await?;
+                let pg = PgType::from_info(&info).pg;
+                let mut probe = next_id;
+                let ty = pg.iceberg_type(&mut probe);
+                match fields.iter().find(|f| f.name == c.name) {
+                    // Dropped earlier and added back with the same type: reuse the field.
+                    Some(f) if same_type(&f.field_type, &ty) => {}
+                    Some(_) => {
+                        let sibling = format!("{}__{}", c.name, typname);
+                        if !fields.iter().any(|f| f.name == sibling) {
+                            let id = next_id;
+                            let mut n = next_id;
+                            let ty = pg.iceberg_type(&mut n);
+                            next_id = n + 1;
+                            fields.push(NestedField::optional(id, &sibling, ty));
+                        }
+                        entry.field = Some(sibling);
+                    }
+                    None => {
+                        let id = next_id;
+                        let mut n = next_id;
+                        let ty = pg.iceberg_type(&mut n);
+                        next_id = n + 1;
+                        fields.push(NestedField::optional(id, &c.name, ty));
+                        changes.push(format!("added column `{}`", c.name));
+                        added.push(c.name.clone());
+                    }
+                }
+            }
+        }
+        columns.push(entry);
+    }
+    // Dropped columns keep their history and read NULL from now on.
+    for p in &prev {
+        let still =
+            columns.iter().any(|c| c.name == p.name) || renamed.values().any(|old| old == &p.name);
+        if !still {
+            if key_touched(&p.name) {
+                return Err(Error::unrepresentable(format!(
+                    "primary key column `{}` of table {source} was dropped; run `skipprd sync --resnapshot`",
+                    p.name
+                )));
+            }
+            if let Some(f) = fields.iter_mut().find(|f| f.name == p.target()) {
+                if !identifier.contains(&f.id) {
+                    f.required = false;
+                }
+            }
+            changes.push(format!(
+                "dropped column `{}` (kept in Iceberg, NULL from now on)",
+                p.name
+            ));
+        }
+    }
+    let schema = Schema::builder()
+        .with_schema_id(meta.current_schema_id() + 1)
+        .with_fields(fields.into_iter().map(Arc::new))
+        .with_identifier_field_ids(identifier)
+        .build()
+        .with_context(|| format!("building the new schema of {}", table.identifier()))?;
+    Ok(Some(Evolution {
+        schema,
+        columns,
+        changes,
+        added,
+    }))
+}
+
+/// Whether `column` of `table` gives old rows a value (a DEFAULT, or a value stored when the
+/// column was added), which Iceberg cannot show for rows written before.
+pub async fn has_default(client: &Client, table: &TableRef, column: &str) -> bool {
+    client
+        .query_opt(
+            "SELECT a.atthasdef OR a.atthasmissing FROM pg_attribute a
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = $3 AND NOT a.attisdropped",
+            &[&table.schema, &table.name, &column],
+        )
+        .await
+        .ok()
+        .flatten()
+        .map(|r| r.get::<_, bool>(0))
+        .unwrap_or(false)
+}
