@@ -632,12 +632,25 @@ impl Validator<'_> {
                 }
             }
             if let Some(r) = &def.schema_sink {
-                self.reference(
+                let found = self.reference(
                     keys(&["data_sinks", name, "schema_sink"]),
                     r,
                     "schema_sinks",
                     &file.schema_sinks,
                 );
+                // The schema sink of a local warehouse is its own catalog.
+                if let (Some(local), Some((_, schema_sink))) = (&def.local_iceberg, found) {
+                    let same = schema_sink.local_iceberg.as_ref().is_some_and(|s| {
+                        normalize(&base.join(&s.warehouse))
+                            == normalize(&base.join(&local.warehouse))
+                    });
+                    if !same {
+                        self.report(
+                            keys(&["data_sinks", name, "schema_sink"]),
+                            format!("a LocalIceberg sink registers its schemas in its own warehouse's catalog: `{r}` must be a LocalIceberg schema sink with the same warehouse ({})", local.warehouse),
+                        );
+                    }
+                }
             }
         }
         for (name, def) in &file.schema_sinks {
