@@ -352,6 +352,7 @@ mod tests {
                             Datum::Null,
                             Datum::Unchanged,
                         ]),
+                        relation: None,
                     },
                     Change {
                         op: Op::Truncate,
@@ -359,6 +360,19 @@ mod tests {
                         old: None,
                         new: None,
                         relation: None,
+                    },
+                    Change {
+                        op: Op::Relation,
+                        rel: 7,
+                        old: None,
+                        new: None,
+                        relation: Some(Relation {
+                            id: 7,
+                            namespace: "public".into(),
+                            name: "t".into(),
+                            replica_identity: b'f',
+                            columns: vec![],
+                        }),
                     },
                 ],
             }),

@@ -250,6 +250,7 @@ mod tests {
                     rel: 1,
                     old: None,
                     new: Some(vec![Datum::Null]),
+                    relation: None,
                 }],
             });
         }
