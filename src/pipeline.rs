@@ -337,10 +337,11 @@ async fn check_replication_ready(
             && !cfg.append_only.contains(&ts.table)
         {
             return Err(Error::source_err(format!(
-                "table {} has no primary key and replica identity {}, so its updates and deletes cannot be applied; add a primary key, run ALTER TABLE {} REPLICA IDENTITY FULL;, or list it under `append_only:` if it only ever receives inserts",
+                "table {} has no primary key and replica identity {}, so its updates and deletes cannot be applied; add a primary key, run ALTER TABLE {} REPLICA IDENTITY FULL;, or list it under `append_only:` if it only ever receives inserts; if its primary key was dropped after it was synced, also run `skipprd sync --pipeline {} --resnapshot`",
                 ts.table,
                 ts.replica_identity,
-                ts.table.quoted()
+                ts.table.quoted(),
+                p.name
             )));
         }
     }

@@ -7,13 +7,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, UInt32Array};
-use arrow::compute::{concat_batches, interleave, take};
+use arrow::compute::{cast, concat_batches, interleave, take};
+use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
 use iceberg::spec::{DataContentType, ManifestStatus};
 use iceberg::table::Table;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
+use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
 use super::keys::{Key, KeyEncoder};
 use super::writer::TableWriter;
@@ -95,8 +97,8 @@ impl TableSink {
             })
             .unwrap_or_default();
         let key_idx: Vec<usize> = if pk.is_empty() {
-            // Replica identity full: the whole row is the key.
-            (0..names.len()).collect()
+            // Replica identity full: the whole row, as the source has it now, is the key.
+            whole_row_key(&table, &names)
         } else {
             pk.iter()
                 .map(|k| {
@@ -208,24 +210,57 @@ impl TableSink {
             let file_no = self.files.len() as u32;
             let bytes = self.read_file(&path).await?;
             let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
-            let mask =
-                ProjectionMask::roots(builder.parquet_schema(), self.key_idx.iter().copied());
+            // Match key columns by field id, not position: the file may predate columns
+            // added, renamed or widened since. Missing columns read NULL; older types are
+            // cast to the current one.
+            let file_ids: Vec<Option<i32>> = builder
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| {
+                    f.metadata()
+                        .get(PARQUET_FIELD_ID_META_KEY)
+                        .and_then(|v| v.parse().ok())
+                })
+                .collect();
+            let wanted: Vec<(Option<usize>, DataType)> = self
+                .key_idx
+                .iter()
+                .map(|k| {
+                    let field = self.arrow.field(*k);
+                    let id: Option<i32> = field
+                        .metadata()
+                        .get(PARQUET_FIELD_ID_META_KEY)
+                        .and_then(|v| v.parse().ok());
+                    (
+                        id.and_then(|id| file_ids.iter().position(|f| *f == Some(id))),
+                        field.data_type().clone(),
+                    )
+                })
+                .collect();
+            let mut roots: Vec<usize> = wanted.iter().filter_map(|(i, _)| *i).collect();
+            roots.sort();
+            roots.dedup();
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
             let reader = builder.with_projection(mask).build()?;
             let mut pos: u64 = 0;
             for batch in reader {
                 let batch = batch?;
-                // Projection keeps file order; reorder to key order.
-                let mut order: Vec<usize> = self.key_idx.clone();
-                order.sort();
-                let cols: Vec<ArrayRef> = self
-                    .key_idx
-                    .iter()
-                    .map(|k| {
-                        batch
-                            .column(order.iter().position(|o| o == k).unwrap_or(0))
-                            .clone()
-                    })
-                    .collect();
+                let mut cols: Vec<ArrayRef> = Vec::with_capacity(wanted.len());
+                for (file_col, dt) in &wanted {
+                    let col = match file_col.and_then(|i| roots.iter().position(|r| *r == i)) {
+                        Some(j) => {
+                            let c = batch.column(j);
+                            if c.data_type() == dt {
+                                c.clone()
+                            } else {
+                                cast(c.as_ref(), dt)?
+                            }
+                        }
+                        None => new_null_array(dt, batch.num_rows()),
+                    };
+                    cols.push(col);
+                }
                 for row in 0..batch.num_rows() {
                     let p = pos + row as u64;
                     if deleted.contains(&(path.clone(), p as i64)) {
@@ -293,9 +328,29 @@ impl TableSink {
                 }
             }
             self.refresh_schema()?;
+            if !self.keyed {
+                // The whole-row key changed shape: index the committed rows again.
+                self.build_index().await?;
+            }
             let width = self.names.len();
             for row in self.rows.iter_mut().flatten() {
                 row.values.resize(width, Datum::Null);
+            }
+            if !self.keyed {
+                self.by_key.clear();
+                self.extra_pending.clear();
+                for i in 0..self.rows.len() {
+                    let Some(row) = &self.rows[i] else { continue };
+                    let key = self.key_of(&row.values)?;
+                    if self.by_key.contains_key(&key) {
+                        self.extra_pending.entry(key.clone()).or_default().push(i);
+                    } else {
+                        self.by_key.insert(key.clone(), i);
+                    }
+                    if let Some(row) = self.rows[i].as_mut() {
+                        row.key = key;
+                    }
+                }
             }
         }
         let columns = evolve::recorded_columns(&self.table);
@@ -362,7 +417,7 @@ impl TableSink {
                 })
                 .collect::<Result<_>>()?
         } else {
-            (0..self.names.len()).collect()
+            whole_row_key(&self.table, &self.names)
         };
         self.keys = KeyEncoder::new(
             self.key_idx
@@ -495,7 +550,9 @@ impl TableSink {
                     None => new_key.clone(),
                 };
                 let previous = self.remove(&old_key);
-                if old_key != new_key {
+                // With a primary key, a row already holding the new key is replaced; rows
+                // keyed by their whole content may be equal and all stay.
+                if self.keyed && old_key != new_key {
                     self.remove(&new_key);
                 }
                 let mut previous_loc = None;
@@ -748,6 +805,20 @@ impl TableSink {
             .first()
             .map(|b| b.schema())
             .unwrap_or_else(|| Arc::clone(&self.arrow))
+    }
+}
+
+/// The columns that make up the key of a table without a primary key: every field the
+/// source currently writes (dropped columns and columns replaced by a sibling are out).
+fn whole_row_key(table: &Table, names: &[String]) -> Vec<usize> {
+    match evolve::recorded_columns(table) {
+        Some(cols) => names
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| cols.iter().any(|c| c.target() == n.as_str()))
+            .map(|(i, _)| i)
+            .collect(),
+        None => (0..names.len()).collect(),
     }
 }
 

@@ -14,7 +14,7 @@ use super::{SourceColumn, PROP_COLUMNS};
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
 use crate::source::postgres::pgoutput::Relation;
-use crate::source::postgres::schema::resolve_type;
+use crate::source::postgres::schema::{attnums, resolve_type};
 use crate::source::postgres::types::PgType;
 
 /// The source columns a table was last known to have.
@@ -35,6 +35,7 @@ pub fn relation_columns(r: &Relation) -> Vec<SourceColumn> {
             oid: c.type_oid,
             typmod: c.typmod,
             field: None,
+            attnum: None,
         })
         .collect()
 }
@@ -106,32 +107,38 @@ pub async fn plan(
         prev.iter().map(|c| (c.name.as_str(), c)).collect();
     let key_touched = |name: &str| primary_key.iter().any(|k| k == name);
 
-    // A rename: one column gone and one new at the same position, with the same type.
+    // A rename keeps the column's number (attnum): a new name whose number belonged to a
+    // recorded column that is gone is that column renamed. Without recorded numbers, a
+    // change of name is a drop and an add.
     let mut renamed: HashMap<String, String> = HashMap::new();
-    let gone: Vec<&SourceColumn> = prev
-        .iter()
-        .filter(|p| !new_cols.iter().any(|n| n.name == p.name))
-        .collect();
-    let fresh: Vec<&SourceColumn> = new_cols
+    let numbers = attnums(client, source).await?;
+    let mut new_cols = new_cols;
+    for c in new_cols.iter_mut() {
+        c.attnum = numbers.get(&c.name).copied();
+    }
+    for f in new_cols
         .iter()
         .filter(|n| !prev_by_name.contains_key(n.name.as_str()))
-        .collect();
-    if gone.len() == 1 && fresh.len() == 1 && prev.len() == new_cols.len() {
-        let (g, f) = (gone[0], fresh[0]);
-        let same_pos = prev.iter().position(|c| c.name == g.name)
-            == new_cols.iter().position(|c| c.name == f.name);
-        if same_pos && g.oid == f.oid && g.typmod == f.typmod && g.field.is_none() {
-            if key_touched(&g.name) {
-                return Err(Error::unrepresentable(format!(
-                    "primary key column `{}` of table {source} was renamed to `{}`; run `skipprd sync --resnapshot`",
-                    g.name, f.name
-                )));
-            }
-            if let Some(field) = fields.iter_mut().find(|x| x.name == g.name) {
-                field.name = f.name.clone();
-                renamed.insert(f.name.clone(), g.name.clone());
-                changes.push(format!("renamed column `{}` to `{}`", g.name, f.name));
-            }
+    {
+        let Some(num) = f.attnum else { continue };
+        let Some(g) = prev.iter().find(|p| {
+            p.attnum == Some(num) && p.name != f.name && !new_cols.iter().any(|n| n.name == p.name)
+        }) else {
+            continue;
+        };
+        if g.oid != f.oid || g.typmod != f.typmod || g.field.is_some() {
+            continue;
+        }
+        if key_touched(&g.name) {
+            return Err(Error::unrepresentable(format!(
+                "primary key column `{}` of table {source} was renamed to `{}`; run `skipprd sync --resnapshot`",
+                g.name, f.name
+            )));
+        }
+        if let Some(field) = fields.iter_mut().find(|x| x.name == g.name) {
+            field.name = f.name.clone();
+            renamed.insert(f.name.clone(), g.name.clone());
+            changes.push(format!("renamed column `{}` to `{}`", g.name, f.name));
         }
     }
 
@@ -143,6 +150,11 @@ pub async fn plan(
                 .get(&c.name)
                 .and_then(|old| prev_by_name.get(old.as_str()).copied())
         });
+        // The catalog is read now, and may already show later renames: keep the number
+        // recorded before when it has none for this name.
+        if entry.attnum.is_none() {
+            entry.attnum = before.and_then(|b| b.attnum);
+        }
         match before {
             Some(p) if p.oid == c.oid && p.typmod == c.typmod => {
                 entry.field = p.field.clone();
@@ -182,9 +194,9 @@ pub async fn plan(
                         new_pg.iceberg_type_name()
                     ));
                 } else {
-                    if key_touched(&c.name) {
+                    if key_touched(&c.name) || primary_key.is_empty() {
                         return Err(Error::unrepresentable(format!(
-                            "the type of primary key column `{}` of table {source} changed incompatibly; run `skipprd sync --resnapshot`",
+                            "the type of column `{}` of table {source} changed incompatibly, and it is part of the key that identifies rows (the primary key, or the whole row without one); run `skipprd sync --resnapshot`",
                             c.name
                         )));
                     }

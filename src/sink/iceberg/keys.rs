@@ -42,26 +42,28 @@ impl KeyEncoder {
             out.push(1);
             match dt {
                 DataType::Int32 => out.extend_from_slice(
-                    &(col.as_primitive::<Int32Type>().value(row) as i64).to_be_bytes(),
+                    &(col.as_primitive_opt::<Int32Type>()?.value(row) as i64).to_be_bytes(),
                 ),
-                DataType::Int64 => {
-                    out.extend_from_slice(&col.as_primitive::<Int64Type>().value(row).to_be_bytes())
-                }
+                DataType::Int64 => out.extend_from_slice(
+                    &col.as_primitive_opt::<Int64Type>()?
+                        .value(row)
+                        .to_be_bytes(),
+                ),
                 DataType::Date32 => out.extend_from_slice(
-                    &(col.as_primitive::<Date32Type>().value(row) as i64).to_be_bytes(),
+                    &(col.as_primitive_opt::<Date32Type>()?.value(row) as i64).to_be_bytes(),
                 ),
                 DataType::Time64(TimeUnit::Microsecond) => out.extend_from_slice(
-                    &col.as_primitive::<Time64MicrosecondType>()
+                    &col.as_primitive_opt::<Time64MicrosecondType>()?
                         .value(row)
                         .to_be_bytes(),
                 ),
                 DataType::Timestamp(TimeUnit::Microsecond, _) => out.extend_from_slice(
-                    &col.as_primitive::<TimestampMicrosecondType>()
+                    &col.as_primitive_opt::<TimestampMicrosecondType>()?
                         .value(row)
                         .to_be_bytes(),
                 ),
                 DataType::Decimal128(_, _) => out.extend_from_slice(
-                    &col.as_primitive::<Decimal128Type>()
+                    &col.as_primitive_opt::<Decimal128Type>()?
                         .value(row)
                         .to_be_bytes(),
                 ),

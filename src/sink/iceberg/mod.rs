@@ -33,6 +33,9 @@ pub struct SourceColumn {
     /// column after an incompatible type change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// The column's number in Postgres (`attnum`): a renamed column keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attnum: Option<i16>,
 }
 
 impl SourceColumn {

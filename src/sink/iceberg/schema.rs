@@ -82,6 +82,7 @@ pub async fn create_or_load(
                         oid: c.type_oid,
                         typmod: c.typmod,
                         field: None,
+                        attnum: Some(c.attnum),
                     })
                     .collect::<Vec<_>>(),
             )?,

@@ -21,6 +21,8 @@ pub struct Column {
     /// The declared type (a domain, not its base) and modifier, as the change stream reports them.
     pub type_oid: u32,
     pub typmod: i32,
+    /// The column's number (`attnum`).
+    pub attnum: i16,
 }
 
 /// A source table as the catalog describes it.
@@ -138,6 +140,7 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
             not_null: r.get(3),
             type_oid: r.get(10),
             typmod: r.get(11),
+            attnum: r.get(0),
         });
     }
     let primary_key = client
@@ -200,4 +203,21 @@ ORDER BY t.depth DESC LIMIT 1";
         }),
     };
     Ok((info, row.get(5)))
+}
+
+/// The current column numbers of a table, by name.
+pub async fn attnums(
+    client: &Client,
+    table: &TableRef,
+) -> Result<std::collections::HashMap<String, i16>> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.attnum FROM pg_attribute a
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .with_context(|| format!("reading the columns of {table}"))?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
