@@ -45,5 +45,7 @@ skipprd_bin() {
 }
 
 build_release() {
+  # SKIPPRD_BIN names a binary to measure instead of building one.
+  [ -n "${SKIPPRD_BIN:-}" ] && return 0
   (cd "$(dirname "$0")/.." && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/skippr/target-release}" cargo build --release --quiet --bin skipprd)
 }
