@@ -15,7 +15,7 @@ CREATE TABLE orders (
   id bigint PRIMARY KEY, customer_id integer NOT NULL, status text NOT NULL,
   amount numeric(12,2) NOT NULL, ordered_at timestamptz NOT NULL, ref uuid, details jsonb);
 INSERT INTO orders
-SELECT i, (i * 7919) % 100000, (ARRAY['pending','paid','shipped'])[1 + i % 3],
+SELECT i, ((i::bigint * 7919) % 100000)::int, (ARRAY['pending','paid','shipped'])[1 + i % 3],
        ((i::bigint * 104729) % 1000000) / 100.0, timestamptz '2024-01-01' + i * interval '1 second',
        md5(i::text)::uuid, jsonb_build_object('items', i % 7, 'note', 'order ' || i)
 FROM generate_series(1, $rows) i;
