@@ -492,10 +492,15 @@ impl TableSink {
     fn index_insert(&mut self, key: Key, loc: Loc) {
         if self.keyed {
             self.index.insert(key, loc);
-        } else if self.index.contains_key(&key) {
-            self.extra.entry(key).or_default().push(loc);
         } else {
-            self.index.insert(key, loc);
+            match self.index.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    self.extra.entry(e.key().clone()).or_default().push(loc);
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(loc);
+                }
+            }
         }
     }
 

@@ -186,7 +186,7 @@ pub async fn plan(
                 if fits(&fields[pos]) {
                     entry.field = p.field.clone();
                 } else if promotable(&old_ty, &new_ty) {
-                    fields[pos].field_type = Box::new(new_ty.clone());
+                    *fields[pos].field_type = new_ty.clone();
                     entry.field = p.field.clone();
                     changes.push(format!(
                         "widened column `{}` to {}",

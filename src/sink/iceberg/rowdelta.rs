@@ -260,40 +260,13 @@ pub async fn commit(
         .with_schema_id(meta.current_schema_id())
         .build();
 
-    let old_location = table
-        .metadata_location()
-        .ok_or_else(|| {
-            Error::fatal(format!(
-                "Iceberg table {} has no metadata location",
-                table.identifier()
-            ))
-        })?
-        .to_string();
-    let new_meta =
-        TableMetadataBuilder::new_from_metadata(meta.clone(), Some(old_location.clone()))
-            .add_snapshot(snapshot)?
-            .set_ref(
-                MAIN_BRANCH,
-                SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
-            )?
-            .build()?
-            .metadata;
-    let new_location = MetadataLocation::from_str(&old_location)?
-        .with_next_version()
-        .with_new_metadata(&new_meta);
-    new_meta
-        .write_to(file_io, &new_location)
-        .await
-        .context("writing table metadata")?;
-    let new_location = new_location.to_string();
-    catalog
-        .swap_metadata(table.identifier(), &old_location, &new_location)
-        .await?;
-    catalog
-        .catalog
-        .load_table(table.identifier())
-        .await
-        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))
+    commit_metadata(catalog, table, |b| {
+        b.add_snapshot(snapshot)?.set_ref(
+            MAIN_BRANCH,
+            SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+        )
+    })
+    .await
 }
 
 /// Commits a new current schema (and table properties) in one metadata change.
@@ -303,7 +276,19 @@ pub async fn evolve_schema(
     schema: iceberg::spec::Schema,
     properties: HashMap<String, String>,
 ) -> Result<Table> {
-    let meta = table.metadata();
+    commit_metadata(catalog, table, |b| {
+        b.add_current_schema(schema)?.set_properties(properties)
+    })
+    .await
+}
+
+/// Applies `change` to the table's metadata, writes the next metadata file and swaps the
+/// catalog pointer to it (compare-and-swap), then returns the reloaded table.
+async fn commit_metadata(
+    catalog: &LocalCatalog,
+    table: &Table,
+    change: impl FnOnce(TableMetadataBuilder) -> iceberg::Result<TableMetadataBuilder>,
+) -> Result<Table> {
     let old_location = table
         .metadata_location()
         .ok_or_else(|| {
@@ -313,12 +298,11 @@ pub async fn evolve_schema(
             ))
         })?
         .to_string();
-    let new_meta =
-        TableMetadataBuilder::new_from_metadata(meta.clone(), Some(old_location.clone()))
-            .add_current_schema(schema)?
-            .set_properties(properties)?
-            .build()?
-            .metadata;
+    let builder = TableMetadataBuilder::new_from_metadata(
+        table.metadata().clone(),
+        Some(old_location.clone()),
+    );
+    let new_meta = change(builder)?.build()?.metadata;
     let new_location = MetadataLocation::from_str(&old_location)?
         .with_next_version()
         .with_new_metadata(&new_meta);

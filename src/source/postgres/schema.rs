@@ -111,26 +111,7 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
         .with_context(|| format!("reading the columns of table {table}"))?;
     let mut columns = Vec::with_capacity(rows.len());
     for r in rows {
-        let typtype: String = r.get(6);
-        let elem_oid: Option<u32> = r.get(7);
-        let elem_typtype: Option<String> = r.get(8);
-        let info = TypeInfo {
-            oid: r.get(4),
-            typmod: r.get(5),
-            typtype: typtype.chars().next().unwrap_or('b'),
-            element: elem_oid.map(|eo| {
-                Box::new(TypeInfo {
-                    oid: eo,
-                    // An array column's typmod applies to its elements.
-                    typmod: r.get(5),
-                    typtype: elem_typtype
-                        .as_deref()
-                        .and_then(|s| s.chars().next())
-                        .unwrap_or('b'),
-                    element: None,
-                })
-            }),
-        };
+        let info = type_info(&r, 4);
         let Mapping { pg, fallback } = PgType::from_info(&info);
         columns.push(Column {
             name: r.get(1),
@@ -183,25 +164,7 @@ ORDER BY t.depth DESC LIMIT 1";
         .ok_or_else(|| {
             Error::source_err(format!("type oid {oid} no longer exists in the source"))
         })?;
-    let typtype: String = row.get(2);
-    let elem_oid: Option<u32> = row.get(3);
-    let elem_typtype: Option<String> = row.get(4);
-    let info = TypeInfo {
-        oid: row.get(0),
-        typmod: row.get(1),
-        typtype: typtype.chars().next().unwrap_or('b'),
-        element: elem_oid.map(|eo| {
-            Box::new(TypeInfo {
-                oid: eo,
-                typmod: row.get(1),
-                typtype: elem_typtype
-                    .as_deref()
-                    .and_then(|s| s.chars().next())
-                    .unwrap_or('b'),
-                element: None,
-            })
-        }),
-    };
+    let info = type_info(&row, 0);
     Ok((info, row.get(5)))
 }
 
@@ -220,4 +183,26 @@ pub async fn attnums(
         .await
         .with_context(|| format!("reading the columns of {table}"))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Reads a resolved type from five consecutive columns starting at `at`: oid, typmod,
+/// typtype, element oid (arrays), element typtype.
+fn type_info(r: &tokio_postgres::Row, at: usize) -> TypeInfo {
+    let first = |s: Option<String>| s.as_deref().and_then(|s| s.chars().next()).unwrap_or('b');
+    let typmod: i32 = r.get(at + 1);
+    let elem_oid: Option<u32> = r.get(at + 3);
+    TypeInfo {
+        oid: r.get(at),
+        typmod,
+        typtype: first(r.get(at + 2)),
+        element: elem_oid.map(|oid| {
+            Box::new(TypeInfo {
+                oid,
+                // An array column's typmod applies to its elements.
+                typmod,
+                typtype: first(r.get(at + 4)),
+                element: None,
+            })
+        }),
+    }
 }
