@@ -84,18 +84,47 @@ fn link(doc: &mut Mapping, pipeline: &str, field: &str, reference: &str) -> Resu
     }
 }
 
-/// Inserts `section.<name> = value`; an existing entry must be identical.
-fn define(doc: &mut Mapping, section_name: &str, name: &str, value: Value) -> Result<()> {
+/// Defines `section.<name>` as connector `kind` with `fields`. An existing entry of the
+/// same kind is updated: the given fields replace theirs, every other key is kept. An entry
+/// of another kind is a conflict.
+fn define(
+    doc: &mut Mapping,
+    section_name: &str,
+    name: &str,
+    kind: &str,
+    fields: Mapping,
+) -> Result<()> {
     let sec = section(doc, section_name)?;
-    match sec.get(name) {
-        Some(existing) if existing != &value => Err(Error::config(format!(
-            "{section_name}.{name} already exists with other settings; choose another --name, or edit skippr.yml to change it"
-        ))),
-        _ => {
-            sec.insert(key(name), value);
-            Ok(())
-        }
+    let entry = sec
+        .entry(key(name))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    let Value::Mapping(entry) = entry else {
+        return Err(Error::config(format!(
+            "{section_name}.{name} in the config file is not a mapping; fix it by hand first"
+        )));
+    };
+    let other_kind = entry
+        .keys()
+        .filter_map(Value::as_str)
+        .find(|k| k.chars().next().is_some_and(char::is_uppercase) && *k != kind)
+        .map(str::to_string);
+    if let Some(other) = other_kind {
+        return Err(Error::config(format!(
+            "{section_name}.{name} already exists as {other}, not {kind}; choose another --name, or edit skippr.yml to change it"
+        )));
     }
+    let connector = entry
+        .entry(key(kind))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    match connector {
+        Value::Mapping(m) => {
+            for (k, v) in fields {
+                m.insert(k, v);
+            }
+        }
+        other => *other = Value::Mapping(fields),
+    }
+    Ok(())
 }
 
 /// Applies global settings and one `connect` to the file at `path` (created if missing).
@@ -158,9 +187,7 @@ pub fn apply(
         }) => {
             valid_name("pipeline", &pipeline)?;
             valid_name("data source", &name)?;
-            let mut def = Mapping::new();
-            def.insert(key(kind), Value::Mapping(fields));
-            define(&mut doc, "data_sources", &name, Value::Mapping(def))?;
+            define(&mut doc, "data_sources", &name, kind, fields)?;
             link(
                 &mut doc,
                 &pipeline,
@@ -176,16 +203,7 @@ pub fn apply(
         }) => {
             valid_name("pipeline", &pipeline)?;
             valid_name("data sink", &name)?;
-            let existing_link = section(&mut doc, "data_sinks")?
-                .get(name.as_str())
-                .and_then(|v| v.get("schema_sink"))
-                .cloned();
-            let mut def = Mapping::new();
-            def.insert(key(kind), Value::Mapping(fields));
-            if let Some(l) = existing_link {
-                def.insert(key("schema_sink"), l);
-            }
-            define(&mut doc, "data_sinks", &name, Value::Mapping(def))?;
+            define(&mut doc, "data_sinks", &name, kind, fields)?;
             link(
                 &mut doc,
                 &pipeline,
@@ -236,9 +254,7 @@ pub fn apply(
             } else {
                 fields
             };
-            let mut def = Mapping::new();
-            def.insert(key(kind), Value::Mapping(fields));
-            define(&mut doc, "schema_sinks", &name, Value::Mapping(def))?;
+            define(&mut doc, "schema_sinks", &name, kind, fields)?;
             let sinks = section(&mut doc, "data_sinks")?;
             if let Some(Value::Mapping(s)) = sinks.get_mut(sink_name.as_str()) {
                 let reference = format!("schema_sinks.{name}");
