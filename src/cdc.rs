@@ -19,6 +19,8 @@ use crate::wal::{Op, Record, WalStore};
 
 /// Changes held in memory before a commit is forced, whatever the interval.
 const COMMIT_MAX_CHANGES: u64 = 500_000;
+/// Approximate bytes of pending rows before a commit is forced (wide rows hit this first).
+const COMMIT_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 /// The Iceberg side of every table of a pipeline.
 pub struct Sinks {
@@ -74,6 +76,10 @@ impl Sinks {
 
     fn pending_changes(&self) -> u64 {
         self.tables.iter().map(|t| t.pending_changes()).sum()
+    }
+
+    fn pending_bytes(&self) -> u64 {
+        self.tables.iter().map(|t| t.pending_bytes()).sum()
     }
 
     /// Applies WAL records in order. A relation description is taken by its table only when
@@ -181,7 +187,9 @@ pub async fn apply_wal(
         }
         let records = wal.read(&seg)?;
         sinks.apply(records, catalog, pipeline).await?;
-        if sinks.pending_changes() >= COMMIT_MAX_CHANGES {
+        if sinks.pending_changes() >= COMMIT_MAX_CHANGES
+            || sinks.pending_bytes() >= COMMIT_MAX_BYTES
+        {
             sinks.commit(catalog, pipeline).await?;
         }
     }

@@ -71,6 +71,8 @@ pub struct TableSink {
     truncated: bool,
     pending_lsn: Lsn,
     pending_changes: u64,
+    /// Approximate memory held by pending rows, in bytes.
+    pending_bytes: u64,
     /// Relation id -> for each table column, the relation column it comes from.
     rel_maps: HashMap<u32, Vec<Option<usize>>>,
 }
@@ -138,6 +140,7 @@ impl TableSink {
             truncated: false,
             pending_lsn: lsn,
             pending_changes: 0,
+            pending_bytes: 0,
             rel_maps: HashMap::new(),
         };
         sink.build_index().await?;
@@ -587,7 +590,27 @@ impl TableSink {
     }
 
     fn push(&mut self, key: Key, values: Vec<Datum>, previous: Option<Loc>) {
-        self.by_key.insert(key.clone(), self.rows.len());
+        let i = self.rows.len();
+        // Values are shared with the WAL segment they came from; count them anyway, with the
+        // per-row and per-value overhead, so that a commit is forced before memory grows.
+        self.pending_bytes += 64
+            + key.len() as u64
+            + values
+                .iter()
+                .map(|d| {
+                    32 + if let Datum::Text(b) = d {
+                        b.len() as u64
+                    } else {
+                        0
+                    }
+                })
+                .sum::<u64>();
+        if !self.keyed && self.by_key.contains_key(&key) {
+            // An equal row is already pending: keep both (tables keyed by the whole row).
+            self.extra_pending.entry(key.clone()).or_default().push(i);
+        } else {
+            self.by_key.insert(key.clone(), i);
+        }
         self.rows.push(Some(PendingRow {
             key,
             values,
@@ -616,6 +639,10 @@ impl TableSink {
 
     pub fn pending_changes(&self) -> u64 {
         self.pending_changes
+    }
+
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
     }
 
     /// Commits everything applied since the last commit in one Iceberg snapshot.
@@ -696,6 +723,7 @@ impl TableSink {
         self.deletes.clear();
         self.truncated = false;
         self.pending_changes = 0;
+        self.pending_bytes = 0;
         Ok(())
     }
 
