@@ -321,12 +321,15 @@ async fn replication_checks(
     }
 
     for ts in schemas {
-        let keyed = !ts.primary_key.is_empty() || ts.replica_identity == "full";
+        let append_only = cfg.append_only.contains(&ts.table);
+        let keyed = !ts.primary_key.is_empty() || ts.replica_identity == "full" || append_only;
         checks.push(check(
             &format!("change identity of {}", ts.table),
             keyed,
             if keyed {
-                if ts.primary_key.is_empty() {
+                if append_only && ts.primary_key.is_empty() && ts.replica_identity != "full" {
+                    "append_only: inserts only (an UPDATE or DELETE stops the sync)".to_string()
+                } else if ts.primary_key.is_empty() {
                     "replica identity full".to_string()
                 } else {
                     format!("primary key ({})", ts.primary_key.join(", "))
