@@ -204,16 +204,17 @@ pub async fn stream_to_wal(
                 transactional: false,
                 prefix,
                 content,
-                lsn,
+                ..
             } if prefix == ONCE_MARKER_PREFIX => {
                 if let StopAt::Marker(m) = &stop {
-                    if content.as_ref() == m.as_bytes() && current.is_none() {
+                    // With protocol 1 a message never arrives inside a transaction; if one
+                    // were open it is not in the WAL yet and will be sent again next time.
+                    if content.as_ref() == m.as_bytes() {
                         flush(&mut builder, &client, &mut last_durable)?;
                         if builder.is_empty() && last_end > last_durable {
                             client.update_applied_lsn(pgwire_replication::Lsn(last_end.0));
                             last_durable = last_end;
                         }
-                        let _ = lsn;
                         break;
                     }
                 }
