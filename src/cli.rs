@@ -118,6 +118,14 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
+
+    /// Run every pipeline continuously and serve the live tables over the Postgres wire
+    /// protocol (skippr.query.listen, default 127.0.0.1:5433) with Prometheus metrics
+    /// (skippr.metrics.listen, default 127.0.0.1:9187).
+    #[command(
+        after_help = "Examples:\n  skipprd serve\n  psql -h 127.0.0.1 -p 5433 -c \"SELECT count(*) FROM analytics.orders\"\n  curl -s http://127.0.0.1:9187/metrics"
+    )]
+    Serve,
 }
 
 #[derive(Debug, Subcommand)]

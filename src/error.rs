@@ -57,6 +57,10 @@ impl Error {
         Self::new(ErrorKind::Query, message)
     }
 
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Retryable, message)
+    }
+
     pub fn fatal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Fatal, message)
     }

@@ -17,4 +17,6 @@ pub mod wal;
 pub mod cdc;
 pub mod cli;
 pub mod pipeline;
+pub mod serve;
+pub mod server;
 pub mod telemetry;

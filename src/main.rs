@@ -128,6 +128,10 @@ async fn run(cli: Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Connect { .. } => Ok(0),
+        Command::Serve => {
+            skippr::serve::run(&config).await?;
+            Ok(0)
+        }
         Command::Query { sql, format } => {
             let ctx = query::session(&config).await?;
             let (schema, batches) = query::run(&ctx, &sql).await?;

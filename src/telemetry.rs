@@ -1,6 +1,8 @@
 //! Logging: structured `tracing` events on stderr, as text or JSON. Row values and secrets
 //! are never logged.
 
+pub mod metrics;
+
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;

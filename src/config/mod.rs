@@ -70,6 +70,16 @@ impl From<ConfigErrors> for Error {
     }
 }
 
+/// The gateway's settings, resolved.
+#[derive(Debug, Clone)]
+pub struct QueryConfig {
+    pub listen: std::net::SocketAddr,
+    /// (name, password): SCRAM-SHA-256 users. Empty: loopback clients only, no password.
+    pub users: Vec<(String, String)>,
+    /// (certificate, key) PEM files.
+    pub tls: Option<(PathBuf, PathBuf)>,
+}
+
 /// A table to follow, as `schema.name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableRef {
@@ -180,6 +190,10 @@ pub struct Config {
     pub file: PathBuf,
     pub workspace: String,
     pub storage_path: PathBuf,
+    /// The gateway of `skipprd serve`.
+    pub query: QueryConfig,
+    /// The address of the Prometheus endpoint of `skipprd serve`.
+    pub metrics_listen: std::net::SocketAddr,
     pub pipelines: Vec<PipelineConfig>,
     /// The file as written, with `${VAR}` references still literal.
     pub raw: Value,
@@ -738,12 +752,73 @@ impl Validator<'_> {
             }
         }
 
+        let query = self.query_config(file, base);
+        let metrics_listen = self.socket_addr(
+            &["skippr", "metrics", "listen"],
+            file.skippr
+                .metrics
+                .as_ref()
+                .and_then(|m| m.listen.as_deref())
+                .unwrap_or(model::DEFAULT_METRICS_LISTEN),
+        );
         Config {
             file: cfg_path.to_path_buf(),
             workspace,
             storage_path,
+            query,
+            metrics_listen,
             pipelines,
             raw,
+        }
+    }
+
+    fn socket_addr(&mut self, at: &[&str], value: &str) -> std::net::SocketAddr {
+        match value.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                self.report(
+                    keys(at),
+                    format!("`{value}` is not an address: write `host:port` with an IP address, e.g. 127.0.0.1:5433 or 0.0.0.0:5433"),
+                );
+                std::net::SocketAddr::from(([127, 0, 0, 1], 0))
+            }
+        }
+    }
+
+    fn query_config(&mut self, file: &SkipprFile, base: &Path) -> QueryConfig {
+        let q = file.skippr.query.clone().unwrap_or_default();
+        let listen = self.socket_addr(
+            &["skippr", "query", "listen"],
+            q.listen.as_deref().unwrap_or(model::DEFAULT_QUERY_LISTEN),
+        );
+        let mut seen = std::collections::HashSet::new();
+        for (i, u) in q.users.iter().enumerate() {
+            let mut at = keys(&["skippr", "query", "users"]);
+            at.push(Segment::Index(i));
+            if u.name.is_empty() {
+                let mut p = at.clone();
+                p.push(Segment::Key("name".into()));
+                self.report(p, "a user needs a name");
+            } else if !seen.insert(u.name.clone()) {
+                let mut p = at.clone();
+                p.push(Segment::Key("name".into()));
+                self.report(p, format!("user `{}` is listed twice", u.name));
+            }
+            if u.password.is_empty() {
+                at.push(Segment::Key("password".into()));
+                self.report(at, format!("user `{}` needs a non-empty password (for example `${{ANALYST_PASSWORD}}`)", u.name));
+            }
+        }
+        if q.users.is_empty() && !listen.ip().is_loopback() {
+            self.report(
+                keys(&["skippr", "query", "listen"]),
+                format!("`{listen}` accepts clients from other machines, but no users are configured, and without users only loopback clients may connect; add `users:` (name and password) or listen on 127.0.0.1"),
+            );
+        }
+        QueryConfig {
+            listen,
+            users: q.users.iter().map(|u| (u.name.clone(), u.password.clone())).collect(),
+            tls: q.tls.as_ref().map(|t| (normalize(&base.join(&t.cert)), normalize(&base.join(&t.key)))),
         }
     }
 

@@ -53,6 +53,60 @@ pub struct Settings {
     /// (default `.skippr` beside `skippr.yml`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipprd_el_storage_path: Option<String>,
+    /// The Postgres-wire gateway of `skipprd serve`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<QuerySettings>,
+    /// The Prometheus endpoint of `skipprd serve`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsSettings>,
+}
+
+/// Default address of the Postgres-wire gateway.
+pub const DEFAULT_QUERY_LISTEN: &str = "127.0.0.1:5433";
+/// Default address of the Prometheus endpoint.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
+
+/// `skippr.query`: the Postgres-wire gateway.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct QuerySettings {
+    /// `host:port` to accept clients on (default 127.0.0.1:5433).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// Users allowed to log in with SCRAM-SHA-256. Without users only loopback clients are
+    /// accepted, without a password.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<QueryUser>,
+    /// TLS certificate and key (PEM). When set, it must load, or the gateway does not start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSettings>,
+}
+
+/// A gateway user.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QueryUser {
+    pub name: String,
+    pub password: String,
+}
+
+/// PEM files for the gateway's TLS.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    /// Certificate chain (PEM), relative to `skippr.yml`.
+    pub cert: String,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1), relative to `skippr.yml`.
+    pub key: String,
+}
+
+/// `skippr.metrics`: the Prometheus endpoint.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// `host:port` serving `/metrics` (default 127.0.0.1:9187).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 /// Where the WAL and pipeline state live.

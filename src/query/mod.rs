@@ -1,70 +1,344 @@
-//! Queries: a DataFusion session over the workspace's Iceberg tables, used by
-//! `skipprd query` (and, later, the Postgres-wire gateway).
+//! Queries: a DataFusion session over the workspace's live tables (Iceberg snapshot UNION
+//! WAL tail), used by `skipprd query` and by the Postgres-wire gateway of `skipprd serve`.
 
 pub mod format;
+pub mod live;
+pub mod system;
+pub mod tail;
 
-use std::sync::Arc;
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
-use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+use async_trait::async_trait;
+use datafusion::catalog::SchemaProvider;
+use datafusion::datasource::TableProvider;
+use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use iceberg::{Catalog, NamespaceIdent};
+use iceberg::table::Table;
+use iceberg::{Catalog, NamespaceIdent, TableIdent};
 use iceberg_datafusion::IcebergStaticTableProvider;
 
-use crate::config::{Config, SinkConfig};
+use crate::catalog::LocalCatalog;
+use crate::config::{Config, SinkConfig, TableRef};
 use crate::error::{Context, Error, Result};
-use crate::pipeline::open_sink;
+use crate::sink::iceberg::apply::whole_row_key;
+use crate::sink::iceberg::schema as ice_schema;
+use crate::sink::iceberg::{evolve, PROP_PRIMARY_KEY};
+use crate::source::postgres::lsn::Lsn;
+use live::LiveTable;
+use tail::{ReducedCache, TableShape, TailCache, TailSnapshot, WalRead};
 
-/// Builds a session where every table of every pipeline's sink is visible as
-/// `<workspace>.<table>`, and the workspace is the default schema.
-pub async fn session(config: &Config) -> Result<SessionContext> {
-    let session_config = SessionConfig::new()
-        .with_information_schema(true)
-        .with_default_catalog_and_schema("skippr", &config.workspace);
-    let ctx = SessionContext::new_with_config(session_config);
-    let schema = Arc::new(MemorySchemaProvider::new());
-    let mut seen_warehouses = Vec::new();
-    for p in &config.pipelines {
-        if let SinkConfig::LocalIceberg { warehouse, .. } = &p.sink {
-            if seen_warehouses.contains(warehouse) {
+/// The DataFusion catalog that holds the workspace and the `skippr` system schema.
+pub const CATALOG: &str = "skippr";
+/// The schema of Skippr's system tables.
+pub const SYSTEM_SCHEMA: &str = "skippr";
+
+/// Where a replicated table lives.
+#[derive(Debug, Clone)]
+struct TableEntry {
+    sink: usize,
+    ident: TableIdent,
+    /// The pipeline writing it (and the folder of its WAL), when one still does.
+    pipeline: Option<(String, PathBuf, TableRef)>,
+}
+
+/// Every replicated table of a workspace, read live. One per process, shared by queries.
+pub struct Workspace {
+    pub name: String,
+    sinks: Vec<LocalCatalog>,
+    /// For each sink, the pipelines writing to it: (name, WAL folder, tables).
+    pipelines: Vec<Vec<(String, PathBuf, Vec<TableRef>)>>,
+    tables: RwLock<BTreeMap<String, TableEntry>>,
+    tail: TailCache,
+    reduced: ReducedCache,
+}
+
+/// A table's live state at one moment.
+pub struct LiveState {
+    pub table: Table,
+    pub pipeline: Option<String>,
+    pub tail: Arc<TailSnapshot>,
+    pub wal_bytes: u64,
+}
+
+impl Workspace {
+    /// Opens every sink of the configuration and lists the workspace's tables.
+    pub async fn open(config: &Config) -> Result<Arc<Self>> {
+        let mut sinks = Vec::new();
+        let mut pipelines: Vec<Vec<(String, PathBuf, Vec<TableRef>)>> = Vec::new();
+        let mut warehouses: Vec<PathBuf> = Vec::new();
+        for p in &config.pipelines {
+            let SinkConfig::LocalIceberg { warehouse, .. } = &p.sink else {
+                crate::pipeline::open_sink(p).await?;
+                continue;
+            };
+            let i = match warehouses.iter().position(|w| w == warehouse) {
+                Some(i) => i,
+                None => {
+                    warehouses.push(warehouse.clone());
+                    sinks.push(crate::pipeline::open_sink(p).await?);
+                    pipelines.push(Vec::new());
+                    sinks.len() - 1
+                }
+            };
+            pipelines[i].push((
+                p.name.clone(),
+                config.storage_path.join("wal").join(&p.name),
+                p.source.tables.clone(),
+            ));
+        }
+        let ws = Arc::new(Self {
+            name: config.workspace.clone(),
+            sinks,
+            pipelines,
+            tables: RwLock::new(BTreeMap::new()),
+            tail: TailCache::default(),
+            reduced: ReducedCache::default(),
+        });
+        ws.refresh().await?;
+        Ok(ws)
+    }
+
+    /// Lists the workspace's tables again (a first snapshot creates them while serving).
+    pub async fn refresh(&self) -> Result<()> {
+        let ns = NamespaceIdent::new(self.name.clone());
+        let mut found = BTreeMap::new();
+        for (i, sink) in self.sinks.iter().enumerate() {
+            if !sink
+                .catalog
+                .namespace_exists(&ns)
+                .await
+                .context("reading the catalog")?
+            {
                 continue;
             }
-            seen_warehouses.push(warehouse.clone());
-        }
-        let catalog = open_sink(p).await?;
-        let ns = NamespaceIdent::new(config.workspace.clone());
-        if !catalog
-            .catalog
-            .namespace_exists(&ns)
-            .await
-            .context("reading the catalog")?
-        {
-            continue;
-        }
-        for ident in catalog
-            .catalog
-            .list_tables(&ns)
-            .await
-            .context("listing the workspace's tables")?
-        {
-            let table = catalog
+            for ident in sink
                 .catalog
-                .load_table(&ident)
+                .list_tables(&ns)
                 .await
-                .with_context(|| format!("loading Iceberg table {ident}"))?;
-            let provider = IcebergStaticTableProvider::try_new_from_table(table)
-                .await
-                .with_context(|| format!("reading Iceberg table {ident}"))?;
-            schema
-                .register_table(ident.name().to_string(), Arc::new(provider))
-                .map_err(Error::from)?;
+                .context("listing the workspace's tables")?
+            {
+                let pipeline = self.pipelines[i].iter().find_map(|(name, dir, tables)| {
+                    tables
+                        .iter()
+                        .find(|t| t.iceberg_name() == ident.name())
+                        .map(|t| (name.clone(), dir.clone(), t.clone()))
+                });
+                found.insert(
+                    ident.name().to_string(),
+                    TableEntry {
+                        sink: i,
+                        ident,
+                        pipeline,
+                    },
+                );
+            }
         }
+        *self.tables.write().unwrap_or_else(|e| e.into_inner()) = found;
+        Ok(())
     }
+
+    pub fn table_names(&self) -> Vec<String> {
+        self.tables
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    fn entry(&self, name: &str) -> Option<TableEntry> {
+        self.tables
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Reads a table's committed snapshot and its WAL tail, consistently: the WAL is read
+    /// first, the snapshot after, and a segment removed in between must be covered by it.
+    pub async fn state(&self, name: &str) -> Result<Option<LiveState>> {
+        let Some(entry) = self.entry(name) else {
+            return Ok(None);
+        };
+        for _ in 0..8 {
+            let read = match &entry.pipeline {
+                Some((_, dir, _)) => self.tail.read(dir)?,
+                None => WalRead::default(),
+            };
+            let table = self.sinks[entry.sink]
+                .catalog
+                .load_table(&entry.ident)
+                .await
+                .with_context(|| format!("loading Iceberg table {}", entry.ident))?;
+            let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
+            if read.vanished_through().is_some_and(|v| v > floor) {
+                // A commit of another table removed a segment this one still needed: the
+                // commit of this table is on its way; read again.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+            let shape = shape_of(&table, entry.pipeline.as_ref().map(|p| p.2.clone()))?;
+            let tail = self
+                .reduced
+                .get_or_reduce(entry.ident.name(), &shape, &read, floor)?;
+            return Ok(Some(LiveState {
+                table,
+                pipeline: entry.pipeline.as_ref().map(|p| p.0.clone()),
+                tail,
+                wal_bytes: read.bytes(),
+            }));
+        }
+        Err(Error::retryable(format!(
+            "table {name} kept changing while it was read; run the query again"
+        )))
+    }
+
+    /// A table's committed schema and properties (no WAL read), for catalog lookups.
+    pub async fn table_meta(
+        &self,
+        name: &str,
+    ) -> Result<Option<(arrow::datatypes::SchemaRef, std::collections::HashMap<String, String>)>>
+    {
+        let Some(entry) = self.entry(name) else {
+            return Ok(None);
+        };
+        let table = self.sinks[entry.sink]
+            .catalog
+            .load_table(&entry.ident)
+            .await
+            .with_context(|| format!("loading Iceberg table {}", entry.ident))?;
+        Ok(Some((
+            ice_schema::arrow_schema(&table)?,
+            table.metadata().properties().clone(),
+        )))
+    }
+
+    /// The live table `name`, or `None` when the workspace has no such table.
+    pub async fn live_table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        if self.entry(name).is_none() {
+            self.refresh().await?;
+        }
+        let Some(state) = self.state(name).await? else {
+            return Ok(None);
+        };
+        let shape = shape_of(&state.table, None)?;
+        let iceberg = Arc::new(
+            IcebergStaticTableProvider::try_new_from_table(state.table.clone())
+                .await
+                .with_context(|| format!("reading Iceberg table {name}"))?,
+        );
+        let keyed = !shape.key.is_empty();
+        let key_cols = if keyed { shape.key } else { shape.row_key };
+        let table = LiveTable::new(&state.table, iceberg, key_cols, keyed, state.tail).await?;
+        Ok(Some(Arc::new(table)))
+    }
+
+    /// Every table's state, for `skippr.tables` and the metrics.
+    pub async fn states(&self) -> Result<Vec<LiveState>> {
+        self.refresh().await?;
+        let mut out = Vec::new();
+        for name in self.table_names() {
+            if let Some(s) = self.state(&name).await? {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The key layout of a table, as recorded in its properties.
+fn shape_of(table: &Table, source: Option<TableRef>) -> Result<TableShape> {
+    let schema = ice_schema::arrow_schema(table)?;
+    let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let key = table
+        .metadata()
+        .properties()
+        .get(PROP_PRIMARY_KEY)
+        .map(|s| {
+            s.split(',')
+                .filter_map(|k| names.iter().position(|n| n == k))
+                .collect()
+        })
+        .unwrap_or_default();
+    let source = source.unwrap_or_else(|| TableRef {
+        schema: String::new(),
+        name: table.identifier().name().to_string(),
+    });
+    Ok(TableShape {
+        source,
+        row_key: whole_row_key(table, &names),
+        key,
+        columns: evolve::recorded_columns(table),
+        schema,
+    })
+}
+
+/// The workspace as a DataFusion schema: each table is resolved live, per query.
+pub struct LiveSchema(pub Arc<Workspace>);
+
+impl std::fmt::Debug for LiveSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LiveSchema({})", self.0.name)
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for LiveSchema {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn table_names(&self) -> Vec<String> {
+        self.0.table_names()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        self.0
+            .live_table(name)
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.0.entry(name).is_some()
+    }
+}
+
+/// A session configuration with the workspace as the default schema.
+pub fn session_config(workspace: &str) -> SessionConfig {
+    SessionConfig::new()
+        .with_information_schema(true)
+        .with_default_catalog_and_schema(CATALOG, workspace)
+}
+
+/// Registers the workspace's live schema and the system schema in `ctx`'s default catalog.
+pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
     let catalog = ctx
-        .catalog("skippr")
+        .catalog(CATALOG)
         .ok_or_else(|| Error::fatal("the query session has no default catalog"))?;
     catalog
-        .register_schema(&config.workspace, schema)
+        .register_schema(&ws.name, Arc::new(LiveSchema(ws.clone())))
         .map_err(Error::from)?;
+    if ws.name != SYSTEM_SCHEMA {
+        catalog
+            .register_schema(
+                SYSTEM_SCHEMA,
+                Arc::new(system::SystemSchema::new(ws.clone())),
+            )
+            .map_err(Error::from)?;
+    }
+    Ok(())
+}
+
+/// Builds a session where every table of the workspace is visible, live, as
+/// `<workspace>.<table>`, and the workspace is the default schema.
+pub async fn session(config: &Config) -> Result<SessionContext> {
+    let ws = Workspace::open(config).await?;
+    let ctx = SessionContext::new_with_config(session_config(&config.workspace));
+    register(&ctx, &ws)?;
     Ok(ctx)
 }
 
@@ -79,6 +353,32 @@ pub async fn run(
     Ok((schema, batches))
 }
 
-fn query_error(e: datafusion::error::DataFusionError) -> Error {
-    Error::query(e.to_string())
+fn query_error(e: DataFusionError) -> Error {
+    match e {
+        DataFusionError::External(inner) => match inner.downcast::<Error>() {
+            Ok(err) => *err,
+            Err(other) => Error::query(other.to_string()),
+        },
+        DataFusionError::Context(_, inner) => query_error(*inner),
+        other => Error::query(other.to_string()),
+    }
+}
+
+/// Lag, in seconds, of a table's tail: how old its oldest uncommitted change is.
+pub fn tail_lag_seconds(tail: &TailSnapshot) -> f64 {
+    tail.oldest_commit_micros
+        .map(|t| {
+            let now = chrono::Utc::now().timestamp_micros();
+            // Postgres commit times count from 2000-01-01.
+            let t = t + 946_684_800_000_000;
+            ((now - t) as f64 / 1e6).max(0.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// The committed LSN of a table, as text.
+pub fn committed_lsn_text(table: &Table) -> String {
+    crate::sink::iceberg::commit::committed_lsn(table)
+        .unwrap_or(Lsn::default())
+        .to_string()
 }

@@ -60,6 +60,14 @@ impl WalStore {
         })
     }
 
+    /// Opens an existing WAL for reading only: nothing is created or cleaned up, so a reader
+    /// never disturbs the process that writes it. `None` when the folder does not exist.
+    pub fn reader(dir: &Path) -> Option<Self> {
+        dir.is_dir().then(|| Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -123,6 +131,21 @@ impl WalStore {
     pub fn read(&self, seg: &SegmentInfo) -> Result<Vec<Record>> {
         let data = std::fs::read(&seg.path)
             .with_context(|| format!("reading WAL segment {}", seg.path.display()))?;
+        Self::decode(seg, data)
+    }
+
+    /// Like [`WalStore::read`], but a segment removed since it was listed (because Iceberg
+    /// now holds its changes) reads as `None`.
+    pub fn read_if_present(&self, seg: &SegmentInfo) -> Result<Option<Vec<Record>>> {
+        match std::fs::read(&seg.path) {
+            Ok(data) => Self::decode(seg, data).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e)
+                .with_context(|| format!("reading WAL segment {}", seg.path.display())),
+        }
+    }
+
+    fn decode(seg: &SegmentInfo, data: Vec<u8>) -> Result<Vec<Record>> {
         if !data.starts_with(MAGIC) {
             return Err(Error::fatal(format!(
                 "WAL segment {} is not a Skippr WAL segment (bad header); move it away only if you know its changes are in Iceberg",

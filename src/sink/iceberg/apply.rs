@@ -27,6 +27,7 @@ use crate::catalog::LocalCatalog;
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
 use crate::source::postgres::lsn::Lsn;
+use crate::telemetry::metrics;
 use crate::source::postgres::pgoutput::{Datum, Relation};
 use crate::source::postgres::types::{ColumnBuilder, PgType};
 use crate::wal::{Change, Op};
@@ -717,6 +718,20 @@ impl TableSink {
             }
         }
         tracing::info!(table = %self.table.identifier(), changes = self.pending_changes, lsn = %self.pending_lsn, "changes committed");
+        let table_name = self.table.identifier().name().to_string();
+        let labels = [("pipeline", pipeline), ("table", table_name.as_str())];
+        metrics::add(
+            "skippr_commits_total",
+            "Iceberg commits of changes.",
+            &labels,
+            1.0,
+        );
+        metrics::add(
+            "skippr_committed_changes_total",
+            "Row changes committed to Iceberg.",
+            &labels,
+            self.pending_changes as f64,
+        );
         self.lsn = self.pending_lsn;
         self.by_key.clear();
         self.extra_pending.clear();
@@ -843,7 +858,7 @@ impl TableSink {
 
 /// The columns that make up the key of a table without a primary key: every field the
 /// source currently writes (dropped columns and columns replaced by a sibling are out).
-fn whole_row_key(table: &Table, names: &[String]) -> Vec<usize> {
+pub fn whole_row_key(table: &Table, names: &[String]) -> Vec<usize> {
     match evolve::recorded_columns(table) {
         Some(cols) => names
             .iter()

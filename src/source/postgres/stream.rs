@@ -11,6 +11,7 @@ use super::lsn::Lsn;
 use super::pgoutput::{self, Message};
 use crate::config::PostgresConfig;
 use crate::error::{Error, ErrorKind, Result};
+use crate::telemetry::metrics;
 use crate::wal::store::SegmentBuilder;
 use crate::wal::{Change, Op, Txn, WalStore};
 
@@ -59,12 +60,31 @@ pub async fn stream_to_wal(
     let mut last_durable = start;
     let mut last_flush = Instant::now();
     let mut tick = tokio::time::interval(FLUSH_INTERVAL);
+    let pipeline = wal
+        .dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut server_end = start;
 
     let flush = |builder: &mut SegmentBuilder,
                  client: &ReplicationClient,
                  last_durable: &mut Lsn|
      -> Result<()> {
+        let bytes = builder.len_bytes();
         if let Some(lsn) = builder.flush(wal)? {
+            metrics::add(
+                "skippr_wal_written_bytes_total",
+                "Bytes written to Skippr's WAL.",
+                &[("pipeline", &pipeline)],
+                bytes as f64,
+            );
+            metrics::set(
+                "skippr_wal_durable_lsn",
+                "Source LSN durable in Skippr's WAL (and acknowledged to Postgres).",
+                &[("pipeline", &pipeline)],
+                lsn.0 as f64,
+            );
             client.update_applied_lsn(pgwire_replication::Lsn(lsn.0));
             *last_durable = lsn;
             let _ = durable.send(lsn);
@@ -116,7 +136,8 @@ pub async fn stream_to_wal(
                     changes: Vec::new(),
                 });
             }
-            ReplicationEvent::XLogData { data, .. } => {
+            ReplicationEvent::XLogData { data, wal_end, .. } => {
+                server_end = server_end.max(Lsn(wal_end.0));
                 let msg = pgoutput::decode(data).map_err(|e| {
                     Error::new(
                         ErrorKind::Fatal,
@@ -186,7 +207,30 @@ pub async fn stream_to_wal(
                     }
                 }
             }
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                server_end = server_end.max(Lsn(wal_end.0));
+                metrics::set(
+                    "skippr_replication_lag_bytes",
+                    "Source WAL not yet durable in Skippr's WAL, in bytes (server WAL end minus durable LSN).",
+                    &[("pipeline", &pipeline)],
+                    server_end.0.saturating_sub(last_durable.0) as f64,
+                );
+            }
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {
+                if let Some(t) = &current {
+                    metrics::add(
+                        "skippr_source_changes_total",
+                        "Row changes received from the source.",
+                        &[("pipeline", &pipeline)],
+                        t.changes.len() as f64,
+                    );
+                    metrics::add(
+                        "skippr_source_transactions_total",
+                        "Source transactions received.",
+                        &[("pipeline", &pipeline)],
+                        1.0,
+                    );
+                }
                 if let Some(mut t) = current.take() {
                     t.commit_lsn = Lsn(lsn.0);
                     t.end_lsn = Lsn(end_lsn.0);

@@ -1,0 +1,490 @@
+//! Queries, the live table: one Iceberg snapshot UNION the WAL tail after it, merged by
+//! primary key. Committed rows the tail replaces are hidden, the tail's newest rows are added,
+//! and filters and projections reach both sides.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::{DataType, Int16Type, Int32Type, Int64Type, SchemaRef};
+use async_trait::async_trait;
+use datafusion::catalog::Session;
+use datafusion::common::DFSchema;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::expr_rewriter::unnormalize_col;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::{StreamExt, TryStreamExt};
+use iceberg::table::Table;
+use iceberg_datafusion::IcebergStaticTableProvider;
+
+use super::tail::TailSnapshot;
+use crate::error::{Context, Result};
+use crate::sink::iceberg::keys::{Key, KeyEncoder};
+
+/// A replicated table as queries see it: committed snapshot plus WAL tail.
+#[derive(Debug)]
+pub struct LiveTable {
+    iceberg: Arc<IcebergStaticTableProvider>,
+    schema: SchemaRef,
+    key_cols: Vec<usize>,
+    keyed: bool,
+    table: Table,
+    tail: Arc<TailSnapshot>,
+}
+
+impl LiveTable {
+    /// Builds the live view of `table` (already loaded) with its reduced tail.
+    pub async fn new(
+        table: &Table,
+        iceberg: Arc<IcebergStaticTableProvider>,
+        key_cols: Vec<usize>,
+        keyed: bool,
+        tail: Arc<TailSnapshot>,
+    ) -> Result<Self> {
+        Ok(Self {
+            schema: iceberg.schema(),
+            iceberg,
+            table: table.clone(),
+            key_cols,
+            keyed,
+            tail,
+        })
+    }
+
+    /// The tail's rows, with values left unchanged by an update read from Iceberg (only
+    /// when a query scans the table, never for catalog lookups).
+    async fn rows(&self) -> Result<Option<RecordBatch>> {
+        match (&self.tail.rows, self.tail.fill.is_empty()) {
+            (Some(batch), false) => Ok(Some(
+                fill_unchanged(&self.table, &self.schema, &self.key_cols, batch, &self.tail)
+                    .await?,
+            )),
+            (rows, _) => Ok(rows.clone()),
+        }
+    }
+}
+
+/// Values an update left unchanged (large TOAST values) are read from the committed row.
+async fn fill_unchanged(
+    table: &Table,
+    schema: &SchemaRef,
+    key_cols: &[usize],
+    batch: &RecordBatch,
+    tail: &TailSnapshot,
+) -> Result<RecordBatch> {
+    let encoder = KeyEncoder::new(
+        key_cols
+            .iter()
+            .map(|i| schema.field(*i).data_type().clone())
+            .collect(),
+    );
+    let wanted: HashMap<&Key, ()> = tail.fill.iter().map(|(_, k, _)| (k, ())).collect();
+    let mut found: HashMap<Key, (usize, usize)> = HashMap::new();
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    let stream = table
+        .scan()
+        .build()
+        .context("planning a read of the committed rows")?
+        .to_arrow()
+        .await
+        .context("reading the committed rows")?;
+    let mut stream = Box::pin(stream);
+    while let Some(b) = stream.next().await {
+        let b = b.context("reading the committed rows")?;
+        let cols: Vec<ArrayRef> = key_cols.iter().map(|i| b.column(*i).clone()).collect();
+        let mut keep = false;
+        for row in 0..b.num_rows() {
+            if let Some(k) = encoder.from_arrays(&cols, row) {
+                if wanted.contains_key(&k) {
+                    found.insert(k, (batches.len(), row));
+                    keep = true;
+                }
+            }
+        }
+        if keep {
+            batches.push(b);
+        }
+    }
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    for (c, col) in columns.iter_mut().enumerate() {
+        let sources: Vec<(usize, &Key)> = tail
+            .fill
+            .iter()
+            .filter(|(_, _, cols)| cols.contains(&c))
+            .map(|(r, k, _)| (*r, k))
+            .collect();
+        if sources.is_empty() {
+            continue;
+        }
+        let mut parts: Vec<ArrayRef> = vec![col.clone()];
+        let mut indices: Vec<(usize, usize)> = (0..batch.num_rows()).map(|r| (0, r)).collect();
+        for (r, k) in sources {
+            let Some((b, row)) = found.get(k) else {
+                return Err(crate::error::Error::fatal(format!(
+                    "table {}: an update left a large (TOAST) value unchanged, but the previous version of the row is not in Iceberg; run `skipprd sync --resnapshot`",
+                    table.identifier()
+                )));
+            };
+            let value = batches[*b].column(c).slice(*row, 1);
+            let value = if value.data_type() == col.data_type() {
+                value
+            } else {
+                arrow::compute::cast(&value, col.data_type())?
+            };
+            indices[r] = (parts.len(), 0);
+            parts.push(value);
+        }
+        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+        *col = arrow::compute::interleave(&refs, &indices)?;
+    }
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+#[async_trait]
+impl TableProvider for LiveTable {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let hidden = &self.tail.hidden;
+        let rows = self
+            .rows()
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let has_rows = rows.as_ref().is_some_and(|b| b.num_rows() > 0);
+        if hidden.is_empty() && !has_rows {
+            return self.iceberg.scan(state, projection, filters, limit).await;
+        }
+        let wanted: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
+        if !hidden.all {
+            let committed: Arc<dyn ExecutionPlan> = if hidden.is_empty() {
+                self.iceberg.scan(state, Some(&wanted), filters, limit).await?
+            } else {
+                // Read the key columns too, hide the replaced rows, then drop them again.
+                let mut cols = wanted.clone();
+                for k in &self.key_cols {
+                    if !cols.contains(k) {
+                        cols.push(*k);
+                    }
+                }
+                let input = self.iceberg.scan(state, Some(&cols), filters, None).await?;
+                let keys: Vec<usize> = self
+                    .key_cols
+                    .iter()
+                    .filter_map(|k| cols.iter().position(|c| c == k))
+                    .collect();
+                let output: Vec<usize> = (0..wanted.len()).collect();
+                Arc::new(HideKeysExec::try_new(
+                    input,
+                    keys,
+                    output,
+                    HiddenSet::build(&self.tail, &self.schema, &self.key_cols, self.keyed),
+                )?)
+            };
+            inputs.push(committed);
+        }
+        if let Some(rows) = rows.as_ref().filter(|b| b.num_rows() > 0) {
+            let rows = filter_tail(state, &self.schema, rows, filters)?;
+            let projected = rows.project(&wanted)?;
+            let schema = projected.schema();
+            inputs.push(MemorySourceConfig::try_new_exec(
+                &[vec![projected]],
+                schema,
+                None,
+            )?);
+        }
+        match inputs.len() {
+            0 => {
+                let schema = Arc::new(self.schema.project(&wanted)?);
+                Ok(MemorySourceConfig::try_new_exec(&[vec![]], schema, None)?)
+            }
+            1 => Ok(inputs.remove(0)),
+            _ => UnionExec::try_new(inputs),
+        }
+    }
+}
+
+/// Applies the pushed-down filters to the tail's rows (DataFusion filters again above the
+/// scan: this only keeps the tail small).
+fn filter_tail(
+    state: &dyn Session,
+    schema: &SchemaRef,
+    rows: &RecordBatch,
+    filters: &[Expr],
+) -> DfResult<RecordBatch> {
+    if filters.is_empty() {
+        return Ok(rows.clone());
+    }
+    let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
+    let mut out = rows.clone();
+    for f in filters {
+        let expr = unnormalize_col(f.clone());
+        let Ok(physical) = state.create_physical_expr(expr, &df_schema) else {
+            continue;
+        };
+        let Ok(value) = physical.evaluate(&out) else {
+            continue;
+        };
+        let Ok(array) = value.into_array(out.num_rows()) else {
+            continue;
+        };
+        if let Some(mask) = array.as_any().downcast_ref::<BooleanArray>() {
+            out = filter_record_batch(&out, mask)?;
+        }
+    }
+    Ok(out)
+}
+
+/// Committed keys to hide, in the representation that is fastest to probe.
+#[derive(Debug)]
+enum HiddenSet {
+    /// A single integer key column: a bitmap over the keys' range.
+    Bitmap { min: i64, bits: Vec<u64> },
+    /// Any other key: encoded keys, with how many copies to hide (tables keyed by the whole
+    /// row may hold equal rows).
+    Keys {
+        encoder: KeyEncoder,
+        keys: Mutex<HashMap<Key, u32>>,
+    },
+}
+
+/// Keys spanning at most this many values use a bitmap (8 MiB).
+const BITMAP_MAX_SPAN: i64 = 64 << 20;
+
+impl HiddenSet {
+    fn build(tail: &TailSnapshot, schema: &SchemaRef, key_cols: &[usize], keyed: bool) -> Self {
+        let types: Vec<DataType> = key_cols
+            .iter()
+            .map(|i| schema.field(*i).data_type().clone())
+            .collect();
+        if keyed
+            && types.len() == 1
+            && matches!(types[0], DataType::Int16 | DataType::Int32 | DataType::Int64)
+        {
+            let ints: Option<Vec<i64>> = tail
+                .hidden
+                .texts
+                .values()
+                .map(|t| t.first().and_then(|v| v.as_deref()?.parse::<i64>().ok()))
+                .collect();
+            if let Some(ints) = ints {
+                let min = ints.iter().copied().min().unwrap_or(0);
+                let max = ints.iter().copied().max().unwrap_or(0);
+                if max.saturating_sub(min) < BITMAP_MAX_SPAN {
+                    let span = (max - min) as usize + 1;
+                    let mut bits = vec![0u64; span.div_ceil(64)];
+                    for v in ints {
+                        let o = (v - min) as usize;
+                        bits[o / 64] |= 1 << (o % 64);
+                    }
+                    return Self::Bitmap { min, bits };
+                }
+            }
+        }
+        Self::Keys {
+            encoder: KeyEncoder::new(types),
+            keys: Mutex::new(tail.hidden.keys.clone()),
+        }
+    }
+
+    /// Which rows of `batch` stay visible (`keys`: the key columns).
+    fn keep(&self, keys: &[ArrayRef]) -> DfResult<BooleanArray> {
+        let n = keys.first().map(|k| k.len()).unwrap_or(0);
+        match self {
+            Self::Bitmap { min, bits } => {
+                let col = &keys[0];
+                let hidden = |v: i64| -> bool {
+                    let o = v.wrapping_sub(*min);
+                    if o < 0 || (o as usize) / 64 >= bits.len() {
+                        return false;
+                    }
+                    let o = o as usize;
+                    bits[o / 64] & (1 << (o % 64)) != 0
+                };
+                let keep: BooleanArray = match col.data_type() {
+                    DataType::Int64 => col
+                        .as_primitive::<Int64Type>()
+                        .iter()
+                        .map(|v| Some(v.is_none_or(|v| !hidden(v))))
+                        .collect(),
+                    DataType::Int32 => col
+                        .as_primitive::<Int32Type>()
+                        .iter()
+                        .map(|v| Some(v.is_none_or(|v| !hidden(v as i64))))
+                        .collect(),
+                    DataType::Int16 => col
+                        .as_primitive::<Int16Type>()
+                        .iter()
+                        .map(|v| Some(v.is_none_or(|v| !hidden(v as i64))))
+                        .collect(),
+                    other => {
+                        return Err(DataFusionError::Internal(format!(
+                            "integer key expected, found {other}"
+                        )))
+                    }
+                };
+                Ok(keep)
+            }
+            Self::Keys { encoder, keys: map } => {
+                let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+                let mut out = Vec::with_capacity(n);
+                for row in 0..n {
+                    let visible = match encoder.from_arrays(keys, row) {
+                        Some(k) => match map.get_mut(&k) {
+                            Some(0) | None => true,
+                            Some(c) if *c == u32::MAX => false,
+                            Some(c) => {
+                                *c -= 1;
+                                false
+                            }
+                        },
+                        None => true,
+                    };
+                    out.push(visible);
+                }
+                Ok(BooleanArray::from(out))
+            }
+        }
+    }
+}
+
+/// Drops committed rows whose key the WAL tail replaced, then projects the key columns away.
+#[derive(Debug)]
+struct HideKeysExec {
+    input: Arc<dyn ExecutionPlan>,
+    keys: Vec<usize>,
+    output: Vec<usize>,
+    hidden: Arc<HiddenSet>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl HideKeysExec {
+    fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        keys: Vec<usize>,
+        output: Vec<usize>,
+        hidden: HiddenSet,
+    ) -> DfResult<Self> {
+        Self::with_hidden(input, keys, output, Arc::new(hidden))
+    }
+
+    fn with_hidden(
+        input: Arc<dyn ExecutionPlan>,
+        keys: Vec<usize>,
+        output: Vec<usize>,
+        hidden: Arc<HiddenSet>,
+    ) -> DfResult<Self> {
+        let schema = Arc::new(input.schema().project(&output)?);
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            input.properties().output_partitioning().clone(),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            input,
+            keys,
+            output,
+            hidden,
+            schema,
+            properties,
+        })
+    }
+}
+
+impl DisplayAs for HideKeysExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "HideKeysExec: rows replaced by the WAL tail")
+    }
+}
+
+impl ExecutionPlan for HideKeysExec {
+    fn name(&self) -> &str {
+        "HideKeysExec"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let input = children
+            .pop()
+            .ok_or_else(|| DataFusionError::Internal("HideKeysExec needs one input".into()))?;
+        Ok(Arc::new(Self::with_hidden(
+            input,
+            self.keys.clone(),
+            self.output.clone(),
+            self.hidden.clone(),
+        )?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let (keys, output, hidden) = (self.keys.clone(), self.output.clone(), self.hidden.clone());
+        let stream = input.map(move |batch| -> DfResult<RecordBatch> {
+            let batch = batch?;
+            let key_arrays: Vec<ArrayRef> = keys.iter().map(|k| batch.column(*k).clone()).collect();
+            let mask = hidden.keep(&key_arrays)?;
+            let kept = filter_record_batch(&batch, &mask)?;
+            Ok(kept.project(&output)?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream.map_err(|e| e),
+        )))
+    }
+}

@@ -1,0 +1,682 @@
+//! Queries, live half: the WAL tail of a table (changes durable in Skippr's WAL but not yet
+//! committed to Iceberg), reduced to the newest version of each key, ready to be merged
+//! with the committed Iceberg snapshot.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::SchemaRef;
+
+use crate::config::TableRef;
+use crate::error::{Error, Result};
+use crate::sink::iceberg::keys::{Key, KeyEncoder};
+use crate::sink::iceberg::SourceColumn;
+use crate::source::postgres::lsn::Lsn;
+use crate::source::postgres::pgoutput::{Datum, Relation};
+use crate::source::postgres::types::{ColumnBuilder, PgType};
+use crate::wal::{Op, Record, SegmentInfo, WalStore};
+
+/// Decoded WAL segments, shared by every query of the process. Segments are immutable once
+/// written, so a decoded segment is valid for as long as its file exists.
+#[derive(Default)]
+pub struct TailCache {
+    segments: Mutex<HashMap<PathBuf, Arc<Vec<Record>>>>,
+}
+
+/// The WAL of one pipeline as read at one moment.
+#[derive(Default, Clone)]
+pub struct WalRead {
+    /// Segments read, oldest first.
+    pub segments: Vec<(SegmentInfo, Arc<Vec<Record>>)>,
+    /// Segments listed but removed before they could be read: their changes were
+    /// committed to Iceberg in the meantime.
+    pub vanished: Vec<SegmentInfo>,
+}
+
+impl WalRead {
+    /// The newest LSN of a removed segment: an Iceberg snapshot read afterwards must cover it,
+    /// or the read raced with a commit and must be repeated.
+    pub fn vanished_through(&self) -> Option<Lsn> {
+        self.vanished.iter().map(|s| s.last).max()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.segments.iter().map(|(s, _)| s.bytes).sum()
+    }
+
+    /// Identifies this read, for caching what is derived from it.
+    fn fingerprint(&self) -> Vec<PathBuf> {
+        self.segments.iter().map(|(s, _)| s.path.clone()).collect()
+    }
+}
+
+impl TailCache {
+    /// Lists and decodes the WAL of the pipeline whose segments live in `dir`. Reading never
+    /// writes, creates or removes anything.
+    pub fn read(&self, dir: &Path) -> Result<WalRead> {
+        let Some(store) = WalStore::reader(dir) else {
+            return Ok(WalRead::default());
+        };
+        let listed = store.segments()?;
+        let mut out = WalRead::default();
+        let mut fresh = Vec::new();
+        {
+            let cache = self.lock();
+            for seg in &listed {
+                match cache.get(&seg.path) {
+                    Some(r) => out.segments.push((seg.clone(), r.clone())),
+                    None => fresh.push(seg.clone()),
+                }
+            }
+        }
+        for seg in fresh {
+            match store.read_if_present(&seg)? {
+                Some(records) => {
+                    let records = Arc::new(records);
+                    self.lock().insert(seg.path.clone(), records.clone());
+                    out.segments.push((seg, records));
+                }
+                None => out.vanished.push(seg),
+            }
+        }
+        out.segments.sort_by_key(|(s, _)| (s.first, s.last));
+        // Forget segments of this WAL that are gone.
+        let keep: HashSet<&PathBuf> = listed.iter().map(|s| &s.path).collect();
+        self.lock()
+            .retain(|p, _| !p.starts_with(dir) || keep.contains(p));
+        Ok(out)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<Vec<Record>>>> {
+        // A panic while holding the lock cannot leave the map inconsistent: keep using it.
+        self.segments.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What a query needs to know about a table to read its tail.
+#[derive(Clone)]
+pub struct TableShape {
+    pub source: TableRef,
+    /// The live schema (the Iceberg table's, as DataFusion reads it).
+    pub schema: SchemaRef,
+    /// Primary key columns (indices into `schema`); empty for tables keyed by the whole row.
+    pub key: Vec<usize>,
+    /// Columns making up the whole-row key of a table without a primary key.
+    pub row_key: Vec<usize>,
+    /// Source columns as the Iceberg table records them (name -> field, declared type).
+    pub columns: Option<Vec<SourceColumn>>,
+}
+
+impl TableShape {
+    fn keyed(&self) -> bool {
+        !self.key.is_empty()
+    }
+
+    fn key_columns(&self) -> &[usize] {
+        if self.keyed() {
+            &self.key
+        } else {
+            &self.row_key
+        }
+    }
+
+    fn pg_types(&self) -> Vec<PgType> {
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| PgType::from_arrow(f.data_type()))
+            .collect()
+    }
+}
+
+/// Committed rows the tail replaces: by key, how many copies to hide (`u32::MAX`: all).
+#[derive(Debug, Clone, Default)]
+pub struct Hidden {
+    pub all: bool,
+    pub keys: HashMap<Key, u32>,
+    /// The key values as text, in key order (for fast paths on integer keys).
+    pub texts: HashMap<Key, Vec<Option<String>>>,
+}
+
+impl Hidden {
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.keys.is_empty()
+    }
+}
+
+/// A table's tail, reduced: the committed rows it hides and the rows it adds.
+#[derive(Debug, Clone)]
+pub struct TailSnapshot {
+    /// The Iceberg snapshot LSN the tail starts after.
+    pub floor: Lsn,
+    pub hidden: Hidden,
+    /// Rows the tail adds, in the live schema (values an update left unchanged are NULL
+    /// there and listed in `fill`).
+    pub rows: Option<RecordBatch>,
+    /// Rows of `rows` with values an update left unchanged, and the key of the committed row
+    /// that holds them.
+    pub fill: Vec<(usize, Key, Vec<usize>)>,
+    /// Changes of this table in the tail.
+    pub changes: u64,
+    /// Source commit time of the oldest transaction in the tail touching this table.
+    pub oldest_commit_micros: Option<i64>,
+    /// Newest LSN in the WAL.
+    pub wal_lsn: Lsn,
+}
+
+struct Pending {
+    key: Key,
+    values: Vec<Datum>,
+}
+
+/// Reduces the WAL read to the tail of one table after `floor` (the LSN its Iceberg snapshot
+/// covers). Only whole transactions exist in the WAL, so only whole transactions show.
+pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnapshot> {
+    let names: Vec<&str> = shape
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect();
+    let pg = shape.pg_types();
+    let key_cols = shape.key_columns().to_vec();
+    let encoder = KeyEncoder::new(
+        key_cols
+            .iter()
+            .map(|i| shape.schema.field(*i).data_type().clone())
+            .collect(),
+    );
+    let keyed = shape.keyed();
+    let width = names.len();
+    let mut maps: HashMap<u32, Vec<Option<usize>>> = HashMap::new();
+    let mut rows: Vec<Option<Pending>> = Vec::new();
+    let mut by_key: HashMap<Key, Vec<usize>> = HashMap::new();
+    let mut hidden = Hidden::default();
+    let mut changes = 0u64;
+    let mut oldest = None;
+    let mut wal_lsn = Lsn::default();
+
+    let key_of = |row: &[Datum]| -> Result<(Key, Vec<Option<String>>)> {
+        let mut texts = Vec::with_capacity(key_cols.len());
+        let mut types = Vec::with_capacity(key_cols.len());
+        for &i in &key_cols {
+            match row.get(i) {
+                Some(Datum::Text(b)) => texts.push(Some(
+                    std::str::from_utf8(b)
+                        .map_err(|_| {
+                            Error::unrepresentable(format!(
+                                "table {}, column `{}`: a key value is not UTF-8",
+                                shape.source, names[i]
+                            ))
+                        })?
+                        .to_string(),
+                )),
+                Some(Datum::Unchanged) => {
+                    return Err(Error::fatal(format!(
+                        "table {}: the key column `{}` arrived without a value",
+                        shape.source, names[i]
+                    )))
+                }
+                _ => texts.push(None),
+            }
+            types.push(pg[i].clone());
+        }
+        let refs: Vec<Option<&str>> = texts.iter().map(|t| t.as_deref()).collect();
+        let key = encoder.from_text(&types, &refs).map_err(|e| {
+            Error::unrepresentable(format!(
+                "table {}: a key value cannot be read: {e}",
+                shape.source
+            ))
+        })?;
+        Ok((key, texts))
+    };
+
+    let relation = |r: &Relation, maps: &mut HashMap<u32, Vec<Option<usize>>>| {
+        if r.namespace != shape.source.schema || r.name != shape.source.name {
+            return;
+        }
+        let mut map = vec![None; names.len()];
+        for (ri, c) in r.columns.iter().enumerate() {
+            let recorded = shape
+                .columns
+                .as_ref()
+                .and_then(|cols| cols.iter().find(|x| x.name == c.name));
+            // A column whose type changed since the last commit: its values belong to a
+            // column the next commit creates; until then the live view shows NULL there.
+            if recorded.is_some_and(|x| x.oid != c.type_oid || x.typmod != c.typmod) {
+                continue;
+            }
+            let target = recorded.map(|x| x.target()).unwrap_or(c.name.as_str());
+            if let Some(ti) = names.iter().position(|n| *n == target) {
+                map[ti] = Some(ri);
+            }
+        }
+        maps.insert(r.id, map);
+    };
+
+    for (_, records) in &read.segments {
+        for rec in records.iter() {
+            let txn = match rec {
+                Record::Relation(r) => {
+                    relation(r, &mut maps);
+                    continue;
+                }
+                Record::Txn(t) => t,
+            };
+            wal_lsn = wal_lsn.max(txn.end_lsn);
+            if txn.end_lsn <= floor {
+                continue;
+            }
+            for c in &txn.changes {
+                if c.op == Op::Relation {
+                    if let Some(r) = &c.relation {
+                        relation(r, &mut maps);
+                    }
+                    continue;
+                }
+                let Some(map) = maps.get(&c.rel) else {
+                    continue;
+                };
+                changes += 1;
+                oldest.get_or_insert(txn.commit_time_micros);
+                let to_row = |t: &Option<Vec<Datum>>| -> Vec<Datum> {
+                    let tuple = t.as_deref().unwrap_or_default();
+                    map.iter()
+                        .map(|m| m.and_then(|i| tuple.get(i).cloned()).unwrap_or(Datum::Null))
+                        .collect()
+                };
+                match c.op {
+                    Op::Relation => {}
+                    Op::Truncate => {
+                        hidden = Hidden {
+                            all: true,
+                            ..Hidden::default()
+                        };
+                        rows.clear();
+                        by_key.clear();
+                    }
+                    Op::Insert => {
+                        let row = to_row(&c.new);
+                        let (key, texts) = key_of(&row)?;
+                        if keyed {
+                            take_pending(&mut rows, &mut by_key, &key, true);
+                            hide(&mut hidden, key.clone(), texts, true);
+                        }
+                        push(&mut rows, &mut by_key, key, row);
+                    }
+                    Op::Delete => {
+                        let old = to_row(&c.old);
+                        let (key, texts) = key_of(&old)?;
+                        let taken = take_pending(&mut rows, &mut by_key, &key, keyed);
+                        if keyed || taken.is_none() {
+                            hide(&mut hidden, key, texts, keyed);
+                        }
+                    }
+                    Op::Update => {
+                        let mut row = to_row(&c.new);
+                        let old = c.old.as_ref().map(|_| to_row(&c.old));
+                        if let Some(old) = &old {
+                            for (d, o) in row.iter_mut().zip(old) {
+                                if matches!(d, Datum::Unchanged) && matches!(o, Datum::Text(_)) {
+                                    *d = o.clone();
+                                }
+                            }
+                        }
+                        let (new_key, _) = key_of(&row)?;
+                        let (old_key, old_texts) = match &old {
+                            Some(o) => key_of(o)?,
+                            None => key_of(&row)?,
+                        };
+                        let previous = take_pending(&mut rows, &mut by_key, &old_key, keyed);
+                        if keyed || previous.is_none() {
+                            hide(&mut hidden, old_key.clone(), old_texts, keyed);
+                        }
+                        if keyed && new_key != old_key {
+                            take_pending(&mut rows, &mut by_key, &new_key, true);
+                            let (_, new_texts) = key_of(&row)?;
+                            hide(&mut hidden, new_key.clone(), new_texts, true);
+                        }
+                        // Where values still unchanged live: the committed row of the old
+                        // key, or wherever the pending version said its own came from.
+                        let mut fill_from = Datum::Text(old_key.to_vec().into());
+                        if let Some(mut p) = previous {
+                            if p.values.len() > width {
+                                fill_from = p.values.swap_remove(width);
+                            }
+                            for (d, v) in row.iter_mut().zip(p.values) {
+                                if matches!(d, Datum::Unchanged) {
+                                    *d = v;
+                                }
+                            }
+                        }
+                        if row.iter().any(|d| matches!(d, Datum::Unchanged)) {
+                            row.push(fill_from);
+                        }
+                        push(&mut rows, &mut by_key, new_key, row);
+                    }
+                }
+            }
+        }
+    }
+
+    let live: Vec<Pending> = rows.into_iter().flatten().collect();
+    let mut fill = Vec::new();
+    let batch = if live.is_empty() {
+        None
+    } else {
+        let mut builders: Vec<ColumnBuilder> = shape
+            .schema
+            .fields()
+            .iter()
+            .zip(&pg)
+            .map(|(f, t)| ColumnBuilder::new(t, f.data_type(), live.len()))
+            .collect();
+        for (r, row) in live.iter().enumerate() {
+            let mut unchanged = Vec::new();
+            for (i, b) in builders.iter_mut().enumerate() {
+                match row.values.get(i) {
+                    Some(Datum::Text(v)) => {
+                        let s = std::str::from_utf8(v).map_err(|_| {
+                            Error::unrepresentable(format!(
+                                "table {}, column `{}`: the value is not UTF-8",
+                                shape.source, names[i]
+                            ))
+                        })?;
+                        b.append_text(s).map_err(|e| {
+                            Error::unrepresentable(format!(
+                                "table {}, column `{}`: {}",
+                                shape.source, names[i], e.0
+                            ))
+                        })?;
+                    }
+                    Some(Datum::Unchanged) => {
+                        unchanged.push(i);
+                        b.append_null();
+                    }
+                    _ => b.append_null(),
+                }
+            }
+            if !unchanged.is_empty() {
+                let from = match row.values.get(width) {
+                    Some(Datum::Text(k)) => Key::from(k.to_vec()),
+                    _ => row.key.clone(),
+                };
+                fill.push((r, from, unchanged));
+            }
+        }
+        let columns: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
+        let columns = columns
+            .into_iter()
+            .zip(shape.schema.fields())
+            .map(|(c, f)| {
+                if c.data_type() == f.data_type() {
+                    Ok(c)
+                } else {
+                    arrow::compute::cast(&c, f.data_type()).map_err(Error::from)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Some(RecordBatch::try_new(shape.schema.clone(), columns)?)
+    };
+    Ok(TailSnapshot {
+        floor,
+        hidden,
+        rows: batch,
+        fill,
+        changes,
+        oldest_commit_micros: oldest,
+        wal_lsn,
+    })
+}
+
+fn take_pending(
+    rows: &mut [Option<Pending>],
+    by_key: &mut HashMap<Key, Vec<usize>>,
+    key: &Key,
+    all: bool,
+) -> Option<Pending> {
+    let list = by_key.get_mut(key)?;
+    let mut last = None;
+    while let Some(i) = list.pop() {
+        last = rows[i].take().or(last);
+        if !all {
+            break;
+        }
+    }
+    if list.is_empty() {
+        by_key.remove(key);
+    }
+    last
+}
+
+fn push(
+    rows: &mut Vec<Option<Pending>>,
+    by_key: &mut HashMap<Key, Vec<usize>>,
+    key: Key,
+    values: Vec<Datum>,
+) {
+    by_key.entry(key.clone()).or_default().push(rows.len());
+    rows.push(Some(Pending { key, values }));
+}
+
+fn hide(hidden: &mut Hidden, key: Key, texts: Vec<Option<String>>, all: bool) {
+    if hidden.all {
+        // After a TRUNCATE in the tail, no committed row is visible anyway.
+        return;
+    }
+    let n = hidden.keys.entry(key.clone()).or_insert(0);
+    *n = if all { u32::MAX } else { n.saturating_add(1) };
+    hidden.texts.entry(key).or_insert(texts);
+}
+
+/// Caches the reduced tail of each table for as long as neither the WAL nor the table's
+/// committed snapshot changes.
+#[derive(Default)]
+pub struct ReducedCache {
+    entries: Mutex<HashMap<String, (Lsn, Vec<PathBuf>, Arc<TailSnapshot>)>>,
+}
+
+impl ReducedCache {
+    pub fn get_or_reduce(
+        &self,
+        table: &str,
+        shape: &TableShape,
+        read: &WalRead,
+        floor: Lsn,
+    ) -> Result<Arc<TailSnapshot>> {
+        let fp = read.fingerprint();
+        {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((lsn, paths, snap)) = entries.get(table) {
+                if *lsn == floor && *paths == fp && snap_schema_matches(snap, shape) {
+                    return Ok(snap.clone());
+                }
+            }
+        }
+        let snap = Arc::new(reduce(shape, read, floor)?);
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(table.to_string(), (floor, fp, snap.clone()));
+        Ok(snap)
+    }
+}
+
+fn snap_schema_matches(snap: &TailSnapshot, shape: &TableShape) -> bool {
+    snap.rows
+        .as_ref()
+        .is_none_or(|b| b.schema().fields() == shape.schema.fields())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::postgres::pgoutput::RelColumn;
+    use crate::wal::{Change, Txn};
+    use arrow::array::{AsArray, Int32Array};
+    use arrow::datatypes::{DataType, Field, Int32Type, Schema};
+    use bytes::Bytes;
+
+    fn t(v: &str) -> Datum {
+        Datum::Text(Bytes::copy_from_slice(v.as_bytes()))
+    }
+
+    fn relation() -> Relation {
+        Relation {
+            id: 7,
+            namespace: "public".into(),
+            name: "t".into(),
+            replica_identity: b'd',
+            columns: vec![
+                RelColumn {
+                    is_key: true,
+                    name: "id".into(),
+                    type_oid: 23,
+                    typmod: -1,
+                },
+                RelColumn {
+                    is_key: false,
+                    name: "v".into(),
+                    type_oid: 25,
+                    typmod: -1,
+                },
+            ],
+        }
+    }
+
+    fn shape(keyed: bool) -> TableShape {
+        TableShape {
+            source: TableRef {
+                schema: "public".into(),
+                name: "t".into(),
+            },
+            schema: Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int32, true),
+                Field::new("v", DataType::Utf8, true),
+            ])),
+            key: if keyed { vec![0] } else { vec![] },
+            row_key: vec![0, 1],
+            columns: None,
+        }
+    }
+
+    fn change(op: Op, old: Option<Vec<Datum>>, new: Option<Vec<Datum>>) -> Change {
+        Change {
+            op,
+            rel: 7,
+            old,
+            new,
+            relation: None,
+        }
+    }
+
+    fn read(txns: Vec<Vec<Change>>) -> WalRead {
+        let mut records = vec![Record::Relation(relation())];
+        for (i, changes) in txns.into_iter().enumerate() {
+            let lsn = Lsn(100 + i as u64 * 10);
+            records.push(Record::Txn(Txn {
+                xid: i as u32,
+                commit_lsn: lsn,
+                end_lsn: lsn,
+                commit_time_micros: 0,
+                changes,
+            }));
+        }
+        let seg = SegmentInfo {
+            path: PathBuf::from("/nonexistent/a.seg"),
+            first: Lsn(100),
+            last: Lsn(200),
+            bytes: 0,
+        };
+        WalRead {
+            segments: vec![(seg, Arc::new(records))],
+            vanished: vec![],
+        }
+    }
+
+    fn ids(s: &TailSnapshot) -> Vec<i32> {
+        let mut v: Vec<i32> = s
+            .rows
+            .as_ref()
+            .map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn keeps_the_newest_version_and_hides_replaced_keys() {
+        let r = read(vec![
+            vec![
+                change(Op::Insert, None, Some(vec![t("1"), t("a")])),
+                change(Op::Update, None, Some(vec![t("2"), t("b")])),
+            ],
+            vec![
+                change(Op::Update, Some(vec![t("1"), Datum::Null]), Some(vec![t("3"), t("c")])),
+                change(Op::Delete, Some(vec![t("2"), Datum::Null]), None),
+            ],
+        ]);
+        let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
+        assert_eq!(ids(&s), vec![3]);
+        assert_eq!(s.hidden.keys.len(), 3, "keys 1, 2 and 3 replace committed rows");
+        assert_eq!(s.changes, 4);
+    }
+
+    #[test]
+    fn skips_transactions_the_snapshot_covers() {
+        let r = read(vec![
+            vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
+            vec![change(Op::Insert, None, Some(vec![t("2"), t("b")]))],
+        ]);
+        let s = reduce(&shape(true), &r, Lsn(100)).unwrap();
+        assert_eq!(ids(&s), vec![2]);
+    }
+
+    #[test]
+    fn truncate_hides_everything_before_it() {
+        let r = read(vec![
+            vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
+            vec![change(Op::Truncate, None, None)],
+            vec![change(Op::Insert, None, Some(vec![t("5"), t("e")]))],
+        ]);
+        let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
+        assert!(s.hidden.all);
+        assert_eq!(ids(&s), vec![5]);
+    }
+
+    #[test]
+    fn keyless_tables_hide_one_copy_per_delete() {
+        let row = || vec![t("1"), t("a")];
+        let r = read(vec![
+            vec![change(Op::Delete, Some(row()), None)],
+            vec![change(Op::Insert, None, Some(row())), change(Op::Insert, None, Some(row()))],
+            vec![change(Op::Delete, Some(row()), None)],
+        ]);
+        let s = reduce(&shape(false), &r, Lsn(0)).unwrap();
+        // One committed copy hidden; of the two pending copies one is deleted again.
+        assert_eq!(s.hidden.keys.values().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(ids(&s), vec![1]);
+    }
+
+    #[test]
+    fn unchanged_values_come_from_the_pending_row_or_are_marked_for_filling() {
+        let r = read(vec![
+            vec![change(Op::Update, None, Some(vec![t("1"), Datum::Unchanged]))],
+            vec![change(Op::Insert, None, Some(vec![t("2"), t("x")]))],
+            vec![change(Op::Update, None, Some(vec![t("2"), Datum::Unchanged]))],
+        ]);
+        let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
+        let batch = s.rows.as_ref().unwrap();
+        let id = batch.column(0).as_any().downcast_ref::<Int32Array>().unwrap();
+        let v = batch.column(1).as_string::<i32>();
+        for i in 0..batch.num_rows() {
+            if id.value(i) == 2 {
+                assert_eq!(v.value(i), "x");
+            }
+        }
+        assert_eq!(s.fill.len(), 1, "row 1 needs its value from the committed row");
+        assert_eq!(s.fill[0].2, vec![1]);
+    }
+}

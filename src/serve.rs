@@ -1,0 +1,209 @@
+//! `skipprd serve`: every pipeline's continuous sync, the Postgres-wire gateway over the live
+//! tables and the Prometheus endpoint, in one process that stops cleanly on SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::Config;
+use crate::error::{Context, Error, Result};
+use crate::query::{tail_lag_seconds, Workspace};
+use crate::server::Gateway;
+use crate::telemetry::metrics;
+
+/// How long a stop waits for statements in flight.
+const QUERY_GRACE: Duration = Duration::from_secs(30);
+/// How often the list of tables is read again (a first snapshot creates tables while serving).
+const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Runs until SIGTERM/SIGINT (exit 0) or until a pipeline fails (its error is returned).
+pub async fn run(config: &Config) -> Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    crate::cdc::trap_signals(stop_tx.clone());
+    let ws = Workspace::open(config).await?;
+    let gateway = Gateway::bind(&config.query, ws.clone()).await?;
+    let metrics_listener = TcpListener::bind(config.metrics_listen)
+        .await
+        .map_err(|e| {
+            Error::config(format!(
+                "cannot listen on {} (skippr.metrics.listen): {e}; choose a free port",
+                config.metrics_listen
+            ))
+        })?;
+    let metrics_addr = metrics_listener
+        .local_addr()
+        .context("reading the metrics address")?;
+    tracing::info!(address = %metrics_addr, "metrics at http://{metrics_addr}/metrics");
+
+    let mut services = JoinSet::new();
+    services.spawn(gateway.run(stop_rx.clone(), QUERY_GRACE));
+    services.spawn(serve_metrics(metrics_listener, ws.clone(), stop_rx.clone()));
+    services.spawn(refresh_tables(ws.clone(), stop_rx.clone()));
+
+    let mut pipelines = JoinSet::new();
+    for p in &config.pipelines {
+        let (config, p, rx) = (config.clone(), p.clone(), stop_rx.clone());
+        pipelines.spawn(async move {
+            let name = p.name.clone();
+            crate::pipeline::sync(&config, &p, false, false, rx)
+                .await
+                .map(|_| ())
+                .map_err(|e| (name, e))
+        });
+    }
+
+    let mut failure: Option<Error> = None;
+    while let Some(done) = pipelines.join_next().await {
+        let outcome = done.map_err(|e| Error::fatal(format!("a pipeline task failed: {e}")));
+        let err = match outcome {
+            Ok(Ok(())) => continue,
+            Ok(Err((name, e))) => {
+                tracing::error!(pipeline = %name, error = %e.report(), "pipeline stopped; stopping the server");
+                e
+            }
+            Err(e) => e,
+        };
+        if failure.is_none() {
+            failure = Some(err);
+        }
+        let _ = stop_tx.send(true);
+    }
+    // Pipelines end only on a stop request or a failure: stop the services too.
+    let _ = stop_tx.send(true);
+    while let Some(done) = services.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e.report(), "service stopped with an error"),
+            Err(e) => tracing::warn!(error = %e, "service task failed"),
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => {
+            tracing::info!("skipprd serve stopped");
+            Ok(())
+        }
+    }
+}
+
+async fn refresh_tables(ws: Arc<Workspace>, mut stop: watch::Receiver<bool>) -> Result<()> {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REFRESH_INTERVAL) => {
+                if let Err(e) = ws.refresh().await {
+                    tracing::warn!(error = %e.report(), "cannot list the workspace's tables");
+                }
+            }
+            _ = stop.changed() => {
+                if *stop.borrow() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Serves `GET /metrics` until stopped.
+async fn serve_metrics(
+    listener: TcpListener,
+    ws: Arc<Workspace>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<()> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((socket, peer)) = accepted else { continue };
+                let ws = ws.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = metrics_request(socket, &ws).await {
+                        tracing::debug!(peer = %peer, error = %e, "metrics request failed");
+                    }
+                });
+            }
+            _ = stop.changed() => {
+                if *stop.borrow() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+async fn metrics_request(mut socket: tokio::net::TcpStream, ws: &Workspace) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    // Read the request head (bounded).
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+        let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut chunk))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))??;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut parts = head.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, content_type, body) = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
+        update_table_gauges(ws).await;
+        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics::render())
+    } else if method == "GET" && path == "/" {
+        ("200 OK", "text/plain; charset=utf-8", "skipprd: metrics at /metrics\n".to_string())
+    } else {
+        ("404 Not Found", "text/plain; charset=utf-8", "not found: metrics are at /metrics\n".to_string())
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(response.as_bytes()).await?;
+    socket.shutdown().await
+}
+
+/// Gauges that are read from the tables' state when scraped.
+async fn update_table_gauges(ws: &Workspace) {
+    let states = match ws.states().await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e.report(), "cannot read the tables' state for metrics");
+            return;
+        }
+    };
+    for s in states {
+        let table = s.table.identifier().name().to_string();
+        let labels = [("table", table.as_str())];
+        metrics::set(
+            "skippr_table_lag_seconds",
+            "Age of the oldest change of the table not yet committed to Iceberg (0 when none).",
+            &labels,
+            tail_lag_seconds(&s.tail),
+        );
+        metrics::set(
+            "skippr_table_wal_tail_rows",
+            "Rows of the table in the WAL tail (live, not yet in Iceberg).",
+            &labels,
+            s.tail.rows.as_ref().map(|b| b.num_rows()).unwrap_or(0) as f64,
+        );
+        metrics::set(
+            "skippr_table_committed_lsn",
+            "Source LSN covered by the table's last Iceberg commit.",
+            &labels,
+            crate::sink::iceberg::commit::committed_lsn(&s.table)
+                .map(|l| l.0)
+                .unwrap_or(0) as f64,
+        );
+        if let Some(p) = &s.pipeline {
+            metrics::set(
+                "skippr_wal_bytes",
+                "Bytes of WAL segments not yet removed (changes not yet in Iceberg).",
+                &[("pipeline", p.as_str())],
+                s.wal_bytes as f64,
+            );
+        }
+    }
+}
