@@ -6,6 +6,7 @@ update left unchanged. Iceberg itself must not have moved, which proves the tail
 
 from __future__ import annotations
 
+import decimal
 import json
 import signal
 import subprocess
@@ -48,7 +49,7 @@ def query_json(skippr: Skippr, sql: str) -> list[dict]:
     proc = skippr.run("query", sql, "--format", "json", check=False)
     assert_no_panic(proc)
     assert proc.returncode == 0, describe_run(proc, f"query failed: {sql}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return [json.loads(line, parse_float=decimal.Decimal) for line in proc.stdout.splitlines() if line.strip()]
 
 
 def test_tail_is_visible_before_any_commit(skippr: Skippr, db: Database) -> None:
@@ -73,10 +74,10 @@ def test_tail_is_visible_before_any_commit(skippr: Skippr, db: Database) -> None
         # Filters and projections reach both sides and agree with Postgres.
         got = query_json(skippr, "SELECT id, balance FROM accounts WHERE id < 25 OR id > 1000 ORDER BY id")
         want = db.execute("SELECT id, balance::text FROM accounts WHERE id < 25 OR id > 1000 ORDER BY id")
-        assert [(r["id"], str(r["balance"])) for r in got] == [(i, b) for i, b in want]
+        assert [(r["id"], decimal.Decimal(r["balance"])) for r in got] == [(i, decimal.Decimal(b)) for i, b in want]
         agg = query_json(skippr, "SELECT count(*) AS n, sum(balance) AS s FROM accounts")
         n, s = db.execute("SELECT count(*), sum(balance)::text FROM accounts")[0]
-        assert agg[0]["n"] == n and str(agg[0]["s"]) == s
+        assert agg[0]["n"] == n and decimal.Decimal(agg[0]["s"]) == decimal.Decimal(s)
         # The system table shows the tail.
         status = query_json(skippr, "SELECT * FROM skippr.tables")
         row = next(r for r in status if r["table_name"] == "accounts")
