@@ -3,19 +3,27 @@
 //! Iceberg table's own record of it) in `pg_index`, `pg_constraint` and `pg_class`.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, SchemaRef};
 use async_trait::async_trait;
-use datafusion::catalog::SchemaProvider;
+use datafusion::catalog::{SchemaProvider, Session};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::TableType;
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::common::ScalarValue;
-use datafusion::datasource::{MemTable, TableProvider};
+use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::prelude::SessionContext;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
 
+use crate::config::quote_ident;
 use crate::error::{Error, Result};
 use crate::query::{Workspace, CATALOG};
 use crate::sink::iceberg::PROP_PRIMARY_KEY;
@@ -30,16 +38,237 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<()> {
     let inner = catalog
         .schema("pg_catalog")
         .ok_or_else(|| Error::fatal("pg_catalog was not registered"))?;
+    let defs = Definitions::default();
     catalog
-        .register_schema("pg_catalog", Arc::new(PgCatalog { inner, ws }))
+        .register_schema(
+            "pg_catalog",
+            Arc::new(PgCatalog {
+                inner,
+                ws,
+                defs: defs.clone(),
+            }),
+        )
         .map_err(Error::from)?;
+    ctx.register_udf(ScalarUDF::from(DefinitionUdf::new(
+        "pg_get_indexdef",
+        defs.clone(),
+    )));
+    ctx.register_udf(ScalarUDF::from(DefinitionUdf::new(
+        "pg_get_constraintdef",
+        defs,
+    )));
+    ctx.register_udf(ScalarUDF::from(ToRegtypeUdf {
+        signature: Signature::variadic_any(Volatility::Stable),
+    }));
+    ctx.register_udf(ScalarUDF::from(VersionUdf {
+        signature: Signature::exact(vec![], Volatility::Stable),
+    }));
     Ok(())
+}
+
+/// What `version()` returns: clients (SQLAlchemy, JDBC tools) parse the Postgres version
+/// from it.
+pub fn version_string() -> String {
+    format!(
+        "PostgreSQL 16.6 (Skippr {}) on {}-linux, compiled by rustc, 64-bit",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    )
+}
+
+/// Built-in types by name, for `to_regtype`.
+const TYPE_OIDS: &[(&str, i64)] = &[
+    ("bool", 16),
+    ("boolean", 16),
+    ("bytea", 17),
+    ("char", 18),
+    ("name", 19),
+    ("int8", 20),
+    ("bigint", 20),
+    ("int2", 21),
+    ("smallint", 21),
+    ("int4", 23),
+    ("integer", 23),
+    ("int", 23),
+    ("text", 25),
+    ("oid", 26),
+    ("json", 114),
+    ("float4", 700),
+    ("real", 700),
+    ("float8", 701),
+    ("double precision", 701),
+    ("varchar", 1043),
+    ("character varying", 1043),
+    ("date", 1082),
+    ("time", 1083),
+    ("timestamp", 1114),
+    ("timestamptz", 1184),
+    ("interval", 1186),
+    ("numeric", 1700),
+    ("uuid", 2950),
+    ("jsonb", 3802),
+];
+
+/// `to_regtype(name)`: the oid of a built-in type, NULL for any other (so a client probing
+/// for an extension type such as `hstore` learns it is absent).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ToRegtypeUdf {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for ToRegtypeUdf {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn name(&self) -> &str {
+        "to_regtype"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Int64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let Some(first) = args.args.first() else {
+            return Err(DataFusionError::Plan("to_regtype() needs a type name".into()));
+        };
+        let names = first.to_array(args.number_rows)?;
+        let names = arrow::compute::cast(&names, &DataType::Utf8)?;
+        let names = names.as_string::<i32>();
+        let out: arrow::array::Int64Array = (0..names.len())
+            .map(|i| {
+                if names.is_null(i) {
+                    return None;
+                }
+                let n = names.value(i).trim().trim_start_matches("pg_catalog.");
+                TYPE_OIDS
+                    .iter()
+                    .find(|(t, _)| t.eq_ignore_ascii_case(n))
+                    .map(|(_, oid)| *oid)
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
+/// `version()`, Postgres-style.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct VersionUdf {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for VersionUdf {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn name(&self) -> &str {
+        "version"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
+            version_string(),
+        ))))
+    }
+}
+
+/// The definitions of our indexes and constraints by oid, as `pg_get_indexdef` and
+/// `pg_get_constraintdef` print them; filled whenever the key catalog is read.
+#[derive(Debug, Clone, Default)]
+struct Definitions(Arc<RwLock<HashMap<i64, String>>>);
+
+/// `pg_get_indexdef(oid [, column, pretty])` and `pg_get_constraintdef(oid [, pretty])`.
+#[derive(Debug)]
+struct DefinitionUdf {
+    name: &'static str,
+    signature: Signature,
+    defs: Definitions,
+}
+
+impl DefinitionUdf {
+    fn new(name: &'static str, defs: Definitions) -> Self {
+        Self {
+            name,
+            signature: Signature::variadic_any(Volatility::Stable),
+            defs,
+        }
+    }
+}
+
+impl PartialEq for DefinitionUdf {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for DefinitionUdf {}
+
+impl std::hash::Hash for DefinitionUdf {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state)
+    }
+}
+
+impl ScalarUDFImpl for DefinitionUdf {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let Some(first) = args.args.first() else {
+            return Err(DataFusionError::Plan(format!(
+                "{}() needs an oid argument",
+                self.name
+            )));
+        };
+        let oids = first.to_array(args.number_rows)?;
+        let oids = arrow::compute::cast(&oids, &DataType::Int64)?;
+        let oids = oids.as_primitive::<Int64Type>();
+        let defs = self.defs.0.read().unwrap_or_else(|e| e.into_inner());
+        let out: arrow::array::StringArray = (0..oids.len())
+            .map(|i| {
+                if oids.is_null(i) {
+                    None
+                } else {
+                    defs.get(&oids.value(i)).cloned()
+                }
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
 }
 
 /// `pg_catalog`, with the primary keys of the workspace's tables added.
 struct PgCatalog {
     inner: Arc<dyn SchemaProvider>,
     ws: Arc<Workspace>,
+    defs: Definitions,
 }
 
 impl std::fmt::Debug for PgCatalog {
@@ -107,10 +336,30 @@ impl PgCatalog {
                 if attnums.is_empty() {
                     continue;
                 }
+                let columns: Vec<String> = pk
+                    .split(',')
+                    .filter(|k| !k.is_empty())
+                    .map(quote_ident)
+                    .collect();
+                let index_oid = INDEX_OID_BASE + oids.value(i);
+                {
+                    let mut defs = self.defs.0.write().unwrap_or_else(|e| e.into_inner());
+                    defs.insert(
+                        index_oid,
+                        format!(
+                            "CREATE UNIQUE INDEX {} ON {}.{} USING btree ({})",
+                            quote_ident(&format!("{table}_pkey")),
+                            quote_ident(&self.ws.name),
+                            quote_ident(&table),
+                            columns.join(", ")
+                        ),
+                    );
+                    defs.insert(index_oid + 1, format!("PRIMARY KEY ({})", columns.join(", ")));
+                }
                 out.push(PrimaryKey {
                     table_oid: oids.value(i),
                     namespace_oid: ns.value(i),
-                    index_oid: INDEX_OID_BASE + oids.value(i),
+                    index_oid,
                     table,
                     attnums,
                 });
@@ -119,27 +368,144 @@ impl PgCatalog {
         Ok(out)
     }
 
-    /// `base`'s rows plus one row per key, built by `value(column name, key)`.
-    async fn extended(
+}
+
+/// Which catalog table gains rows for the primary keys.
+#[derive(Debug, Clone, Copy)]
+enum Extra {
+    Index,
+    Constraint,
+    Class,
+}
+
+/// A `pg_catalog` table with one row added per primary key. The rows are built when the
+/// table is scanned, never when it is only looked up: pg_catalog's own builders look up
+/// every table of every schema (this one included) while they run.
+struct Extended {
+    base: Arc<dyn TableProvider>,
+    catalog: Arc<PgCatalog>,
+    extra: Extra,
+}
+
+impl std::fmt::Debug for Extended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Extended({:?})", self.extra)
+    }
+}
+
+#[async_trait]
+impl TableProvider for Extended {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.base.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        self.base.table_type()
+    }
+
+    async fn scan(
         &self,
-        name: &str,
-        value: impl Fn(&str, &PrimaryKey) -> Option<Value>,
-    ) -> DfResult<Option<Arc<dyn TableProvider>>> {
-        let Some(base) = self.inner.table(name).await? else {
-            return Ok(None);
-        };
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let keys = self
+            .catalog
             .primary_keys()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let schema = base.schema();
+        let schema = self.base.schema();
         let scratch = SessionContext::new();
-        let mut batches = scratch.read_table(base)?.collect().await?;
-        if !keys.is_empty() {
-            batches.push(rows(&schema, &keys, value)?);
+        let mut batches = scratch.read_table(self.base.clone())?.collect().await?;
+        if matches!(self.extra, Extra::Class) && !keys.is_empty() {
+            // Tables with a primary key have an index (psql's `\d` only looks when it is set).
+            batches = batches
+                .into_iter()
+                .map(|b| mark_indexed(b, &keys))
+                .collect::<DfResult<_>>()?;
         }
-        Ok(Some(Arc::new(MemTable::try_new(schema, vec![batches])?)))
+        if !keys.is_empty() {
+            batches.push(match self.extra {
+                Extra::Index => rows(&schema, &keys, index_value)?,
+                Extra::Constraint => rows(&schema, &keys, constraint_value)?,
+                Extra::Class => rows(&schema, &keys, class_value)?,
+            });
+        }
+        Ok(MemorySourceConfig::try_new_exec(
+            &[batches],
+            schema,
+            projection.cloned(),
+        )?)
     }
+}
+
+/// Sets `relhasindex` on the rows of tables that have a primary key.
+fn mark_indexed(batch: RecordBatch, keys: &[PrimaryKey]) -> DfResult<RecordBatch> {
+    let schema = batch.schema();
+    let (Ok(oid_col), Ok(flag_col)) = (schema.index_of("oid"), schema.index_of("relhasindex"))
+    else {
+        return Ok(batch);
+    };
+    let oids = arrow::compute::cast(batch.column(oid_col), &DataType::Int64)?;
+    let oids = oids.as_primitive::<Int64Type>();
+    let flags = batch.column(flag_col).as_boolean();
+    let marked: arrow::array::BooleanArray = (0..batch.num_rows())
+        .map(|i| {
+            let indexed = keys.iter().any(|k| k.table_oid == oids.value(i));
+            Some(indexed || (flags.is_valid(i) && flags.value(i)))
+        })
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns[flag_col] = Arc::new(marked);
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+fn index_value(col: &str, k: &PrimaryKey) -> Option<Value> {
+    let n = k.attnums.len() as i64;
+    Some(match col {
+        "indexrelid" => Value::Int(k.index_oid),
+        "indrelid" => Value::Int(k.table_oid),
+        "indnatts" | "indnkeyatts" => Value::Int(n),
+        "indisunique" | "indisprimary" | "indimmediate" | "indisvalid" | "indisready"
+        | "indislive" => Value::Bool(true),
+        "indkey" => Value::Ints(k.attnums.clone()),
+        "indoption" => Value::Ints(vec![0; k.attnums.len()]),
+        _ => return None,
+    })
+}
+
+fn constraint_value(col: &str, k: &PrimaryKey) -> Option<Value> {
+    Some(match col {
+        "oid" => Value::Int(k.index_oid + 1),
+        "conname" => Value::Text(pkey_name(k)),
+        "connamespace" => Value::Int(k.namespace_oid),
+        "contype" => Value::Text("p".into()),
+        "convalidated" | "conislocal" => Value::Bool(true),
+        "condeferrable" | "condeferred" | "connoinherit" => Value::Bool(false),
+        "conrelid" => Value::Int(k.table_oid),
+        "conindid" => Value::Int(k.index_oid),
+        "conkey" => Value::Ints(k.attnums.clone()),
+        _ => return None,
+    })
+}
+
+fn class_value(col: &str, k: &PrimaryKey) -> Option<Value> {
+    Some(match col {
+        "oid" => Value::Int(k.index_oid),
+        "relname" => Value::Text(pkey_name(k)),
+        "relnamespace" => Value::Int(k.namespace_oid),
+        "relkind" => Value::Text("i".into()),
+        "relam" => Value::Int(403),
+        "relnatts" => Value::Int(k.attnums.len() as i64),
+        "relpersistence" => Value::Text("p".into()),
+        "relispopulated" => Value::Bool(true),
+        _ => return None,
+    })
 }
 
 /// A catalog value, converted to whatever type the column has.
@@ -208,58 +574,24 @@ impl SchemaProvider for PgCatalog {
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
-        match name.to_ascii_lowercase().as_str() {
-            "pg_index" => {
-                self.extended("pg_index", |col, k| {
-                    let n = k.attnums.len() as i64;
-                    Some(match col {
-                        "indexrelid" => Value::Int(k.index_oid),
-                        "indrelid" => Value::Int(k.table_oid),
-                        "indnatts" | "indnkeyatts" => Value::Int(n),
-                        "indisunique" | "indisprimary" | "indimmediate" | "indisvalid"
-                        | "indisready" | "indislive" => Value::Bool(true),
-                        "indkey" => Value::Ints(k.attnums.clone()),
-                        "indoption" => Value::Ints(vec![0; k.attnums.len()]),
-                        _ => return None,
-                    })
-                })
-                .await
-            }
-            "pg_constraint" => {
-                self.extended("pg_constraint", |col, k| {
-                    Some(match col {
-                        "oid" => Value::Int(k.index_oid + 1),
-                        "conname" => Value::Text(pkey_name(k)),
-                        "connamespace" => Value::Int(k.namespace_oid),
-                        "contype" => Value::Text("p".into()),
-                        "convalidated" | "conislocal" => Value::Bool(true),
-                        "condeferrable" | "condeferred" | "connoinherit" => Value::Bool(false),
-                        "conrelid" => Value::Int(k.table_oid),
-                        "conindid" => Value::Int(k.index_oid),
-                        "conkey" => Value::Ints(k.attnums.clone()),
-                        _ => return None,
-                    })
-                })
-                .await
-            }
-            "pg_class" => {
-                self.extended("pg_class", |col, k| {
-                    Some(match col {
-                        "oid" => Value::Int(k.index_oid),
-                        "relname" => Value::Text(pkey_name(k)),
-                        "relnamespace" => Value::Int(k.namespace_oid),
-                        "relkind" => Value::Text("i".into()),
-                        "relam" => Value::Int(403),
-                        "relnatts" => Value::Int(k.attnums.len() as i64),
-                        "relpersistence" => Value::Text("p".into()),
-                        "relispopulated" => Value::Bool(true),
-                        _ => return None,
-                    })
-                })
-                .await
-            }
-            _ => self.inner.table(name).await,
-        }
+        let extra = match name.to_ascii_lowercase().as_str() {
+            "pg_index" => Extra::Index,
+            "pg_constraint" => Extra::Constraint,
+            "pg_class" => Extra::Class,
+            _ => return self.inner.table(name).await,
+        };
+        let Some(base) = self.inner.table(name).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(Extended {
+            base,
+            catalog: Arc::new(PgCatalog {
+                inner: self.inner.clone(),
+                ws: self.ws.clone(),
+                defs: self.defs.clone(),
+            }),
+            extra,
+        })))
     }
 
     fn table_exist(&self, name: &str) -> bool {

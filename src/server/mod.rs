@@ -7,6 +7,7 @@ mod catalog;
 mod errors;
 mod readonly;
 mod session;
+mod statements;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -30,6 +30,7 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::errors::SqlStateErrors;
 use super::readonly::ReadOnlyHook;
+use super::statements::SessionStatementsHook;
 use super::Shared;
 use crate::telemetry::metrics;
 
@@ -44,6 +45,7 @@ impl ConnHandlers {
         let ctx = Arc::new(SessionContext::new_with_state(shared.base.clone()));
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook),
+            Arc::new(SessionStatementsHook),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),

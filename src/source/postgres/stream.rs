@@ -209,11 +209,18 @@ pub async fn stream_to_wal(
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
                 server_end = server_end.max(Lsn(wal_end.0));
+                // Nothing received and not yet durable: caught up, whatever else the server
+                // wrote meanwhile (other databases, tables outside the publication).
+                let behind = if builder.is_empty() && current.is_none() {
+                    0
+                } else {
+                    server_end.0.saturating_sub(last_durable.0)
+                };
                 metrics::set(
                     "skippr_replication_lag_bytes",
                     "Source WAL not yet durable in Skippr's WAL, in bytes (server WAL end minus durable LSN).",
                     &[("pipeline", &pipeline)],
-                    server_end.0.saturating_sub(last_durable.0) as f64,
+                    behind as f64,
                 );
             }
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {

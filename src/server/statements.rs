@@ -1,0 +1,74 @@
+//! Gateway, session statements with nothing to do on read-only data: savepoints (psycopg and
+//! SQLAlchemy wrap reflection in them) and `DISCARD` (connection poolers send it). They
+//! succeed with the tag Postgres sends.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::Schema;
+use datafusion::common::{DFSchema, ParamValues};
+use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion_postgres::hooks::HookClient;
+use datafusion_postgres::QueryHook;
+use pgwire::api::results::{Response, Tag};
+use pgwire::api::ClientInfo;
+use pgwire::error::{PgWireError, PgWireResult};
+
+/// Accepts savepoints and `DISCARD`.
+pub struct SessionStatementsHook;
+
+fn tag(statement: &Statement) -> Option<&'static str> {
+    Some(match statement {
+        Statement::Savepoint { .. } => "SAVEPOINT",
+        Statement::ReleaseSavepoint { .. } => "RELEASE",
+        Statement::Rollback {
+            savepoint: Some(_), ..
+        } => "ROLLBACK",
+        Statement::Discard { .. } => "DISCARD ALL",
+        _ => return None,
+    })
+}
+
+#[async_trait]
+impl QueryHook for SessionStatementsHook {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _session_context: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        tag(statement).map(|t| Ok(Response::Execution(Tag::new(t))))
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _session_context: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        tag(statement)?;
+        Some(
+            DFSchema::try_from(Schema::empty())
+                .map(|schema| {
+                    LogicalPlan::EmptyRelation(EmptyRelation {
+                        produce_one_row: false,
+                        schema: Arc::new(schema),
+                    })
+                })
+                .map_err(|e| PgWireError::ApiError(Box::new(e))),
+        )
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _logical_plan: &LogicalPlan,
+        _params: &ParamValues,
+        _session_context: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        tag(statement).map(|t| Ok(Response::Execution(Tag::new(t))))
+    }
+}
