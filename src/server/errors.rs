@@ -2,6 +2,7 @@
 //! problem it is (syntax, unknown table or column, unsupported feature, data, retry).
 
 use datafusion::error::DataFusionError;
+use datafusion::sql::sqlparser::parser::ParserError;
 use pgwire::api::{ClientInfo, ErrorHandler};
 use pgwire::error::{ErrorInfo, PgWireError};
 
@@ -70,9 +71,12 @@ impl ErrorHandler for SqlStateErrors {
     {
         let mapped = match error {
             PgWireError::ApiError(inner) => {
-                let (code, message) = match inner.downcast_ref::<DataFusionError>() {
-                    Some(df) => (sqlstate(df), df.find_root().to_string()),
-                    None => ("XX000", inner.to_string()),
+                let (code, message) = if let Some(df) = inner.downcast_ref::<DataFusionError>() {
+                    (sqlstate(df), df.find_root().to_string())
+                } else if inner.downcast_ref::<ParserError>().is_some() {
+                    ("42601", inner.to_string())
+                } else {
+                    ("XX000", inner.to_string())
                 };
                 Some(ErrorInfo::new("ERROR".to_string(), code.to_string(), message))
             }

@@ -8,6 +8,7 @@ mod errors;
 mod readonly;
 mod session;
 mod statements;
+mod wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,10 +3,17 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
+use datafusion_postgres::arrow_pg::datatypes::into_pg_type;
+use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use datafusion_postgres::hooks::cursor::CursorStatementHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
@@ -16,20 +23,23 @@ use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::{DefaultServerParameterProvider, StartupHandler};
 use pgwire::api::cancel::DefaultCancelHandler;
-use pgwire::api::portal::Portal;
+use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::Response;
+use pgwire::api::results::{FieldInfo, Response};
+use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{
-    ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers,
+    ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers, Type,
 };
-use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::types::format::FormatOptions;
 use pgwire::messages::extendedquery::Execute;
 use pgwire::messages::simplequery::Query;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::errors::SqlStateErrors;
 use super::readonly::ReadOnlyHook;
+use super::wire;
 use super::statements::SessionStatementsHook;
 use super::Shared;
 use crate::telemetry::metrics;
@@ -50,8 +60,14 @@ impl ConnHandlers {
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
         ];
+        let planner = DfSessionService::new_with_hooks(ctx.clone(), hooks.clone());
         let service = Arc::new(Session {
-            inner: DfSessionService::new_with_hooks(ctx, hooks),
+            ctx,
+            sql_parser: PostgresCompatibilityParser::new(),
+            parser: Arc::new(WireParser {
+                inner: planner.query_parser(),
+            }),
+            hooks,
             shared: shared.clone(),
         });
         Self { shared, service }
@@ -113,9 +129,14 @@ impl StartupHandler for Startup {
     }
 }
 
-/// One connection's query service: DataFusion's, with accounting around each statement.
+/// One connection's query service: its own DataFusion session, the statement hooks
+/// (write guard, SET/SHOW, transactions, cursors), results encoded with Postgres types, and
+/// accounting around each statement.
 pub struct Session {
-    inner: DfSessionService,
+    ctx: Arc<SessionContext>,
+    sql_parser: PostgresCompatibilityParser,
+    parser: Arc<WireParser>,
+    hooks: Vec<Arc<dyn QueryHook>>,
     shared: Arc<Shared>,
 }
 
@@ -123,6 +144,119 @@ impl Session {
     fn finish(&self, started: Instant, ok: bool) {
         self.shared.end();
         metrics::query_done(started.elapsed(), ok);
+    }
+}
+
+fn api_error(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
+    PgWireError::ApiError(Box::new(e))
+}
+
+/// `SET statement_timeout`, as the SET hook records it for this connection.
+fn statement_timeout<C: ClientInfo + ?Sized>(client: &C) -> Option<Duration> {
+    client
+        .metadata()
+        .get("statement_timeout_ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+}
+
+async fn with_timeout<T>(
+    timeout: Option<Duration>,
+    work: impl std::future::Future<Output = datafusion::error::Result<T>>,
+) -> PgWireResult<T> {
+    match timeout {
+        Some(t) => tokio::time::timeout(t, work)
+            .await
+            .map_err(|_| {
+                PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "ERROR".to_string(),
+                    "57014".to_string(),
+                    "canceling statement due to statement timeout".to_string(),
+                )))
+            })?
+            .map_err(api_error),
+        None => work.await.map_err(api_error),
+    }
+}
+
+/// Parameter types of a prepared statement, `$1` first: inferred by the planner, or taken
+/// from an explicit cast (`$1::int`).
+fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
+    let mut types = plan.get_parameter_types().map_err(api_error)?;
+    plan.apply(|node| {
+        for expr in node.expressions() {
+            expr.apply(|e| {
+                if let Expr::Cast(cast) = e {
+                    if let Expr::Placeholder(ph) = cast.expr.as_ref() {
+                        let t = types.entry(ph.id.clone()).or_insert(None);
+                        if t.is_none() {
+                            *t = Some(cast.data_type.clone());
+                        }
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .map_err(api_error)?;
+    let mut ordered: Vec<(usize, Option<DataType>)> = types
+        .into_iter()
+        .map(|(id, t)| (id.trim_start_matches('$').parse().unwrap_or(usize::MAX), t))
+        .collect();
+    ordered.sort_by_key(|(i, _)| *i);
+    Ok(ordered.into_iter().map(|(_, t)| t).collect())
+}
+
+type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
+
+/// Parses and plans prepared statements (DataFusion's parser), and describes their results
+/// with the types the rows will carry.
+pub struct WireParser {
+    inner: Arc<Parser>,
+}
+
+#[async_trait]
+impl QueryParser for WireParser {
+    type Statement = Stmt;
+
+    async fn parse_sql<C>(&self, client: &C, sql: &str, types: &[Option<Type>]) -> PgWireResult<Stmt>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        self.inner.parse_sql(client, sql, types).await
+    }
+
+    fn get_parameter_types(&self, stmt: &Stmt) -> PgWireResult<Vec<Type>> {
+        let (_, Some((_, plan))) = stmt else {
+            return Ok(vec![]);
+        };
+        parameter_types(plan)?
+            .iter()
+            .map(|t| match t {
+                Some(dt) => into_pg_type(dt),
+                None => Ok(Type::UNKNOWN),
+            })
+            .collect()
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &Stmt,
+        column_format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        match stmt {
+            (_, Some((_, plan))) if !matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::Dml(_)) => {
+                let plan = wire::plan(
+                    plan.schema().as_arrow(),
+                    column_format.unwrap_or(&Format::UnifiedText),
+                    None,
+                )?;
+                Ok(plan.fields.as_ref().clone())
+            }
+            _ => Ok(vec![]),
+        }
     }
 }
 
@@ -149,17 +283,39 @@ impl SimpleQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query).await
+        let statements = self.sql_parser.parse(query).map_err(api_error)?;
+        if statements.is_empty() {
+            return Ok(vec![Response::EmptyQuery]);
+        }
+        let mut results = Vec::with_capacity(statements.len());
+        'statements: for statement in statements {
+            for hook in &self.hooks {
+                if let Some(result) = hook
+                    .handle_simple_query(&statement, &self.ctx, client)
+                    .await
+                {
+                    results.push(result?);
+                    continue 'statements;
+                }
+            }
+            let sql = statement.to_string();
+            let df = with_timeout(statement_timeout(client), self.ctx.sql(&sql)).await?;
+            let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+            let response =
+                wire::encode_dataframe(df, &Format::UnifiedText, Some(options)).await?;
+            results.push(Response::Query(response));
+        }
+        Ok(results)
     }
 }
 
 #[async_trait]
 impl ExtendedQueryHandler for Session {
-    type Statement = <DfSessionService as ExtendedQueryHandler>::Statement;
-    type QueryParser = Parser;
+    type Statement = Stmt;
+    type QueryParser = WireParser;
 
     fn query_parser(&self) -> Arc<Self::QueryParser> {
-        self.inner.query_parser()
+        self.parser.clone()
     }
 
     async fn on_execute<C>(&self, client: &mut C, message: Execute) -> PgWireResult<()>
@@ -180,7 +336,7 @@ impl ExtendedQueryHandler for Session {
         &self,
         client: &mut C,
         portal: &Portal<Self::Statement>,
-        max_rows: usize,
+        _max_rows: usize,
     ) -> PgWireResult<Response>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -188,7 +344,33 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        <DfSessionService as ExtendedQueryHandler>::do_query(&self.inner, client, portal, max_rows)
-            .await
+        let (_, Some((statement, plan))) = &portal.statement.statement else {
+            return Ok(Response::EmptyQuery);
+        };
+        let types = parameter_types(plan)?;
+        let refs: Vec<Option<&DataType>> = types.iter().map(|t| t.as_ref()).collect();
+        let params = deserialize_parameters(portal, &refs)?;
+        for hook in &self.hooks {
+            if let Some(result) = hook
+                .handle_extended_query(statement, plan, &params, &self.ctx, client)
+                .await
+            {
+                return result;
+            }
+        }
+        let plan = plan
+            .clone()
+            .replace_params_with_values(&params)
+            .map_err(api_error)?;
+        let optimised = self.ctx.state().optimize(&plan).map_err(api_error)?;
+        let df = with_timeout(
+            statement_timeout(client),
+            self.ctx.execute_logical_plan(optimised),
+        )
+        .await?;
+        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+        let response =
+            wire::encode_dataframe(df, &portal.result_column_format, Some(options)).await?;
+        Ok(Response::Query(response))
     }
 }
