@@ -4,9 +4,11 @@
 
 mod auth;
 mod catalog;
+mod compat;
 mod errors;
 mod readonly;
 mod session;
+mod settings;
 mod statements;
 mod wire;
 
@@ -33,6 +35,7 @@ pub use auth::Users;
 /// State shared by every connection.
 pub struct Shared {
     base: SessionState,
+    workspace: String,
     users: Option<Arc<Users>>,
     tls_cert_pem: Option<Vec<u8>>,
     connections: Arc<ConnectionManager>,
@@ -75,6 +78,7 @@ impl Gateway {
         let ctx = SessionContext::new_with_config(query::session_config(&ws.name));
         query::register(&ctx, &ws)?;
         catalog::setup(&ctx, ws.clone())?;
+        ctx.add_analyzer_rule(Arc::new(compat::LikeEscape));
         let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
             Error::config(format!(
                 "cannot listen on {} (skippr.query.listen): {e}; choose a free port or stop the process using it",
@@ -88,6 +92,7 @@ impl Gateway {
             tls,
             shared: Arc::new(Shared {
                 base: ctx.state(),
+                workspace: ws.name.clone(),
                 users,
                 tls_cert_pem,
                 connections: Arc::new(ConnectionManager::new()),
@@ -176,8 +181,9 @@ async fn refuse(mut socket: tokio::net::TcpStream) {
 }
 
 /// Server parameters announced to clients at start-up.
-fn server_parameters() -> DefaultServerParameterProvider {
+fn server_parameters(workspace: &str) -> DefaultServerParameterProvider {
     let mut p = DefaultServerParameterProvider::default();
+    p.search_path = workspace.to_string();
     p.server_version = format!("16.6 (Skippr {})", env!("CARGO_PKG_VERSION"));
     p.is_superuser = false;
     p.default_transaction_read_only = true;
@@ -197,7 +203,7 @@ fn startup_handler(shared: &Shared) -> session::Startup {
                 }
             }
             session::Startup::Scram(
-                SASLAuthStartupHandler::new(Arc::new(server_parameters()))
+                SASLAuthStartupHandler::new(Arc::new(server_parameters(&shared.workspace)))
                     .with_scram(scram)
                     .with_connection_manager(shared.connections.clone()),
             )

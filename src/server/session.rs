@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
@@ -39,6 +39,7 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::errors::SqlStateErrors;
 use super::readonly::ReadOnlyHook;
+use super::settings::{CurrentSetting, Mirror, SettingsHook};
 use super::wire;
 use super::statements::SessionStatementsHook;
 use super::Shared;
@@ -52,10 +53,19 @@ pub struct ConnHandlers {
 
 impl ConnHandlers {
     pub(super) fn new(shared: Arc<Shared>) -> Self {
-        let ctx = Arc::new(SessionContext::new_with_state(shared.base.clone()));
+        let ctx = SessionContext::new_with_state(shared.base.clone());
+        let mirror = Mirror::default();
+        ctx.register_udf(ScalarUDF::from(CurrentSetting::new(
+            mirror.clone(),
+            &shared.workspace,
+        )));
+        let ctx = Arc::new(ctx);
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook),
             Arc::new(SessionStatementsHook),
+            Arc::new(SettingsHook {
+                workspace: shared.workspace.clone(),
+            }),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
@@ -68,6 +78,7 @@ impl ConnHandlers {
                 inner: planner.query_parser(),
             }),
             hooks,
+            mirror,
             shared: shared.clone(),
         });
         Self { shared, service }
@@ -137,6 +148,8 @@ pub struct Session {
     sql_parser: PostgresCompatibilityParser,
     parser: Arc<WireParser>,
     hooks: Vec<Arc<dyn QueryHook>>,
+    /// This connection's settings, as `current_setting()` reads them.
+    mirror: Mirror,
     shared: Arc<Shared>,
 }
 
@@ -298,6 +311,7 @@ impl SimpleQueryHandler for Session {
                     continue 'statements;
                 }
             }
+            self.mirror.update(client.metadata());
             let sql = statement.to_string();
             let df = with_timeout(statement_timeout(client), self.ctx.sql(&sql)).await?;
             let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
@@ -358,6 +372,7 @@ impl ExtendedQueryHandler for Session {
                 return result;
             }
         }
+        self.mirror.update(client.metadata());
         let plan = plan
             .clone()
             .replace_params_with_values(&params)

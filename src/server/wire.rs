@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{
+    DataType, Field, Float32Type, Float64Type, Schema, SchemaRef, Time64MicrosecondType, TimeUnit,
+};
 use datafusion::prelude::DataFrame;
 use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
 use futures::{stream, StreamExt};
@@ -30,6 +32,10 @@ enum Conv {
     UuidBinary,
     /// A numeric too wide for the encoder, text format: its exact text.
     DecimalText,
+    /// time, text format: Postgres's spelling (no trailing zeros in the fraction).
+    TimeText,
+    /// real / double precision, text format: Postgres's shortest exact spelling.
+    FloatText,
 }
 
 /// Field descriptions and conversions for a result schema.
@@ -55,6 +61,8 @@ pub fn plan(
             DataType::Decimal128(p, _) if *p > MAX_ENCODED_DIGITS && !binary => {
                 (Conv::DecimalText, DataType::Utf8)
             }
+            DataType::Time64(_) if !binary => (Conv::TimeText, DataType::Utf8),
+            DataType::Float32 | DataType::Float64 if !binary => (Conv::FloatText, DataType::Utf8),
             other => (Conv::None, other.clone()),
         };
         convs.push(conv);
@@ -65,10 +73,14 @@ pub fn plan(
     let fields = base
         .into_iter()
         .zip(&convs)
-        .map(|(f, conv)| {
+        .zip(schema.fields())
+        .map(|((f, conv), original)| {
             let ty = match conv {
                 Conv::UuidText | Conv::UuidBinary => Type::UUID,
                 Conv::DecimalText => Type::NUMERIC,
+                Conv::TimeText => Type::TIME,
+                Conv::FloatText if original.data_type() == &DataType::Float32 => Type::FLOAT4,
+                Conv::FloatText => Type::FLOAT8,
                 Conv::None => return f,
             };
             let mut out = FieldInfo::new(f.name().to_string(), None, None, ty, f.format());
@@ -126,7 +138,95 @@ fn convert_column(col: &ArrayRef, conv: Conv) -> PgWireResult<ArrayRef> {
         }
         Conv::DecimalText => arrow::compute::cast(col, &DataType::Utf8)
             .map_err(|e| PgWireError::ApiError(Box::new(e)))?,
+        Conv::TimeText => {
+            let micros = arrow::compute::cast(col, &DataType::Time64(TimeUnit::Microsecond))
+                .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+            let a = micros.as_primitive::<Time64MicrosecondType>();
+            let out: StringArray = a.iter().map(|v| v.map(time_text)).collect();
+            Arc::new(out)
+        }
+        Conv::FloatText => {
+            let out: StringArray = match col.data_type() {
+                DataType::Float32 => col
+                    .as_primitive::<Float32Type>()
+                    .iter()
+                    .map(|v| v.map(|v| float_text(v as f64, format!("{v:e}"), 6, v.to_string())))
+                    .collect(),
+                _ => col
+                    .as_primitive::<Float64Type>()
+                    .iter()
+                    .map(|v| v.map(|v| float_text(v, format!("{v:e}"), 15, v.to_string())))
+                    .collect(),
+            };
+            Arc::new(out)
+        }
     })
+}
+
+/// `HH:MM:SS[.ffffff]` with the fraction's trailing zeros dropped, as Postgres prints time.
+fn time_text(micros: i64) -> String {
+    let (secs, frac) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let mut s = format!("{:02}:{:02}:{:02}", secs / 3600, (secs / 60) % 60, secs % 60);
+    if frac > 0 {
+        let f = format!("{frac:06}");
+        s.push('.');
+        s.push_str(f.trim_end_matches('0'));
+    }
+    s
+}
+
+/// Postgres's float output (extra_float_digits = 1): the shortest exact digits, in
+/// positional form unless the exponent is below -4 or at least `precision` (15 for double
+/// precision, 6 for real), then as `d.ddde+XX`.
+fn float_text(v: f64, sci: String, precision: i32, positional: String) -> String {
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    let Some((mantissa, exp)) = sci.split_once('e') else {
+        return positional;
+    };
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if v != 0.0 && (exp < -4 || exp >= precision) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
+    } else {
+        positional
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f64_text(v: f64) -> String {
+        float_text(v, format!("{v:e}"), 15, v.to_string())
+    }
+
+    #[test]
+    fn floats_print_like_postgres() {
+        assert_eq!(f64_text(1e300), "1e+300");
+        assert_eq!(f64_text(3.141592653589793), "3.141592653589793");
+        assert_eq!(f64_text(0.0001), "0.0001");
+        assert_eq!(f64_text(0.00001), "1e-05");
+        assert_eq!(f64_text(123456789012345.0), "123456789012345");
+        assert_eq!(f64_text(1234567890123456.0), "1.234567890123456e+15");
+        assert_eq!(f64_text(-0.0), "-0");
+        assert_eq!(f64_text(f64::NEG_INFINITY), "-Infinity");
+        let v = 3.14f32;
+        assert_eq!(float_text(v as f64, format!("{v:e}"), 6, v.to_string()), "3.14");
+        let v = 1234567.0f32;
+        assert_eq!(float_text(v as f64, format!("{v:e}"), 6, v.to_string()), "1.234567e+06");
+    }
+
+    #[test]
+    fn times_print_like_postgres() {
+        assert_eq!(time_text(45_296_789_000), "12:34:56.789");
+        assert_eq!(time_text(0), "00:00:00");
+        assert_eq!(time_text(86_399_999_999), "23:59:59.999999");
+    }
 }
 
 /// Executes `df` and streams its rows, encoded as planned.

@@ -1,0 +1,305 @@
+//! Gateway, session settings: what `SHOW` and `current_setting()` report for a connection,
+//! from the values it `SET` (kept in the connection's metadata) or the gateway's defaults.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use arrow::array::{Array, AsArray, StringArray};
+use arrow::datatypes::DataType;
+use async_trait::async_trait;
+use datafusion::common::{DFSchema, ParamValues};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::logical_expr::{
+    ColumnarValue, EmptyRelation, LogicalPlan, ScalarFunctionArgs, ScalarUDFImpl, Signature,
+    Volatility,
+};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::{Set, Statement};
+use datafusion_postgres::hooks::HookClient;
+use datafusion_postgres::QueryHook;
+use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response};
+use pgwire::api::{ClientInfo, Type};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+
+/// Metadata key of `statement_timeout` (milliseconds), as the SET hook records it.
+const STATEMENT_TIMEOUT_KEY: &str = "statement_timeout_ms";
+
+/// The value of setting `name` for a connection whose metadata is `meta`.
+pub fn setting(meta: &HashMap<String, String>, name: &str, workspace: &str) -> Option<String> {
+    let name = name.trim().to_ascii_lowercase();
+    let startup = startup_options(meta);
+    let set = |k: &str| {
+        meta.get(k)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .or_else(|| startup.get(k).cloned())
+    };
+    Some(match name.as_str() {
+        "timezone" | "time zone" => set("timezone").unwrap_or_else(|| "UTC".into()),
+        "search_path" => set("search_path").unwrap_or_else(|| workspace.to_string()),
+        "server_version" => "16.6".into(),
+        "server_version_num" => "160006".into(),
+        "datestyle" => set("datestyle").unwrap_or_else(|| "ISO, MDY".into()),
+        "intervalstyle" => set("intervalstyle").unwrap_or_else(|| "postgres".into()),
+        "client_encoding" | "server_encoding" => "UTF8".into(),
+        "standard_conforming_strings" | "integer_datetimes" => "on".into(),
+        "default_transaction_read_only" | "transaction_read_only" => "on".into(),
+        "transaction_isolation" | "default_transaction_isolation" => "read committed".into(),
+        "max_identifier_length" => "63".into(),
+        "max_index_keys" => "32".into(),
+        "bytea_output" => set("bytea_output").unwrap_or_else(|| "hex".into()),
+        "extra_float_digits" => set("extra_float_digits").unwrap_or_else(|| "1".into()),
+        "application_name" => set("application_name").unwrap_or_default(),
+        "is_superuser" => "off".into(),
+        "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric" | "lc_time" => {
+            "C.UTF-8".into()
+        }
+        "statement_timeout" => match set(STATEMENT_TIMEOUT_KEY) {
+            Some(ms) => format!("{ms}ms"),
+            None => "0".into(),
+        },
+        other => return set(other),
+    })
+}
+
+/// Settings given at connection start as `options=-c name=value` (libpq's `options`).
+fn startup_options(meta: &HashMap<String, String>) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let Some(options) = meta.get("options") else {
+        return out;
+    };
+    let mut tokens = options.split_whitespace();
+    while let Some(t) = tokens.next() {
+        let pair = match t {
+            "-c" => tokens.next(),
+            t if t.starts_with("-c") => Some(&t[2..]),
+            t if t.starts_with("--") => Some(&t[2..]),
+            _ => None,
+        };
+        if let Some((k, v)) = pair.and_then(|p| p.split_once('=')) {
+            out.insert(k.to_ascii_lowercase().replace('-', "_"), v.to_string());
+        }
+    }
+    out
+}
+
+fn unknown(name: &str) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_string(),
+        "42704".to_string(),
+        format!("unrecognized configuration parameter \"{name}\""),
+    )))
+}
+
+/// A connection's settings, mirrored for `current_setting()` before each statement.
+#[derive(Debug, Clone, Default)]
+pub struct Mirror(pub Arc<RwLock<HashMap<String, String>>>);
+
+impl Mirror {
+    pub fn update(&self, meta: &HashMap<String, String>) {
+        let mut m = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if *m != *meta {
+            *m = meta.clone();
+        }
+    }
+}
+
+/// `current_setting(name [, missing_ok])` for one connection.
+#[derive(Debug)]
+pub struct CurrentSetting {
+    signature: Signature,
+    mirror: Mirror,
+    workspace: String,
+}
+
+impl CurrentSetting {
+    pub fn new(mirror: Mirror, workspace: &str) -> Self {
+        Self {
+            signature: Signature::variadic_any(Volatility::Stable),
+            mirror,
+            workspace: workspace.to_string(),
+        }
+    }
+}
+
+impl PartialEq for CurrentSetting {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.mirror.0, &other.mirror.0)
+    }
+}
+
+impl Eq for CurrentSetting {}
+
+impl std::hash::Hash for CurrentSetting {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        "current_setting".hash(state)
+    }
+}
+
+impl ScalarUDFImpl for CurrentSetting {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn name(&self) -> &str {
+        "current_setting"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let Some(first) = args.args.first() else {
+            return Err(DataFusionError::Plan(
+                "current_setting() needs a setting name".into(),
+            ));
+        };
+        let missing_ok = match args.args.get(1) {
+            Some(ColumnarValue::Scalar(s)) => s.to_string() == "true",
+            _ => false,
+        };
+        let names = first.to_array(args.number_rows)?;
+        let names = arrow::compute::cast(&names, &DataType::Utf8)?;
+        let names = names.as_string::<i32>();
+        let meta = self.mirror.0.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(names.len());
+        for i in 0..names.len() {
+            if names.is_null(i) {
+                out.push(None);
+                continue;
+            }
+            match setting(&meta, names.value(i), &self.workspace) {
+                Some(v) => out.push(Some(v)),
+                None if missing_ok => out.push(None),
+                None => {
+                    return Err(DataFusionError::Plan(format!(
+                        "unrecognized configuration parameter \"{}\"",
+                        names.value(i)
+                    )))
+                }
+            }
+        }
+        Ok(ColumnarValue::Array(Arc::new(StringArray::from(out))))
+    }
+}
+
+/// `SHOW <setting>` and the bookkeeping of `SET` for settings the engine does not know.
+pub struct SettingsHook {
+    pub workspace: String,
+}
+
+fn show_response(name: &str, value: &str) -> PgWireResult<Response> {
+    let fields = Arc::new(vec![FieldInfo::new(
+        name.to_string(),
+        None,
+        None,
+        Type::TEXT,
+        FieldFormat::Text,
+    )]);
+    let mut encoder = DataRowEncoder::new(fields.clone());
+    encoder.encode_field(&Some(value))?;
+    let row = encoder.take_row();
+    Ok(Response::Query(QueryResponse::new(
+        fields,
+        futures::stream::iter(vec![Ok(row)]),
+    )))
+}
+
+impl SettingsHook {
+    fn show(&self, statement: &Statement, client: &dyn ClientInfo) -> Option<PgWireResult<Response>> {
+        let Statement::ShowVariable { variable } = statement else {
+            return None;
+        };
+        let name = variable
+            .iter()
+            .map(|v| v.value.to_ascii_lowercase())
+            .collect::<Vec<_>>()
+            .join(" ");
+        if name == "all" {
+            return None;
+        }
+        let label = match name.as_str() {
+            "time zone" | "timezone" => "TimeZone".to_string(),
+            other => other.to_string(),
+        };
+        Some(match setting(client.metadata(), &name, &self.workspace) {
+            Some(v) => show_response(&label, &v),
+            None => Err(unknown(&name)),
+        })
+    }
+
+    /// Records `SET name = value` for settings the other hooks do not keep, so that SHOW
+    /// and current_setting() report them; the SET itself proceeds.
+    fn record(&self, statement: &Statement, client: &mut dyn HookClient) {
+        if let Statement::Set(Set::SingleAssignment {
+            variable, values, ..
+        }) = statement
+        {
+            let name = variable.to_string().to_ascii_lowercase();
+            if let Some(v) = values.first() {
+                let text = v.to_string();
+                let text = text.trim_matches('\'').trim_matches('"').to_string();
+                if name != "statement_timeout" && name != "timezone" {
+                    client.metadata_mut().insert(name, text);
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl QueryHook for SettingsHook {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _session_context: &SessionContext,
+        client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        self.record(statement, client);
+        self.show(statement, &*client)
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _session_context: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        if !matches!(statement, Statement::ShowVariable { .. }) {
+            return None;
+        }
+        let schema = arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+            "setting",
+            DataType::Utf8,
+            false,
+        )]);
+        Some(
+            DFSchema::try_from(schema)
+                .map(|s| {
+                    LogicalPlan::EmptyRelation(EmptyRelation {
+                        produce_one_row: true,
+                        schema: Arc::new(s),
+                    })
+                })
+                .map_err(|e| PgWireError::ApiError(Box::new(e))),
+        )
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _logical_plan: &LogicalPlan,
+        _params: &ParamValues,
+        _session_context: &SessionContext,
+        client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        self.record(statement, client);
+        self.show(statement, &*client)
+    }
+}
