@@ -6,6 +6,7 @@ mod auth;
 mod catalog;
 mod compat;
 mod errors;
+mod info_schema;
 mod readonly;
 mod session;
 mod settings;
@@ -75,8 +76,20 @@ impl Gateway {
             }
             None => (None, None),
         };
-        let ctx = SessionContext::new_with_config(query::session_config(&ws.name));
+        // Our own information_schema (the engine's, plus key constraints) replaces the
+        // built-in one.
+        let ctx = SessionContext::new_with_config(
+            query::session_config(&ws.name).with_information_schema(false),
+        );
         query::register(&ctx, &ws)?;
+        let catalogs = ctx.state().catalog_list().clone();
+        ctx.catalog(query::CATALOG)
+            .ok_or_else(|| Error::fatal("the gateway session has no default catalog"))?
+            .register_schema(
+                "information_schema",
+                Arc::new(info_schema::InfoSchema::new(catalogs, ws.clone())),
+            )
+            .map_err(Error::from)?;
         catalog::setup(&ctx, ws.clone())?;
         ctx.add_analyzer_rule(Arc::new(compat::LikeEscape));
         let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {

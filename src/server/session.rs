@@ -39,7 +39,7 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::errors::SqlStateErrors;
 use super::readonly::ReadOnlyHook;
-use super::settings::{CurrentSetting, Mirror, SettingsHook};
+use super::settings::{CurrentSetting, Mirror, SetConfig, SettingsHook};
 use super::wire;
 use super::statements::SessionStatementsHook;
 use super::Shared;
@@ -59,6 +59,7 @@ impl ConnHandlers {
             mirror.clone(),
             &shared.workspace,
         )));
+        ctx.register_udf(ScalarUDF::from(SetConfig::new(mirror.clone())));
         let ctx = Arc::new(ctx);
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook),
@@ -265,6 +266,7 @@ impl QueryParser for WireParser {
                     plan.schema().as_arrow(),
                     column_format.unwrap_or(&Format::UnifiedText),
                     None,
+                    None,
                 )?;
                 Ok(plan.fields.as_ref().clone())
             }
@@ -315,8 +317,10 @@ impl SimpleQueryHandler for Session {
             let sql = statement.to_string();
             let df = with_timeout(statement_timeout(client), self.ctx.sql(&sql)).await?;
             let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+            let zone = client.metadata().get("timezone").cloned();
             let response =
-                wire::encode_dataframe(df, &Format::UnifiedText, Some(options)).await?;
+                wire::encode_dataframe(df, &Format::UnifiedText, Some(options), zone.as_deref())
+                    .await?;
             results.push(Response::Query(response));
         }
         Ok(results)
@@ -384,8 +388,14 @@ impl ExtendedQueryHandler for Session {
         )
         .await?;
         let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
-        let response =
-            wire::encode_dataframe(df, &portal.result_column_format, Some(options)).await?;
+        let zone = client.metadata().get("timezone").cloned();
+        let response = wire::encode_dataframe(
+            df,
+            &portal.result_column_format,
+            Some(options),
+            zone.as_deref(),
+        )
+        .await?;
         Ok(Response::Query(response))
     }
 }

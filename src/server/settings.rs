@@ -45,13 +45,16 @@ pub fn setting(meta: &HashMap<String, String>, name: &str, workspace: &str) -> O
         "client_encoding" | "server_encoding" => "UTF8".into(),
         "standard_conforming_strings" | "integer_datetimes" => "on".into(),
         "default_transaction_read_only" | "transaction_read_only" => "on".into(),
-        "transaction_isolation" | "default_transaction_isolation" => "read committed".into(),
+        "transaction_isolation"
+        | "default_transaction_isolation"
+        | "transaction isolation level" => "read committed".into(),
         "max_identifier_length" => "63".into(),
         "max_index_keys" => "32".into(),
         "bytea_output" => set("bytea_output").unwrap_or_else(|| "hex".into()),
         "extra_float_digits" => set("extra_float_digits").unwrap_or_else(|| "1".into()),
         "application_name" => set("application_name").unwrap_or_default(),
         "is_superuser" => "off".into(),
+        "jit" => set("jit").unwrap_or_else(|| "off".into()),
         "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric" | "lc_time" => {
             "C.UTF-8".into()
         }
@@ -92,16 +95,104 @@ fn unknown(name: &str) -> PgWireError {
     )))
 }
 
-/// A connection's settings, mirrored for `current_setting()` before each statement.
+/// A connection's settings, mirrored for `current_setting()` before each statement, plus
+/// what `set_config()` set.
 #[derive(Debug, Clone, Default)]
-pub struct Mirror(pub Arc<RwLock<HashMap<String, String>>>);
+pub struct Mirror {
+    pub meta: Arc<RwLock<HashMap<String, String>>>,
+    overrides: Arc<RwLock<HashMap<String, String>>>,
+}
 
 impl Mirror {
     pub fn update(&self, meta: &HashMap<String, String>) {
-        let mut m = self.0.write().unwrap_or_else(|e| e.into_inner());
-        if *m != *meta {
-            *m = meta.clone();
+        let overrides = self.overrides.read().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.meta.write().unwrap_or_else(|e| e.into_inner());
+        let mut merged = meta.clone();
+        merged.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if *m != merged {
+            *m = merged;
         }
+    }
+
+    fn set(&self, name: &str, value: &str) {
+        let name = name.to_ascii_lowercase();
+        self.overrides
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone(), value.to_string());
+        self.meta
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, value.to_string());
+    }
+}
+
+/// `set_config(name, value, is_local)`: remembered for `current_setting()`, returns the value.
+#[derive(Debug)]
+pub struct SetConfig {
+    signature: Signature,
+    mirror: Mirror,
+}
+
+impl SetConfig {
+    pub fn new(mirror: Mirror) -> Self {
+        Self {
+            signature: Signature::variadic_any(Volatility::Volatile),
+            mirror,
+        }
+    }
+}
+
+impl PartialEq for SetConfig {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.mirror.meta, &other.mirror.meta)
+    }
+}
+
+impl Eq for SetConfig {}
+
+impl std::hash::Hash for SetConfig {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        "set_config".hash(state)
+    }
+}
+
+impl ScalarUDFImpl for SetConfig {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn name(&self) -> &str {
+        "set_config"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let (Some(name), Some(value)) = (args.args.first(), args.args.get(1)) else {
+            return Err(DataFusionError::Plan(
+                "set_config() needs a name and a value".into(),
+            ));
+        };
+        let names = arrow::compute::cast(&name.to_array(args.number_rows)?, &DataType::Utf8)?;
+        let values = arrow::compute::cast(&value.to_array(args.number_rows)?, &DataType::Utf8)?;
+        let (names, values) = (names.as_string::<i32>(), values.as_string::<i32>());
+        let mut out = Vec::with_capacity(names.len());
+        for i in 0..names.len() {
+            if names.is_null(i) || values.is_null(i) {
+                out.push(None);
+                continue;
+            }
+            self.mirror.set(names.value(i), values.value(i));
+            out.push(Some(values.value(i).to_string()));
+        }
+        Ok(ColumnarValue::Array(Arc::new(StringArray::from(out))))
     }
 }
 
@@ -125,7 +216,7 @@ impl CurrentSetting {
 
 impl PartialEq for CurrentSetting {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.mirror.0, &other.mirror.0)
+        Arc::ptr_eq(&self.mirror.meta, &other.mirror.meta)
     }
 }
 
@@ -167,7 +258,7 @@ impl ScalarUDFImpl for CurrentSetting {
         let names = first.to_array(args.number_rows)?;
         let names = arrow::compute::cast(&names, &DataType::Utf8)?;
         let names = names.as_string::<i32>();
-        let meta = self.mirror.0.read().unwrap_or_else(|e| e.into_inner());
+        let meta = self.mirror.meta.read().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::with_capacity(names.len());
         for i in 0..names.len() {
             if names.is_null(i) {
@@ -245,7 +336,7 @@ impl SettingsHook {
             if let Some(v) = values.first() {
                 let text = v.to_string();
                 let text = text.trim_matches('\'').trim_matches('"').to_string();
-                if name != "statement_timeout" && name != "timezone" {
+                if name != "statement_timeout" {
                     client.metadata_mut().insert(name, text);
                 }
             }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, StringArray};
 use arrow::datatypes::{
-    DataType, Field, Float32Type, Float64Type, Schema, SchemaRef, Time64MicrosecondType, TimeUnit,
+    DataType, Field, Float32Type, Float64Type, Schema, SchemaRef, Time64MicrosecondType,
+    TimeUnit, TimestampMicrosecondType,
 };
 use datafusion::prelude::DataFrame;
 use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
@@ -36,6 +37,10 @@ enum Conv {
     TimeText,
     /// real / double precision, text format: Postgres's shortest exact spelling.
     FloatText,
+    /// timestamp, text format.
+    TimestampText,
+    /// timestamptz, text format, in the session's TimeZone.
+    TimestampTzText,
 }
 
 /// Field descriptions and conversions for a result schema.
@@ -43,6 +48,7 @@ pub struct WirePlan {
     pub fields: Arc<Vec<FieldInfo>>,
     convs: Vec<Conv>,
     schema: SchemaRef,
+    zone: chrono_tz::Tz,
 }
 
 /// Plans how `schema` goes on the wire in `format`.
@@ -50,7 +56,11 @@ pub fn plan(
     schema: &Schema,
     format: &Format,
     options: Option<Arc<FormatOptions>>,
+    time_zone: Option<&str>,
 ) -> PgWireResult<WirePlan> {
+    let zone: chrono_tz::Tz = time_zone
+        .and_then(|z| z.parse().ok())
+        .unwrap_or(chrono_tz::Tz::UTC);
     let mut convs = Vec::with_capacity(schema.fields().len());
     let mut wire_fields: Vec<Field> = Vec::with_capacity(schema.fields().len());
     for (i, f) in schema.fields().iter().enumerate() {
@@ -62,6 +72,8 @@ pub fn plan(
                 (Conv::DecimalText, DataType::Utf8)
             }
             DataType::Time64(_) if !binary => (Conv::TimeText, DataType::Utf8),
+            DataType::Timestamp(_, Some(_)) if !binary => (Conv::TimestampTzText, DataType::Utf8),
+            DataType::Timestamp(_, None) if !binary => (Conv::TimestampText, DataType::Utf8),
             DataType::Float32 | DataType::Float64 if !binary => (Conv::FloatText, DataType::Utf8),
             other => (Conv::None, other.clone()),
         };
@@ -79,6 +91,8 @@ pub fn plan(
                 Conv::UuidText | Conv::UuidBinary => Type::UUID,
                 Conv::DecimalText => Type::NUMERIC,
                 Conv::TimeText => Type::TIME,
+                Conv::TimestampText => Type::TIMESTAMP,
+                Conv::TimestampTzText => Type::TIMESTAMPTZ,
                 Conv::FloatText if original.data_type() == &DataType::Float32 => Type::FLOAT4,
                 Conv::FloatText => Type::FLOAT8,
                 Conv::None => return f,
@@ -94,6 +108,7 @@ pub fn plan(
         fields: Arc::new(fields),
         convs,
         schema: wire_schema,
+        zone,
     })
 }
 
@@ -106,14 +121,14 @@ impl WirePlan {
             .columns()
             .iter()
             .zip(&self.convs)
-            .map(|(col, conv)| convert_column(col, *conv))
+            .map(|(col, conv)| convert_column(col, *conv, self.zone))
             .collect::<PgWireResult<_>>()?;
         RecordBatch::try_new(self.schema.clone(), columns)
             .map_err(|e| PgWireError::ApiError(Box::new(e)))
     }
 }
 
-fn convert_column(col: &ArrayRef, conv: Conv) -> PgWireResult<ArrayRef> {
+fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResult<ArrayRef> {
     Ok(match conv {
         Conv::None => col.clone(),
         Conv::UuidText => {
@@ -145,6 +160,17 @@ fn convert_column(col: &ArrayRef, conv: Conv) -> PgWireResult<ArrayRef> {
             let out: StringArray = a.iter().map(|v| v.map(time_text)).collect();
             Arc::new(out)
         }
+        Conv::TimestampText | Conv::TimestampTzText => {
+            let micros = arrow::compute::cast(col, &DataType::Timestamp(TimeUnit::Microsecond, None))
+                .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+            let a = micros.as_primitive::<TimestampMicrosecondType>();
+            let with_zone = conv == Conv::TimestampTzText;
+            let out: StringArray = a
+                .iter()
+                .map(|v| v.map(|v| timestamp_text(v, with_zone.then_some(zone))))
+                .collect();
+            Arc::new(out)
+        }
         Conv::FloatText => {
             let out: StringArray = match col.data_type() {
                 DataType::Float32 => col
@@ -171,6 +197,37 @@ fn time_text(micros: i64) -> String {
         let f = format!("{frac:06}");
         s.push('.');
         s.push_str(f.trim_end_matches('0'));
+    }
+    s
+}
+
+/// `YYYY-MM-DD HH:MM:SS[.ffffff]` (and the zone's offset, `+HH[:MM]`), as Postgres prints
+/// timestamps with DateStyle ISO.
+fn timestamp_text(micros: i64, zone: Option<chrono_tz::Tz>) -> String {
+    use chrono::{Offset, TimeZone};
+    let Some(utc) = chrono::DateTime::from_timestamp_micros(micros) else {
+        return micros.to_string();
+    };
+    let (local, offset) = match zone {
+        Some(z) => {
+            let t = z.from_utc_datetime(&utc.naive_utc());
+            (t.naive_local(), Some(t.offset().fix().local_minus_utc()))
+        }
+        None => (utc.naive_utc(), None),
+    };
+    let mut s = local.format("%Y-%m-%d %H:%M:%S").to_string();
+    let frac = micros.rem_euclid(1_000_000);
+    if frac > 0 {
+        s.push('.');
+        s.push_str(format!("{frac:06}").trim_end_matches('0'));
+    }
+    if let Some(secs) = offset {
+        let sign = if secs < 0 { '-' } else { '+' };
+        let (h, m) = (secs.abs() / 3600, (secs.abs() / 60) % 60);
+        s.push_str(&format!("{sign}{h:02}"));
+        if m != 0 {
+            s.push_str(&format!(":{m:02}"));
+        }
     }
     s
 }
@@ -222,6 +279,16 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_print_like_postgres() {
+        assert_eq!(timestamp_text(0, None), "1970-01-01 00:00:00");
+        assert_eq!(timestamp_text(1_500_000, Some(chrono_tz::Tz::UTC)), "1970-01-01 00:00:01.5+00");
+        let ny: chrono_tz::Tz = "America/New_York".parse().unwrap();
+        assert_eq!(timestamp_text(0, Some(ny)), "1969-12-31 19:00:00-05");
+        let kolkata: chrono_tz::Tz = "Asia/Kolkata".parse().unwrap();
+        assert_eq!(timestamp_text(0, Some(kolkata)), "1970-01-01 05:30:00+05:30");
+    }
+
+    #[test]
     fn times_print_like_postgres() {
         assert_eq!(time_text(45_296_789_000), "12:34:56.789");
         assert_eq!(time_text(0), "00:00:00");
@@ -234,8 +301,9 @@ pub async fn encode_dataframe(
     df: DataFrame,
     format: &Format,
     options: Option<Arc<FormatOptions>>,
+    time_zone: Option<&str>,
 ) -> PgWireResult<QueryResponse> {
-    let plan = Arc::new(plan(df.schema().as_arrow(), format, options)?);
+    let plan = Arc::new(plan(df.schema().as_arrow(), format, options, time_zone)?);
     let batches = df
         .execute_stream()
         .await
