@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Field, Int64Type, SchemaRef};
+use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, Session};
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -26,7 +26,7 @@ use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
 use crate::config::quote_ident;
 use crate::error::{Error, Result};
 use crate::query::{Workspace, CATALOG};
-use crate::sink::iceberg::PROP_PRIMARY_KEY;
+use crate::sink::iceberg::{SourceColumn, PROP_COLUMNS, PROP_PRIMARY_KEY};
 
 /// Registers `pg_catalog` (with primary keys) and the Postgres functions clients call.
 pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<()> {
@@ -277,6 +277,9 @@ impl std::fmt::Debug for PgCatalog {
     }
 }
 
+/// The declared Postgres type of each column of a table, by attnum - 1: (oid, typmod).
+type ColumnTypes = Vec<(i32, i32)>;
+
 /// One primary key: the table's and the schema's oid, the index oid, names and attnums.
 struct PrimaryKey {
     table_oid: i64,
@@ -290,7 +293,9 @@ struct PrimaryKey {
 const INDEX_OID_BASE: i64 = 1 << 30;
 
 impl PgCatalog {
-    async fn primary_keys(&self) -> Result<Vec<PrimaryKey>> {
+    /// The primary keys of the workspace's tables, and each table's column types by oid.
+    async fn workspace_tables(&self) -> Result<(Vec<PrimaryKey>, HashMap<i64, ColumnTypes>)> {
+        let mut types = HashMap::new();
         let scratch = SessionContext::new();
         for name in ["pg_class", "pg_namespace"] {
             let table = self
@@ -326,6 +331,7 @@ impl PgCatalog {
                     continue;
                 };
                 let (schema, props) = state;
+                types.insert(oids.value(i), column_types(&schema, &props));
                 let Some(pk) = props.get(PROP_PRIMARY_KEY).filter(|p| !p.is_empty()) else {
                     continue;
                 };
@@ -339,7 +345,7 @@ impl PgCatalog {
                 let columns: Vec<String> = pk
                     .split(',')
                     .filter(|k| !k.is_empty())
-                    .map(quote_ident)
+                    .map(ident)
                     .collect();
                 let index_oid = INDEX_OID_BASE + oids.value(i);
                 {
@@ -348,9 +354,9 @@ impl PgCatalog {
                         index_oid,
                         format!(
                             "CREATE UNIQUE INDEX {} ON {}.{} USING btree ({})",
-                            quote_ident(&format!("{table}_pkey")),
-                            quote_ident(&self.ws.name),
-                            quote_ident(&table),
+                            ident(&format!("{table}_pkey")),
+                            ident(&self.ws.name),
+                            ident(&table),
                             columns.join(", ")
                         ),
                     );
@@ -365,9 +371,26 @@ impl PgCatalog {
                 });
             }
         }
-        Ok(out)
+        Ok((out, types))
     }
 
+}
+
+/// An identifier as Postgres prints it: bare when it is a plain lower-case name, quoted
+/// otherwise.
+fn ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        quote_ident(name)
+    }
 }
 
 /// Which catalog table gains rows for the primary keys.
@@ -376,6 +399,7 @@ enum Extra {
     Index,
     Constraint,
     Class,
+    Attribute,
 }
 
 /// A `pg_catalog` table with one row added per primary key. The rows are built when the
@@ -414,14 +438,25 @@ impl TableProvider for Extended {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let keys = self
+        let (keys, types) = self
             .catalog
-            .primary_keys()
+            .workspace_tables()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let schema = self.base.schema();
         let scratch = SessionContext::new();
         let mut batches = scratch.read_table(self.base.clone())?.collect().await?;
+        if matches!(self.extra, Extra::Attribute) {
+            let batches = batches
+                .into_iter()
+                .map(|b| declared_types(b, &types))
+                .collect::<DfResult<Vec<_>>>()?;
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[batches],
+                schema,
+                projection.cloned(),
+            )?);
+        }
         if matches!(self.extra, Extra::Class) && !keys.is_empty() {
             // Tables with a primary key have an index (psql's `\d` only looks when it is set).
             batches = batches
@@ -434,6 +469,8 @@ impl TableProvider for Extended {
                 Extra::Index => rows(&schema, &keys, index_value)?,
                 Extra::Constraint => rows(&schema, &keys, constraint_value)?,
                 Extra::Class => rows(&schema, &keys, class_value)?,
+                // Handled above: columns are rewritten, not added.
+                Extra::Attribute => RecordBatch::new_empty(schema.clone()),
             });
         }
         Ok(MemorySourceConfig::try_new_exec(
@@ -442,6 +479,125 @@ impl TableProvider for Extended {
             projection.cloned(),
         )?)
     }
+}
+
+/// The Postgres type of each column: the source's declared type as the table records it
+/// (`skippr.columns`), or the type of its Iceberg field (columns without a record, such as
+/// dropped ones).
+fn column_types(schema: &Schema, props: &HashMap<String, String>) -> ColumnTypes {
+    let recorded: Vec<SourceColumn> = props
+        .get(PROP_COLUMNS)
+        .and_then(|c| serde_json::from_str(c).ok())
+        .unwrap_or_default();
+    schema
+        .fields()
+        .iter()
+        .map(|f| {
+            recorded
+                .iter()
+                .find(|c| c.target() == f.name())
+                .map(|c| (c.oid as i32, c.typmod))
+                .unwrap_or_else(|| arrow_type_oid(f.data_type()))
+        })
+        .collect()
+}
+
+/// The Postgres type that carries an Arrow type: (oid, typmod).
+fn arrow_type_oid(dt: &DataType) -> (i32, i32) {
+    match dt {
+        DataType::Boolean => (16, -1),
+        DataType::Int16 => (21, -1),
+        DataType::Int32 => (23, -1),
+        DataType::Int64 => (20, -1),
+        DataType::Float32 => (700, -1),
+        DataType::Float64 => (701, -1),
+        DataType::Decimal128(p, s) => (1700, ((*p as i32) << 16 | (*s as i32)) + 4),
+        DataType::Binary | DataType::LargeBinary => (17, -1),
+        DataType::FixedSizeBinary(16) => (2950, -1),
+        DataType::Date32 => (1082, -1),
+        DataType::Time64(_) => (1083, -1),
+        DataType::Timestamp(_, Some(_)) => (1184, -1),
+        DataType::Timestamp(_, None) => (1114, -1),
+        DataType::List(inner) => {
+            let (elem, typmod) = arrow_type_oid(inner.data_type());
+            let array = match elem {
+                16 => 1000,
+                17 => 1001,
+                21 => 1005,
+                23 => 1007,
+                20 => 1016,
+                700 => 1021,
+                701 => 1022,
+                1700 => 1231,
+                2950 => 2951,
+                1082 => 1182,
+                1083 => 1183,
+                1184 => 1185,
+                1114 => 1115,
+                _ => 1009,
+            };
+            (array, typmod)
+        }
+        _ => (25, -1),
+    }
+}
+
+/// Array type oids (for `attndims`).
+fn is_array_oid(oid: i32) -> bool {
+    matches!(
+        oid,
+        1000 | 1001 | 1005 | 1007 | 1009 | 1014 | 1015 | 1016 | 1021 | 1022 | 1115 | 1182
+            | 1183 | 1185 | 1231 | 2951 | 199 | 3807
+    )
+}
+
+/// Rewrites `atttypid`, `atttypmod` and `attndims` of the workspace's columns.
+fn declared_types(batch: RecordBatch, types: &HashMap<i64, ColumnTypes>) -> DfResult<RecordBatch> {
+    let schema = batch.schema();
+    let idx = |n: &str| schema.index_of(n).ok();
+    let (Some(rel), Some(num), Some(typ), Some(typmod)) = (
+        idx("attrelid"),
+        idx("attnum"),
+        idx("atttypid"),
+        idx("atttypmod"),
+    ) else {
+        return Ok(batch);
+    };
+    let dims = idx("attndims");
+    let rels = arrow::compute::cast(batch.column(rel), &DataType::Int64)?;
+    let rels = rels.as_primitive::<Int64Type>();
+    let nums = arrow::compute::cast(batch.column(num), &DataType::Int64)?;
+    let nums = nums.as_primitive::<Int64Type>();
+    let mut typ_out = Vec::with_capacity(batch.num_rows());
+    let mut mod_out = Vec::with_capacity(batch.num_rows());
+    let mut dim_out = Vec::with_capacity(batch.num_rows());
+    let old_typ = arrow::compute::cast(batch.column(typ), &DataType::Int32)?;
+    let old_typ = old_typ.as_primitive::<Int32Type>();
+    let old_mod = arrow::compute::cast(batch.column(typmod), &DataType::Int32)?;
+    let old_mod = old_mod.as_primitive::<Int32Type>();
+    for i in 0..batch.num_rows() {
+        let declared = types
+            .get(&rels.value(i))
+            .and_then(|cols| cols.get((nums.value(i) - 1).max(0) as usize).copied())
+            .filter(|_| nums.value(i) > 0);
+        let (t, m) = declared.unwrap_or((old_typ.value(i), old_mod.value(i)));
+        typ_out.push(t);
+        mod_out.push(m);
+        dim_out.push(if is_array_oid(t) { 1 } else { 0 });
+    }
+    let mut columns = batch.columns().to_vec();
+    let typed = |v: Vec<i32>, like: &ArrayRef| -> DfResult<ArrayRef> {
+        Ok(arrow::compute::cast(
+            &(Arc::new(arrow::array::Int32Array::from(v)) as ArrayRef),
+            like.data_type(),
+        )?)
+    };
+    columns[typ] = typed(typ_out, &columns[typ])?;
+    columns[typmod] = typed(mod_out, &columns[typmod])?;
+    if let Some(d) = dims {
+        columns[d] = typed(dim_out, &columns[d])?;
+    }
+    Ok(RecordBatch::try_new(schema, columns)?)
 }
 
 /// Sets `relhasindex` on the rows of tables that have a primary key.
@@ -578,6 +734,7 @@ impl SchemaProvider for PgCatalog {
             "pg_index" => Extra::Index,
             "pg_constraint" => Extra::Constraint,
             "pg_class" => Extra::Class,
+            "pg_attribute" => Extra::Attribute,
             _ => return self.inner.table(name).await,
         };
         let Some(base) = self.inner.table(name).await? else {
