@@ -1,6 +1,7 @@
 //! Gateway, one connection: its own DataFusion session (so `SET` stays private to it), its
 //! start-up handler, and the statement accounting that metrics and a graceful stop rely on.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,7 +40,7 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::errors::SqlStateErrors;
 use super::readonly::ReadOnlyHook;
-use super::settings::{CurrentSetting, Mirror, SetConfig, SettingsHook};
+use super::settings::{setting, CurrentSetting, Mirror, SetConfig, SettingsHook};
 use super::wire;
 use super::statements::SessionStatementsHook;
 use super::Shared;
@@ -73,10 +74,12 @@ impl ConnHandlers {
         ];
         let planner = DfSessionService::new_with_hooks(ctx.clone(), hooks.clone());
         let service = Arc::new(Session {
-            ctx,
+            ctx: ctx.clone(),
             sql_parser: PostgresCompatibilityParser::new(),
             parser: Arc::new(WireParser {
                 inner: planner.query_parser(),
+                ctx: ctx.clone(),
+                workspace: shared.workspace.clone(),
             }),
             hooks,
             mirror,
@@ -194,6 +197,23 @@ async fn with_timeout<T>(
     }
 }
 
+/// Points unqualified names at the first schema of the session's `search_path` (the
+/// workspace by default), as Postgres resolves them.
+fn apply_search_path(ctx: &SessionContext, meta: &HashMap<String, String>, workspace: &str) {
+    let path = setting(meta, "search_path", workspace).unwrap_or_default();
+    let first = path
+        .split(',')
+        .map(|p| p.trim().trim_matches('"').to_string())
+        .find(|p| !p.is_empty() && p != "$user" && p != "public" && p != "pg_catalog")
+        .unwrap_or_else(|| workspace.to_string());
+    let state = ctx.state_ref();
+    let mut state = state.write();
+    let options = state.config_mut().options_mut();
+    if options.catalog.default_schema != first {
+        options.catalog.default_schema = first;
+    }
+}
+
 /// Parameter types of a prepared statement, `$1` first: inferred by the planner, or taken
 /// from an explicit cast (`$1::int`).
 fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
@@ -229,6 +249,8 @@ type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
 /// with the types the rows will carry.
 pub struct WireParser {
     inner: Arc<Parser>,
+    ctx: Arc<SessionContext>,
+    workspace: String,
 }
 
 #[async_trait]
@@ -239,6 +261,7 @@ impl QueryParser for WireParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
+        apply_search_path(&self.ctx, client.metadata(), &self.workspace);
         self.inner.parse_sql(client, sql, types).await
     }
 
@@ -314,6 +337,7 @@ impl SimpleQueryHandler for Session {
                 }
             }
             self.mirror.update(client.metadata());
+            apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
             let sql = statement.to_string();
             let df = with_timeout(statement_timeout(client), self.ctx.sql(&sql)).await?;
             let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));

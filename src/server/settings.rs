@@ -18,7 +18,11 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{Set, Statement};
 use datafusion_postgres::hooks::HookClient;
 use datafusion_postgres::QueryHook;
-use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response};
+use pgwire::api::results::{
+    DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag,
+};
+use pgwire::messages::startup::ParameterStatus;
+use pgwire::messages::PgWireBackendMessage;
 use pgwire::api::{ClientInfo, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 
@@ -326,21 +330,46 @@ impl SettingsHook {
     }
 
     /// Records `SET name = value` for settings the other hooks do not keep, so that SHOW
-    /// and current_setting() report them; the SET itself proceeds.
-    fn record(&self, statement: &Statement, client: &mut dyn HookClient) {
-        if let Statement::Set(Set::SingleAssignment {
+    /// and current_setting() report them. `SET TimeZone = ...` is answered here, with the
+    /// ParameterStatus message drivers use to convert timestamps; other SETs proceed.
+    async fn record(
+        &self,
+        statement: &Statement,
+        client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        let Statement::Set(Set::SingleAssignment {
             variable, values, ..
         }) = statement
-        {
-            let name = variable.to_string().to_ascii_lowercase();
-            if let Some(v) = values.first() {
-                let text = v.to_string();
-                let text = text.trim_matches('\'').trim_matches('"').to_string();
-                if name != "statement_timeout" {
-                    client.metadata_mut().insert(name, text);
-                }
-            }
+        else {
+            return None;
+        };
+        let name = variable.to_string().to_ascii_lowercase();
+        let text = values.first()?.to_string();
+        let text = text.trim_matches('\'').trim_matches('"').to_string();
+        if name == "statement_timeout" {
+            return None;
         }
+        client.metadata_mut().insert(name.clone(), text.clone());
+        if name != "timezone" {
+            return None;
+        }
+        if text.parse::<chrono_tz::Tz>().is_err() {
+            return Some(Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "ERROR".to_string(),
+                "22023".to_string(),
+                format!("invalid value for parameter \"TimeZone\": \"{text}\""),
+            )))));
+        }
+        let status = PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+            "TimeZone".to_string(),
+            text,
+        ));
+        Some(
+            client
+                .send_message(status)
+                .await
+                .map(|_| Response::Execution(Tag::new("SET"))),
+        )
     }
 }
 
@@ -352,7 +381,9 @@ impl QueryHook for SettingsHook {
         _session_context: &SessionContext,
         client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        self.record(statement, client);
+        if let Some(done) = self.record(statement, client).await {
+            return Some(done);
+        }
         self.show(statement, &*client)
     }
 
@@ -390,7 +421,9 @@ impl QueryHook for SettingsHook {
         _session_context: &SessionContext,
         client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        self.record(statement, client);
+        if let Some(done) = self.record(statement, client).await {
+            return Some(done);
+        }
         self.show(statement, &*client)
     }
 }
