@@ -7,6 +7,7 @@ mod catalog;
 mod compat;
 mod errors;
 mod info_schema;
+mod known;
 mod readonly;
 mod session;
 mod settings;
@@ -37,6 +38,7 @@ pub use auth::Users;
 pub struct Shared {
     base: SessionState,
     workspace: String,
+    ws: Arc<Workspace>,
     users: Option<Arc<Users>>,
     tls_cert_pem: Option<Vec<u8>>,
     connections: Arc<ConnectionManager>,
@@ -106,6 +108,7 @@ impl Gateway {
             shared: Arc::new(Shared {
                 base: ctx.state(),
                 workspace: ws.name.clone(),
+                ws: ws.clone(),
                 users,
                 tls_cert_pem,
                 connections: Arc::new(ConnectionManager::new()),

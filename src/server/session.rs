@@ -39,6 +39,7 @@ use pgwire::messages::simplequery::Query;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use super::errors::SqlStateErrors;
+use super::known;
 use super::readonly::ReadOnlyHook;
 use super::settings::{setting, CurrentSetting, Mirror, SetConfig, SettingsHook};
 use super::wire;
@@ -80,6 +81,7 @@ impl ConnHandlers {
                 inner: planner.query_parser(),
                 ctx: ctx.clone(),
                 workspace: shared.workspace.clone(),
+                shared: shared.clone(),
             }),
             hooks,
             mirror,
@@ -251,6 +253,7 @@ pub struct WireParser {
     inner: Arc<Parser>,
     ctx: Arc<SessionContext>,
     workspace: String,
+    shared: Arc<Shared>,
 }
 
 #[async_trait]
@@ -262,7 +265,10 @@ impl QueryParser for WireParser {
         C: ClientInfo + Unpin + Send + Sync,
     {
         apply_search_path(&self.ctx, client.metadata(), &self.workspace);
-        self.inner.parse_sql(client, sql, types).await
+        match known::rewrite(sql, &self.shared.ws).await {
+            Some(replacement) => self.inner.parse_sql(client, &replacement, types).await,
+            None => self.inner.parse_sql(client, sql, types).await,
+        }
     }
 
     fn get_parameter_types(&self, stmt: &Stmt) -> PgWireResult<Vec<Type>> {
@@ -321,6 +327,8 @@ impl SimpleQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let replaced = known::rewrite(query, &self.shared.ws).await;
+        let query = replaced.as_deref().unwrap_or(query);
         let statements = self.sql_parser.parse(query).map_err(api_error)?;
         if statements.is_empty() {
             return Ok(vec![Response::EmptyQuery]);

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, StringArray};
 use arrow::datatypes::{
-    DataType, Field, Float32Type, Float64Type, Schema, SchemaRef, Time64MicrosecondType,
+    DataType, Decimal128Type, Field, Float32Type, Float64Type, Schema, SchemaRef,
+    Time64MicrosecondType,
     TimeUnit, TimestampMicrosecondType,
 };
 use datafusion::prelude::DataFrame;
@@ -33,6 +34,8 @@ enum Conv {
     UuidBinary,
     /// A numeric too wide for the encoder, text format: its exact text.
     DecimalText,
+    /// A numeric too wide for the encoder, binary format: Postgres's base-10000 encoding.
+    DecimalBinary,
     /// time, text format: Postgres's spelling (no trailing zeros in the fraction).
     TimeText,
     /// real / double precision, text format: Postgres's shortest exact spelling.
@@ -71,6 +74,9 @@ pub fn plan(
             DataType::Decimal128(p, _) if *p > MAX_ENCODED_DIGITS && !binary => {
                 (Conv::DecimalText, DataType::Utf8)
             }
+            DataType::Decimal128(p, _) if *p > MAX_ENCODED_DIGITS => {
+                (Conv::DecimalBinary, DataType::Binary)
+            }
             DataType::Time64(_) if !binary => (Conv::TimeText, DataType::Utf8),
             DataType::Timestamp(_, Some(_)) if !binary => (Conv::TimestampTzText, DataType::Utf8),
             DataType::Timestamp(_, None) if !binary => (Conv::TimestampText, DataType::Utf8),
@@ -89,7 +95,7 @@ pub fn plan(
         .map(|((f, conv), original)| {
             let ty = match conv {
                 Conv::UuidText | Conv::UuidBinary => Type::UUID,
-                Conv::DecimalText => Type::NUMERIC,
+                Conv::DecimalText | Conv::DecimalBinary => Type::NUMERIC,
                 Conv::TimeText => Type::TIME,
                 Conv::TimestampText => Type::TIMESTAMP,
                 Conv::TimestampTzText => Type::TIMESTAMPTZ,
@@ -153,6 +159,18 @@ fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResu
         }
         Conv::DecimalText => arrow::compute::cast(col, &DataType::Utf8)
             .map_err(|e| PgWireError::ApiError(Box::new(e)))?,
+        Conv::DecimalBinary => {
+            let DataType::Decimal128(_, scale) = col.data_type() else {
+                return Ok(col.clone());
+            };
+            let scale = *scale;
+            let a = col.as_primitive::<Decimal128Type>();
+            let out: BinaryArray = a
+                .iter()
+                .map(|v| v.map(|v| numeric_binary(v, scale)))
+                .collect();
+            Arc::new(out)
+        }
         Conv::TimeText => {
             let micros = arrow::compute::cast(col, &DataType::Time64(TimeUnit::Microsecond))
                 .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
@@ -187,6 +205,50 @@ fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResu
             Arc::new(out)
         }
     })
+}
+
+/// Postgres's binary `numeric`: digit count, weight, sign, display scale, then base-10000
+/// digits, all big-endian 16-bit.
+fn numeric_binary(v: i128, scale: i8) -> Vec<u8> {
+    let scale = scale.max(0) as usize;
+    let digits = v.unsigned_abs().to_string();
+    let digits = format!("{digits:0>width$}", width = scale + 1);
+    let (int_part, frac_part) = digits.split_at(digits.len() - scale);
+    // Integer groups from the right, fraction groups from the left.
+    let pad = (4 - int_part.len() % 4) % 4;
+    let int_part = format!("{}{int_part}", "0".repeat(pad));
+    let frac_pad = (4 - frac_part.len() % 4) % 4;
+    let frac_part = format!("{frac_part}{}", "0".repeat(frac_pad));
+    let group = |s: &str| -> Vec<i16> {
+        s.as_bytes()
+            .chunks(4)
+            .map(|c| std::str::from_utf8(c).ok().and_then(|g| g.parse().ok()).unwrap_or(0))
+            .collect()
+    };
+    let int_groups = group(&int_part);
+    let frac_groups = group(&frac_part);
+    let mut weight = int_groups.len() as i16 - 1;
+    let mut all: Vec<i16> = int_groups.into_iter().chain(frac_groups).collect();
+    while all.first() == Some(&0) {
+        all.remove(0);
+        weight -= 1;
+    }
+    while all.last() == Some(&0) {
+        all.pop();
+    }
+    if all.is_empty() {
+        weight = 0;
+    }
+    let sign: u16 = if v < 0 && !all.is_empty() { 0x4000 } else { 0 };
+    let mut out = Vec::with_capacity(8 + 2 * all.len());
+    out.extend_from_slice(&(all.len() as i16).to_be_bytes());
+    out.extend_from_slice(&weight.to_be_bytes());
+    out.extend_from_slice(&sign.to_be_bytes());
+    out.extend_from_slice(&(scale as i16).to_be_bytes());
+    for d in all {
+        out.extend_from_slice(&d.to_be_bytes());
+    }
+    out
 }
 
 /// `HH:MM:SS[.ffffff]` with the fraction's trailing zeros dropped, as Postgres prints time.
@@ -286,6 +348,21 @@ mod tests {
         assert_eq!(timestamp_text(0, Some(ny)), "1969-12-31 19:00:00-05");
         let kolkata: chrono_tz::Tz = "Asia/Kolkata".parse().unwrap();
         assert_eq!(timestamp_text(0, Some(kolkata)), "1970-01-01 05:30:00+05:30");
+    }
+
+    #[test]
+    fn numerics_encode_like_postgres() {
+        // 1234.5 with scale 2: digits [1234, 5000], weight 0.
+        assert_eq!(
+            numeric_binary(123450, 2),
+            vec![0, 2, 0, 0, 0, 0, 0, 2, 0x04, 0xD2, 0x13, 0x88]
+        );
+        // -0.0001 with scale 4: one digit [1], weight -1, negative.
+        assert_eq!(numeric_binary(-1, 4), vec![0, 1, 255, 255, 0x40, 0, 0, 4, 0, 1]);
+        // 0 with scale 3.
+        assert_eq!(numeric_binary(0, 3), vec![0, 0, 0, 0, 0, 0, 0, 3]);
+        // 10000: one digit [1], weight 1.
+        assert_eq!(numeric_binary(10000, 0), vec![0, 1, 0, 1, 0, 0, 0, 0, 0, 1]);
     }
 
     #[test]
