@@ -8,8 +8,13 @@ use crate::sink::iceberg::PROP_PRIMARY_KEY;
 
 /// The value of `<column> = E'...'` (or `'...'`) in `sql`, unescaped.
 fn literal_after(sql: &str, column: &str) -> Option<String> {
-    let at = sql.find(column)?;
-    let rest = sql[at + column.len()..].trim_start();
+    sql.match_indices(column)
+        .find_map(|(at, _)| literal_at(&sql[at + column.len()..]))
+}
+
+/// The literal of `= E'...'` at the start of `rest`.
+fn literal_at(rest: &str) -> Option<String> {
+    let rest = rest.trim_start();
     let rest = rest.strip_prefix('=')?.trim_start();
     let rest = rest.strip_prefix('E').unwrap_or(rest);
     let rest = rest.strip_prefix('\'')?;
@@ -85,7 +90,7 @@ mod tests {
 
     #[test]
     fn reads_pgjdbc_literals() {
-        let sql = "... WHERE true  AND n.nspname = E'analytics' AND ct.relname = E'o''k\\\\s' AND i.indisprimary";
+        let sql = "SELECT n.nspname AS x, ct.relname AS y WHERE true  AND n.nspname = E'analytics' AND ct.relname = E'o''k\\\\s' AND i.indisprimary";
         assert_eq!(literal_after(sql, "n.nspname").as_deref(), Some("analytics"));
         assert_eq!(literal_after(sql, "ct.relname").as_deref(), Some("o'k\\s"));
         assert_eq!(literal_after("no filter", "ct.relname"), None);
