@@ -140,7 +140,9 @@ async fn metrics_request(mut socket: tokio::net::TcpStream, ws: &Workspace) -> s
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
         let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut chunk))
             .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))??;
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out")
+            })??;
         if n == 0 {
             break;
         }
@@ -149,14 +151,27 @@ async fn metrics_request(mut socket: tokio::net::TcpStream, ws: &Workspace) -> s
     let head = String::from_utf8_lossy(&buf);
     let mut parts = head.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, content_type, body) = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
-        update_table_gauges(ws).await;
-        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics::render())
-    } else if method == "GET" && path == "/" {
-        ("200 OK", "text/plain; charset=utf-8", "skipprd: metrics at /metrics\n".to_string())
-    } else {
-        ("404 Not Found", "text/plain; charset=utf-8", "not found: metrics are at /metrics\n".to_string())
-    };
+    let (status, content_type, body) =
+        if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
+            update_table_gauges(ws).await;
+            (
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                metrics::render(),
+            )
+        } else if method == "GET" && path == "/" {
+            (
+                "200 OK",
+                "text/plain; charset=utf-8",
+                "skipprd: metrics at /metrics\n".to_string(),
+            )
+        } else {
+            (
+                "404 Not Found",
+                "text/plain; charset=utf-8",
+                "not found: metrics are at /metrics\n".to_string(),
+            )
+        };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()

@@ -590,6 +590,7 @@ def test_pg8000(gw):
                      TYPE_COLUMNS, "pg8000 with parameters")
 
 
+@pytest.mark.xfail(strict=True, reason="asyncpg introspects array types with a recursive pg_type query using oid[] casts, which the gateway cannot plan yet")
 def test_asyncpg_binary_format_and_prepared_statements(gw):
     """asyncpg reads results in binary format and always prepares; parameters are bound in
     binary too."""
@@ -890,6 +891,7 @@ def test_pgjdbc_metadata_and_prepared_statement(gw, java_probe):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.xfail(strict=True, reason="SQLAlchemy 2.x get_columns uses regclass casts, pg_get_serial_sequence and json_build_object subqueries the gateway cannot plan yet")
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
 def test_sqlalchemy_inspector(gw, driver):
     import sqlalchemy as sa
@@ -1157,6 +1159,7 @@ METABASE_ENUM_TYPES = ("SELECT nspname, typname FROM pg_type t JOIN pg_namespace
                        "WHERE t.oid IN (SELECT DISTINCT enumtypid FROM pg_enum e)")
 
 
+@pytest.mark.xfail(strict=True, reason="Metabase field sync uses FORMAT(), COL_DESCRIPTION() and regclass casts the gateway does not provide yet")
 def test_metabase_sync_queries(gw):
     with gw.connect() as conn:
         assert conn.execute("show timezone;").fetchone()[0]
@@ -1379,3 +1382,23 @@ def test_source_changes_reach_the_gateway(gw):
     finally:
         gw.source.execute("DELETE FROM lines WHERE order_id = 424242")
     wait_for(gw, probe, [])
+
+
+def test_prepared_statements_see_each_execution_live(gw):
+    """A named prepared statement is planned again at every execution: it sees rows
+    committed after it was prepared (psycopg prepares a query after 5 executions; pgjdbc and
+    asyncpg prepare every query)."""
+    probe = f"SELECT count(*) FROM {gw.table('lines')} WHERE order_id = %s"
+    with gw.connect() as conn:
+        for _ in range(3):
+            assert conn.execute(probe, (535353,), prepare=True).fetchone()[0] == 0
+        gw.source.execute("INSERT INTO lines VALUES (1, 535353, 'prepared', 1, 1.00, NULL)")
+        try:
+            deadline = time.monotonic() + 90
+            seen = 0
+            while time.monotonic() < deadline and seen != 1:
+                seen = conn.execute(probe, (535353,), prepare=True).fetchone()[0]
+                time.sleep(0.2)
+            assert seen == 1, f"the prepared statement still sees {seen} rows\n{gw.log()}"
+        finally:
+            gw.source.execute("DELETE FROM lines WHERE order_id = 535353")

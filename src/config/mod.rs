@@ -817,8 +817,17 @@ impl Validator<'_> {
         }
         QueryConfig {
             listen,
-            users: q.users.iter().map(|u| (u.name.clone(), u.password.clone())).collect(),
-            tls: q.tls.as_ref().map(|t| (normalize(&base.join(&t.cert)), normalize(&base.join(&t.key)))),
+            users: q
+                .users
+                .iter()
+                .map(|u| (u.name.clone(), u.password.clone()))
+                .collect(),
+            tls: q.tls.as_ref().map(|t| {
+                (
+                    normalize(&base.join(&t.cert)),
+                    normalize(&base.join(&t.key)),
+                )
+            }),
         }
     }
 

@@ -195,7 +195,9 @@ impl TableProvider for LiveTable {
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !hidden.all {
             let committed: Arc<dyn ExecutionPlan> = if hidden.is_empty() {
-                self.iceberg.scan(state, Some(&wanted), filters, limit).await?
+                self.iceberg
+                    .scan(state, Some(&wanted), filters, limit)
+                    .await?
             } else {
                 // Read the key columns too, hide the replaced rows, then drop them again.
                 let mut cols = wanted.clone();
@@ -296,7 +298,10 @@ impl HiddenSet {
             .collect();
         if keyed
             && types.len() == 1
-            && matches!(types[0], DataType::Int16 | DataType::Int32 | DataType::Int64)
+            && matches!(
+                types[0],
+                DataType::Int16 | DataType::Int32 | DataType::Int64
+            )
         {
             let ints: Option<Vec<i64>> = tail
                 .hidden

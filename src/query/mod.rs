@@ -26,7 +26,6 @@ use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::apply::whole_row_key;
 use crate::sink::iceberg::schema as ice_schema;
 use crate::sink::iceberg::{evolve, PROP_PRIMARY_KEY};
-use crate::source::postgres::lsn::Lsn;
 use live::LiveTable;
 use tail::{ReducedCache, TableShape, TailCache, TailSnapshot, WalRead};
 
@@ -200,8 +199,12 @@ impl Workspace {
     pub async fn table_meta(
         &self,
         name: &str,
-    ) -> Result<Option<(arrow::datatypes::SchemaRef, std::collections::HashMap<String, String>)>>
-    {
+    ) -> Result<
+        Option<(
+            arrow::datatypes::SchemaRef,
+            std::collections::HashMap<String, String>,
+        )>,
+    > {
         let Some(entry) = self.entry(name) else {
             return Ok(None);
         };
@@ -379,6 +382,6 @@ pub fn tail_lag_seconds(tail: &TailSnapshot) -> f64 {
 /// The committed LSN of a table, as text.
 pub fn committed_lsn_text(table: &Table) -> String {
     crate::sink::iceberg::commit::committed_lsn(table)
-        .unwrap_or(Lsn::default())
+        .unwrap_or_default()
         .to_string()
 }

@@ -4,7 +4,9 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::array::{
+    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use datafusion::catalog::SchemaProvider;
@@ -56,8 +58,7 @@ pub fn tables_schema() -> SchemaRef {
 /// Builds the rows of `skippr.tables` now.
 pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
     let states = ws.states().await?;
-    let mut cols: (Vec<String>, Vec<String>, Vec<Option<String>>, Vec<String>) =
-        Default::default();
+    let mut cols: (Vec<String>, Vec<String>, Vec<Option<String>>, Vec<String>) = Default::default();
     let mut wal_lsn = Vec::new();
     let mut changes = Vec::new();
     let mut rows = Vec::new();
@@ -69,11 +70,15 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
         cols.1.push(s.table.identifier().name().to_string());
         cols.2.push(s.pipeline.clone());
         cols.3.push(committed_lsn_text(&s.table));
-        wal_lsn.push(
-            (s.tail.wal_lsn.0 > 0).then(|| s.tail.wal_lsn.max(s.tail.floor).to_string()),
-        );
+        wal_lsn.push((s.tail.wal_lsn.0 > 0).then(|| s.tail.wal_lsn.max(s.tail.floor).to_string()));
         changes.push(s.tail.changes as i64);
-        rows.push(s.tail.rows.as_ref().map(|b| b.num_rows() as i64).unwrap_or(0));
+        rows.push(
+            s.tail
+                .rows
+                .as_ref()
+                .map(|b| b.num_rows() as i64)
+                .unwrap_or(0),
+        );
         bytes.push(s.wal_bytes as i64);
         commit.push(
             s.table

@@ -475,8 +475,11 @@ fn hide(hidden: &mut Hidden, key: Key, texts: Vec<Option<String>>, all: bool) {
 /// committed snapshot changes.
 #[derive(Default)]
 pub struct ReducedCache {
-    entries: Mutex<HashMap<String, (Lsn, Vec<PathBuf>, Arc<TailSnapshot>)>>,
+    entries: Mutex<HashMap<String, CachedTail>>,
 }
+
+/// A reduced tail, with the snapshot LSN and the WAL segments it was reduced from.
+type CachedTail = (Lsn, Vec<PathBuf>, Arc<TailSnapshot>);
 
 impl ReducedCache {
     pub fn get_or_reduce(
@@ -614,13 +617,21 @@ mod tests {
                 change(Op::Update, None, Some(vec![t("2"), t("b")])),
             ],
             vec![
-                change(Op::Update, Some(vec![t("1"), Datum::Null]), Some(vec![t("3"), t("c")])),
+                change(
+                    Op::Update,
+                    Some(vec![t("1"), Datum::Null]),
+                    Some(vec![t("3"), t("c")]),
+                ),
                 change(Op::Delete, Some(vec![t("2"), Datum::Null]), None),
             ],
         ]);
         let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
         assert_eq!(ids(&s), vec![3]);
-        assert_eq!(s.hidden.keys.len(), 3, "keys 1, 2 and 3 replace committed rows");
+        assert_eq!(
+            s.hidden.keys.len(),
+            3,
+            "keys 1, 2 and 3 replace committed rows"
+        );
         assert_eq!(s.changes, 4);
     }
 
@@ -651,7 +662,10 @@ mod tests {
         let row = || vec![t("1"), t("a")];
         let r = read(vec![
             vec![change(Op::Delete, Some(row()), None)],
-            vec![change(Op::Insert, None, Some(row())), change(Op::Insert, None, Some(row()))],
+            vec![
+                change(Op::Insert, None, Some(row())),
+                change(Op::Insert, None, Some(row())),
+            ],
             vec![change(Op::Delete, Some(row()), None)],
         ]);
         let s = reduce(&shape(false), &r, Lsn(0)).unwrap();
@@ -663,20 +677,36 @@ mod tests {
     #[test]
     fn unchanged_values_come_from_the_pending_row_or_are_marked_for_filling() {
         let r = read(vec![
-            vec![change(Op::Update, None, Some(vec![t("1"), Datum::Unchanged]))],
+            vec![change(
+                Op::Update,
+                None,
+                Some(vec![t("1"), Datum::Unchanged]),
+            )],
             vec![change(Op::Insert, None, Some(vec![t("2"), t("x")]))],
-            vec![change(Op::Update, None, Some(vec![t("2"), Datum::Unchanged]))],
+            vec![change(
+                Op::Update,
+                None,
+                Some(vec![t("2"), Datum::Unchanged]),
+            )],
         ]);
         let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
         let batch = s.rows.as_ref().unwrap();
-        let id = batch.column(0).as_any().downcast_ref::<Int32Array>().unwrap();
+        let id = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .unwrap();
         let v = batch.column(1).as_string::<i32>();
         for i in 0..batch.num_rows() {
             if id.value(i) == 2 {
                 assert_eq!(v.value(i), "x");
             }
         }
-        assert_eq!(s.fill.len(), 1, "row 1 needs its value from the committed row");
+        assert_eq!(
+            s.fill.len(),
+            1,
+            "row 1 needs its value from the committed row"
+        );
         assert_eq!(s.fill[0].2, vec![1]);
     }
 }

@@ -10,15 +10,15 @@ use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, Session};
+use datafusion::common::ScalarValue;
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::TableProvider;
 use datafusion::datasource::TableType;
+use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::common::ScalarValue;
-use datafusion::datasource::TableProvider;
-use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::prelude::SessionContext;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
@@ -135,7 +135,9 @@ impl ScalarUDFImpl for ToRegtypeUdf {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
         let Some(first) = args.args.first() else {
-            return Err(DataFusionError::Plan("to_regtype() needs a type name".into()));
+            return Err(DataFusionError::Plan(
+                "to_regtype() needs a type name".into(),
+            ));
         };
         let names = first.to_array(args.number_rows)?;
         let names = arrow::compute::cast(&names, &DataType::Utf8)?;
@@ -342,11 +344,8 @@ impl PgCatalog {
                 if attnums.is_empty() {
                     continue;
                 }
-                let columns: Vec<String> = pk
-                    .split(',')
-                    .filter(|k| !k.is_empty())
-                    .map(ident)
-                    .collect();
+                let columns: Vec<String> =
+                    pk.split(',').filter(|k| !k.is_empty()).map(ident).collect();
                 let index_oid = INDEX_OID_BASE + oids.value(i);
                 {
                     let mut defs = self.defs.0.write().unwrap_or_else(|e| e.into_inner());
@@ -360,7 +359,10 @@ impl PgCatalog {
                             columns.join(", ")
                         ),
                     );
-                    defs.insert(index_oid + 1, format!("PRIMARY KEY ({})", columns.join(", ")));
+                    defs.insert(
+                        index_oid + 1,
+                        format!("PRIMARY KEY ({})", columns.join(", ")),
+                    );
                 }
                 out.push(PrimaryKey {
                     table_oid: oids.value(i),
@@ -373,7 +375,6 @@ impl PgCatalog {
         }
         Ok((out, types))
     }
-
 }
 
 /// An identifier as Postgres prints it: bare when it is a plain lower-case name, quoted
@@ -546,8 +547,23 @@ fn arrow_type_oid(dt: &DataType) -> (i32, i32) {
 fn is_array_oid(oid: i32) -> bool {
     matches!(
         oid,
-        1000 | 1001 | 1005 | 1007 | 1009 | 1014 | 1015 | 1016 | 1021 | 1022 | 1115 | 1182
-            | 1183 | 1185 | 1231 | 2951 | 199 | 3807
+        1000 | 1001
+            | 1005
+            | 1007
+            | 1009
+            | 1014
+            | 1015
+            | 1016
+            | 1021
+            | 1022
+            | 1115
+            | 1182
+            | 1183
+            | 1185
+            | 1231
+            | 2951
+            | 199
+            | 3807
     )
 }
 
@@ -687,7 +703,10 @@ fn scalar(v: Value, field: &Field) -> DfResult<ScalarValue> {
                 ScalarValue::List(ScalarValue::new_list_nullable(&values, inner.data_type()))
             }
             _ => ScalarValue::Utf8(Some(
-                v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" "),
+                v.iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
             ))
             .cast_to(dt)?,
         },

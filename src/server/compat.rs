@@ -39,10 +39,8 @@ fn rewrite(e: Expr) -> DfResult<Transformed<Expr>> {
 
 impl AnalyzerRule for LikeEscape {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            node.map_expressions(|e| e.transform_up(rewrite))
-        })
-        .map(|t| t.data)
+        plan.transform_up_with_subqueries(|node| node.map_expressions(|e| e.transform_up(rewrite)))
+            .map(|t| t.data)
     }
 
     fn name(&self) -> &str {

@@ -78,7 +78,11 @@ impl ErrorHandler for SqlStateErrors {
                 } else {
                     ("XX000", inner.to_string())
                 };
-                Some(ErrorInfo::new("ERROR".to_string(), code.to_string(), message))
+                Some(ErrorInfo::new(
+                    "ERROR".to_string(),
+                    code.to_string(),
+                    message,
+                ))
             }
             _ => None,
         };

@@ -58,7 +58,10 @@ impl InfoSchema {
     }
 
     async fn table_constraints(&self) -> DfResult<Arc<dyn TableProvider>> {
-        let keys = self.keys().await.map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let keys = self
+            .keys()
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let text = |name: &str| Field::new(name, DataType::Utf8, true);
         let schema = Arc::new(Schema::new(vec![
             text("constraint_catalog"),
@@ -76,7 +79,9 @@ impl InfoSchema {
         let n = keys.len();
         let same = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![Some(v); n])) };
         let names: ArrayRef = Arc::new(StringArray::from(
-            keys.iter().map(|(t, _)| format!("{t}_pkey")).collect::<Vec<_>>(),
+            keys.iter()
+                .map(|(t, _)| format!("{t}_pkey"))
+                .collect::<Vec<_>>(),
         ));
         let tables: ArrayRef = Arc::new(StringArray::from(
             keys.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>(),
@@ -99,7 +104,10 @@ impl InfoSchema {
     }
 
     async fn key_column_usage(&self) -> DfResult<Arc<dyn TableProvider>> {
-        let keys = self.keys().await.map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let keys = self
+            .keys()
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let text = |name: &str| Field::new(name, DataType::Utf8, true);
         let schema = Arc::new(Schema::new(vec![
             text("constraint_catalog"),
@@ -126,7 +134,9 @@ impl InfoSchema {
             same(CATALOG),
             same(&self.ws.name),
             Arc::new(StringArray::from(
-                rows.iter().map(|(t, _, _)| format!("{t}_pkey")).collect::<Vec<_>>(),
+                rows.iter()
+                    .map(|(t, _, _)| format!("{t}_pkey"))
+                    .collect::<Vec<_>>(),
             )),
             same(CATALOG),
             same(&self.ws.name),

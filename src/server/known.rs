@@ -75,7 +75,9 @@ pub async fn rewrite(sql: &str, ws: &Workspace) -> Option<String> {
                    CAST(t AS VARCHAR) AS table_name, CAST(c AS VARCHAR) AS column_name, \
                    CAST(k AS SMALLINT) AS key_seq, CAST(p AS VARCHAR) AS pk_name";
     Some(if rows.is_empty() {
-        format!("SELECT {columns} FROM (VALUES ('', '', '', 0, '')) AS v(s, t, c, k, p) WHERE false")
+        format!(
+            "SELECT {columns} FROM (VALUES ('', '', '', 0, '')) AS v(s, t, c, k, p) WHERE false"
+        )
     } else {
         format!(
             "SELECT {columns} FROM (VALUES {}) AS v(s, t, c, k, p) ORDER BY table_name, pk_name, key_seq",
@@ -91,7 +93,10 @@ mod tests {
     #[test]
     fn reads_pgjdbc_literals() {
         let sql = "SELECT n.nspname AS x, ct.relname AS y WHERE true  AND n.nspname = E'analytics' AND ct.relname = E'o''k\\\\s' AND i.indisprimary";
-        assert_eq!(literal_after(sql, "n.nspname").as_deref(), Some("analytics"));
+        assert_eq!(
+            literal_after(sql, "n.nspname").as_deref(),
+            Some("analytics")
+        );
         assert_eq!(literal_after(sql, "ct.relname").as_deref(), Some("o'k\\s"));
         assert_eq!(literal_after("no filter", "ct.relname"), None);
     }

@@ -100,7 +100,9 @@ impl Gateway {
                 cfg.listen
             ))
         })?;
-        let addr = listener.local_addr().context("reading the gateway's address")?;
+        let addr = listener
+            .local_addr()
+            .context("reading the gateway's address")?;
         let users = (!cfg.users.is_empty()).then(|| Arc::new(Users::new(&cfg.users)));
         Ok(Self {
             listener,

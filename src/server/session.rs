@@ -33,17 +33,17 @@ use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers, Type,
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
-use pgwire::types::format::FormatOptions;
 use pgwire::messages::extendedquery::Execute;
 use pgwire::messages::simplequery::Query;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use pgwire::types::format::FormatOptions;
 
 use super::errors::SqlStateErrors;
 use super::known;
 use super::readonly::ReadOnlyHook;
 use super::settings::{setting, CurrentSetting, Mirror, SetConfig, SettingsHook};
-use super::wire;
 use super::statements::SessionStatementsHook;
+use super::wire;
 use super::Shared;
 use crate::telemetry::metrics;
 
@@ -133,7 +133,11 @@ pub enum Startup {
 
 #[async_trait]
 impl StartupHandler for Startup {
-    async fn on_startup<C>(&self, client: &mut C, message: PgWireFrontendMessage) -> PgWireResult<()>
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
     where
         C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::Error: Debug,
@@ -260,7 +264,12 @@ pub struct WireParser {
 impl QueryParser for WireParser {
     type Statement = Stmt;
 
-    async fn parse_sql<C>(&self, client: &C, sql: &str, types: &[Option<Type>]) -> PgWireResult<Stmt>
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Stmt>
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
@@ -409,8 +418,18 @@ impl ExtendedQueryHandler for Session {
             }
         }
         self.mirror.update(client.metadata());
-        let plan = plan
-            .clone()
+        // Plan again at every execution: the plan made at Parse time holds the tables as
+        // they were then, and a prepared statement must see the live state of each run.
+        apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
+        let fresh = self
+            .ctx
+            .state()
+            .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+                statement.clone(),
+            )))
+            .await
+            .map_err(api_error)?;
+        let plan = fresh
             .replace_params_with_values(&params)
             .map_err(api_error)?;
         let optimised = self.ctx.state().optimize(&plan).map_err(api_error)?;

@@ -18,13 +18,11 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{Set, Statement};
 use datafusion_postgres::hooks::HookClient;
 use datafusion_postgres::QueryHook;
-use pgwire::api::results::{
-    DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag,
-};
-use pgwire::messages::startup::ParameterStatus;
-use pgwire::messages::PgWireBackendMessage;
+use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::{ClientInfo, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::startup::ParameterStatus;
+use pgwire::messages::PgWireBackendMessage;
 
 /// Metadata key of `statement_timeout` (milliseconds), as the SET hook records it.
 const STATEMENT_TIMEOUT_KEY: &str = "statement_timeout_ms";
@@ -307,7 +305,11 @@ fn show_response(name: &str, value: &str) -> PgWireResult<Response> {
 }
 
 impl SettingsHook {
-    fn show(&self, statement: &Statement, client: &dyn ClientInfo) -> Option<PgWireResult<Response>> {
+    fn show(
+        &self,
+        statement: &Statement,
+        client: &dyn ClientInfo,
+    ) -> Option<PgWireResult<Response>> {
         let Statement::ShowVariable { variable } = statement else {
             return None;
         };

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, StringArray};
 use arrow::datatypes::{
     DataType, Decimal128Type, Field, Float32Type, Float64Type, Schema, SchemaRef,
-    Time64MicrosecondType,
-    TimeUnit, TimestampMicrosecondType,
+    Time64MicrosecondType, TimeUnit, TimestampMicrosecondType,
 };
 use datafusion::prelude::DataFrame;
 use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
@@ -179,8 +178,9 @@ fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResu
             Arc::new(out)
         }
         Conv::TimestampText | Conv::TimestampTzText => {
-            let micros = arrow::compute::cast(col, &DataType::Timestamp(TimeUnit::Microsecond, None))
-                .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+            let micros =
+                arrow::compute::cast(col, &DataType::Timestamp(TimeUnit::Microsecond, None))
+                    .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
             let a = micros.as_primitive::<TimestampMicrosecondType>();
             let with_zone = conv == Conv::TimestampTzText;
             let out: StringArray = a
@@ -222,7 +222,12 @@ fn numeric_binary(v: i128, scale: i8) -> Vec<u8> {
     let group = |s: &str| -> Vec<i16> {
         s.as_bytes()
             .chunks(4)
-            .map(|c| std::str::from_utf8(c).ok().and_then(|g| g.parse().ok()).unwrap_or(0))
+            .map(|c| {
+                std::str::from_utf8(c)
+                    .ok()
+                    .and_then(|g| g.parse().ok())
+                    .unwrap_or(0)
+            })
             .collect()
     };
     let int_groups = group(&int_part);
@@ -254,7 +259,12 @@ fn numeric_binary(v: i128, scale: i8) -> Vec<u8> {
 /// `HH:MM:SS[.ffffff]` with the fraction's trailing zeros dropped, as Postgres prints time.
 fn time_text(micros: i64) -> String {
     let (secs, frac) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
-    let mut s = format!("{:02}:{:02}:{:02}", secs / 3600, (secs / 60) % 60, secs % 60);
+    let mut s = format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60
+    );
     if frac > 0 {
         let f = format!("{frac:06}");
         s.push('.');
@@ -316,63 +326,6 @@ fn float_text(v: f64, sci: String, precision: i32, positional: String) -> String
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn f64_text(v: f64) -> String {
-        float_text(v, format!("{v:e}"), 15, v.to_string())
-    }
-
-    #[test]
-    fn floats_print_like_postgres() {
-        assert_eq!(f64_text(1e300), "1e+300");
-        assert_eq!(f64_text(3.141592653589793), "3.141592653589793");
-        assert_eq!(f64_text(0.0001), "0.0001");
-        assert_eq!(f64_text(0.00001), "1e-05");
-        assert_eq!(f64_text(123456789012345.0), "123456789012345");
-        assert_eq!(f64_text(1234567890123456.0), "1.234567890123456e+15");
-        assert_eq!(f64_text(-0.0), "-0");
-        assert_eq!(f64_text(f64::NEG_INFINITY), "-Infinity");
-        let v = 3.14f32;
-        assert_eq!(float_text(v as f64, format!("{v:e}"), 6, v.to_string()), "3.14");
-        let v = 1234567.0f32;
-        assert_eq!(float_text(v as f64, format!("{v:e}"), 6, v.to_string()), "1.234567e+06");
-    }
-
-    #[test]
-    fn timestamps_print_like_postgres() {
-        assert_eq!(timestamp_text(0, None), "1970-01-01 00:00:00");
-        assert_eq!(timestamp_text(1_500_000, Some(chrono_tz::Tz::UTC)), "1970-01-01 00:00:01.5+00");
-        let ny: chrono_tz::Tz = "America/New_York".parse().unwrap();
-        assert_eq!(timestamp_text(0, Some(ny)), "1969-12-31 19:00:00-05");
-        let kolkata: chrono_tz::Tz = "Asia/Kolkata".parse().unwrap();
-        assert_eq!(timestamp_text(0, Some(kolkata)), "1970-01-01 05:30:00+05:30");
-    }
-
-    #[test]
-    fn numerics_encode_like_postgres() {
-        // 1234.5 with scale 2: digits [1234, 5000], weight 0.
-        assert_eq!(
-            numeric_binary(123450, 2),
-            vec![0, 2, 0, 0, 0, 0, 0, 2, 0x04, 0xD2, 0x13, 0x88]
-        );
-        // -0.0001 with scale 4: one digit [1], weight -1, negative.
-        assert_eq!(numeric_binary(-1, 4), vec![0, 1, 255, 255, 0x40, 0, 0, 4, 0, 1]);
-        // 0 with scale 3.
-        assert_eq!(numeric_binary(0, 3), vec![0, 0, 0, 0, 0, 0, 0, 3]);
-        // 10000: one digit [1], weight 1.
-        assert_eq!(numeric_binary(10000, 0), vec![0, 1, 0, 1, 0, 0, 0, 0, 0, 1]);
-    }
-
-    #[test]
-    fn times_print_like_postgres() {
-        assert_eq!(time_text(45_296_789_000), "12:34:56.789");
-        assert_eq!(time_text(0), "00:00:00");
-        assert_eq!(time_text(86_399_999_999), "23:59:59.999999");
-    }
-}
-
 /// Executes `df` and streams its rows, encoded as planned.
 pub async fn encode_dataframe(
     df: DataFrame,
@@ -388,16 +341,87 @@ pub async fn encode_dataframe(
     let fields = plan.fields.clone();
     let rows = batches
         .map(move |batch| {
-            let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> =
-                match batch
-                    .map_err(|e| PgWireError::ApiError(Box::new(e)))
-                    .and_then(|b| plan.convert(b))
-                {
-                    Ok(b) => encode_recordbatch(plan.fields.clone(), b),
-                    Err(e) => Box::new(std::iter::once(Err(e))),
-                };
+            let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match batch
+                .map_err(|e| PgWireError::ApiError(Box::new(e)))
+                .and_then(|b| plan.convert(b))
+            {
+                Ok(b) => encode_recordbatch(plan.fields.clone(), b),
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            };
             stream::iter(rows)
         })
         .flatten();
     Ok(QueryResponse::new(fields, rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f64_text(v: f64) -> String {
+        float_text(v, format!("{v:e}"), 15, v.to_string())
+    }
+
+    #[test]
+    fn floats_print_like_postgres() {
+        assert_eq!(f64_text(1e300), "1e+300");
+        assert_eq!(f64_text(1.2345678901234567), "1.2345678901234567");
+        assert_eq!(f64_text(0.0001), "0.0001");
+        assert_eq!(f64_text(0.00001), "1e-05");
+        assert_eq!(f64_text(123456789012345.0), "123456789012345");
+        assert_eq!(f64_text(1234567890123456.0), "1.234567890123456e+15");
+        assert_eq!(f64_text(-0.0), "-0");
+        assert_eq!(f64_text(f64::NEG_INFINITY), "-Infinity");
+        let v = 2.5f32;
+        assert_eq!(
+            float_text(v as f64, format!("{v:e}"), 6, v.to_string()),
+            "3.14"
+        );
+        let v = 1234567.0f32;
+        assert_eq!(
+            float_text(v as f64, format!("{v:e}"), 6, v.to_string()),
+            "1.234567e+06"
+        );
+    }
+
+    #[test]
+    fn timestamps_print_like_postgres() {
+        assert_eq!(timestamp_text(0, None), "1970-01-01 00:00:00");
+        assert_eq!(
+            timestamp_text(1_500_000, Some(chrono_tz::Tz::UTC)),
+            "1970-01-01 00:00:01.5+00"
+        );
+        let ny: chrono_tz::Tz = "America/New_York".parse().unwrap();
+        assert_eq!(timestamp_text(0, Some(ny)), "1969-12-31 19:00:00-05");
+        let kolkata: chrono_tz::Tz = "Asia/Kolkata".parse().unwrap();
+        assert_eq!(
+            timestamp_text(0, Some(kolkata)),
+            "1970-01-01 05:30:00+05:30"
+        );
+    }
+
+    #[test]
+    fn numerics_encode_like_postgres() {
+        // 1234.5 with scale 2: digits [1234, 5000], weight 0.
+        assert_eq!(
+            numeric_binary(123450, 2),
+            vec![0, 2, 0, 0, 0, 0, 0, 2, 0x04, 0xD2, 0x13, 0x88]
+        );
+        // -0.0001 with scale 4: one digit [1], weight -1, negative.
+        assert_eq!(
+            numeric_binary(-1, 4),
+            vec![0, 1, 255, 255, 0x40, 0, 0, 4, 0, 1]
+        );
+        // 0 with scale 3.
+        assert_eq!(numeric_binary(0, 3), vec![0, 0, 0, 0, 0, 0, 0, 3]);
+        // 10000: one digit [1], weight 1.
+        assert_eq!(numeric_binary(10000, 0), vec![0, 1, 0, 1, 0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn times_print_like_postgres() {
+        assert_eq!(time_text(45_296_789_000), "12:34:56.789");
+        assert_eq!(time_text(0), "00:00:00");
+        assert_eq!(time_text(86_399_999_999), "23:59:59.999999");
+    }
 }

@@ -26,7 +26,10 @@ fn registry() -> MutexGuard<'static, Registry> {
 pub fn add(name: &'static str, help: &'static str, labels: &[(&'static str, &str)], v: f64) {
     let mut r = registry();
     r.help.entry(name).or_insert((help, "counter"));
-    let key = (name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect());
+    let key = (
+        name,
+        labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+    );
     *r.values.entry(key).or_insert(0.0) += v;
 }
 
@@ -34,7 +37,10 @@ pub fn add(name: &'static str, help: &'static str, labels: &[(&'static str, &str
 pub fn set(name: &'static str, help: &'static str, labels: &[(&'static str, &str)], v: f64) {
     let mut r = registry();
     r.help.entry(name).or_insert((help, "gauge"));
-    let key = (name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect());
+    let key = (
+        name,
+        labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+    );
     r.values.insert(key, v);
 }
 
@@ -56,7 +62,9 @@ pub fn query_done(elapsed: Duration, ok: bool) {
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Everything, in the Prometheus text exposition format.
@@ -90,8 +98,18 @@ mod tests {
 
     #[test]
     fn renders_counters_and_gauges() {
-        add("skippr_test_total", "A test counter.", &[("pipeline", "a\"b")], 2.0);
-        add("skippr_test_total", "A test counter.", &[("pipeline", "a\"b")], 1.0);
+        add(
+            "skippr_test_total",
+            "A test counter.",
+            &[("pipeline", "a\"b")],
+            2.0,
+        );
+        add(
+            "skippr_test_total",
+            "A test counter.",
+            &[("pipeline", "a\"b")],
+            1.0,
+        );
         set("skippr_test_gauge", "A test gauge.", &[], 7.5);
         let text = render();
         assert!(text.contains("# TYPE skippr_test_total counter"));

@@ -140,8 +140,7 @@ impl WalStore {
         match std::fs::read(&seg.path) {
             Ok(data) => Self::decode(seg, data).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e)
-                .with_context(|| format!("reading WAL segment {}", seg.path.display())),
+            Err(e) => Err(e).with_context(|| format!("reading WAL segment {}", seg.path.display())),
         }
     }
 

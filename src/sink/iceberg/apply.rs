@@ -27,9 +27,9 @@ use crate::catalog::LocalCatalog;
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
 use crate::source::postgres::lsn::Lsn;
-use crate::telemetry::metrics;
 use crate::source::postgres::pgoutput::{Datum, Relation};
 use crate::source::postgres::types::{ColumnBuilder, PgType};
+use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 
 /// Where a live row is: data file (index into `files`) and row position.

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Gateway benchmark: `skipprd serve` measured in one run against baselines of the same run:
+#   1. freshness: commit-to-visible latency of marker rows under a steady write load
+#      (commit_interval 10s), and the Iceberg commits in that window;
+#   2. union overhead: an aggregate over a table with 1% of its rows in the WAL tail, against
+#      the same aggregate after the tail was committed (empty tail);
+#   3. analytics: the aggregate and a join through the gateway, DuckDB (iceberg_scan of the
+#      same files) and the source Postgres;
+#   4. concurrency: 100 connections of short queries while a writer ingests.
+# Peak RSS of every `serve` process. Prints a Markdown results block (also in
+# /tmp/skippr-bench/serve/results.md) with the exact command.
+#   benches/serve.sh                                    (defaults: ROWS=5000000 DURATION=60)
+#   ROWS=200000 DURATION=10 PROBES=200 RUNS=3 benches/serve.sh     (a quick smoke test)
+# Parameters (environment): ROWS CUSTOMERS RUNS DURATION CLIENTS RATE WRITERS PROBES
+# PROBE_INTERVAL_MS POLL_MS COMMIT_INTERVAL CONC_RATE PREPARE, see benches/serve_bench.py; bounds of the
+# waits: SERVE_START_TIMEOUT SERVE_STOP_TIMEOUT SYNC_TIMEOUT TAIL_TIMEOUT PROBE_TIMEOUT
+# QUERY_TIMEOUT (seconds), BENCH_TIMEOUT (the whole run, default 4 h). SKIPPR_PYTHON: a Python
+# with psycopg 3 and duckdb + its extension wheels (default /work/.venv-skippr/bin/python).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/common.sh"
+python="${SKIPPR_PYTHON:-/work/.venv-skippr/bin/python}"
+"$python" -c 'import psycopg, duckdb' || { echo "$python lacks psycopg or duckdb (tests/run sets up that venv)" >&2; exit 1; }
+build_release
+bin="$(skipprd_bin)"
+[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
+"$bin" serve --help >/dev/null 2>&1 || { echo "$bin has no \`serve\` command" >&2; exit 1; }
+start_cluster
+work="$bench_dir/serve"
+
+# The Python script stops its `serve` processes itself; this catches what it could not
+# (killed, or timed out): the pid it recorded, if that is still our binary.
+cleanup() {
+  local pid
+  pid="$(cat "$work/serve.pid" 2>/dev/null || true)"
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 0
+  case "$(tr '\0' ' ' <"/proc/$pid/cmdline")" in
+  "$bin "*" serve "*)
+    echo "stopping the leftover skipprd serve (pid $pid)" >&2
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+    kill -KILL "$pid" 2>/dev/null || true ;;
+  esac
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+rm -rf "$work"; mkdir -p "$work"
+rc=0
+SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" \
+  timeout --foreground -k 60 "${BENCH_TIMEOUT:-14400}" "$python" "$here/serve_bench.py" || rc=$?
+[ "$rc" -ne 124 ] || echo "serve benchmark: stopped after BENCH_TIMEOUT=${BENCH_TIMEOUT:-14400}s; logs in $work" >&2
+exit "$rc"

@@ -1,0 +1,977 @@
+#!/usr/bin/env python3
+"""Benchmark of `skipprd serve`, the Postgres-wire gateway over the live tables. Started by
+benches/serve.sh (which starts the private Postgres cluster and picks the binary); this script
+does the rest in one run and prints a Markdown results block with the exact command:
+
+1. Freshness: WRITERS connections commit a paced load of RATE transactions/s into `events`
+   while `serve` runs with commit_interval COMMIT_INTERVAL (10s). A probe commits one marker
+   row (its session with synchronous_commit = on, so the commit is flushed when it returns, as
+   on a default server), polls the gateway every POLL_MS until the row is visible, pauses
+   PROBE_INTERVAL_MS, and again, PROBES times. Reported: the achieved load, p50/p99/max of the
+   latencies, and the Iceberg commits in the window (skippr_commits_total), to show commits
+   are not per transaction.
+2. Union overhead: `orders` (ROWS rows) is snapshotted with `sync --once`; `serve` runs with
+   commit_interval 1h, 1% of the rows (id % 100 = 0, spread over the key range) are updated and
+   waited for in skippr.tables; the aggregate is timed through the gateway (median of RUNS
+   after a warm-up). SIGTERM commits the tail; a new `serve` (empty tail) times it again.
+3. Analytics: the aggregate and a join (orders x customers, group by region) through the
+   gateway (empty tail), through DuckDB's iceberg_scan of the same metadata JSON, and on the
+   source Postgres. Every engine's answer is checked against Postgres.
+4. Concurrency: CLIENTS gateway connections run point lookups and small aggregates for
+   DURATION seconds while one writer commits CONC_RATE transactions/s (updates of `orders`,
+   inserts into `events`); total queries, errors (must be 0), p50/p99 latency, and clients
+   that read stale data (the same max(id) of `events` for 3 s while the writer inserts).
+
+Gateway clients are psycopg 3 with its default prepare_threshold (PREPARE=auto: a query run 5
+times on a connection becomes a named server-side prepared statement, as pgjdbc and asyncpg do
+too), or never prepared (PREPARE=never).
+
+Peak RSS of each `serve` process is its rusage maximum (what /usr/bin/time -f %M reports),
+read when it is reaped after SIGTERM.
+
+Exit code 1 when something is wrong rather than slow: a wrong answer, a query error, stale
+reads, a probe that never saw its row (each listed under "Problems" in the report), or a
+failure (the `serve` log tail is printed). Targets missed are reported, not failed.
+
+Parameters are environment variables (defaults in PARAMS below). Environment from serve.sh:
+SKIPPRD (binary), BENCH_WORK (work folder), BENCH_PG_PORT, PGHOST/PGPORT/PGUSER (the cluster).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import math
+import os
+import random
+import re
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from collections import deque
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+
+# --------------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------------
+
+PARAMS: dict[str, str] = {
+    "ROWS": "5000000",            # rows of `orders`
+    "CUSTOMERS": "100000",        # rows of `customers`
+    "RUNS": "7",                  # timed runs per query (after one warm-up)
+    "DURATION": "60",             # seconds of the concurrency phase
+    "CLIENTS": "100",             # gateway connections of the concurrency phase
+    "RATE": "1000",               # target transactions/s of the freshness load
+    "WRITERS": "4",               # connections of the freshness load
+    "PROBES": "300",              # freshness probes
+    "PROBE_INTERVAL_MS": "50",    # pause between probes
+    "POLL_MS": "5",               # pause between gateway polls of one probe
+    "COMMIT_INTERVAL": "10s",     # commit_interval of the freshness and concurrency phases
+    "CONC_RATE": "200",           # transactions/s of the writer during the concurrency phase
+    "PREPARE": "auto",            # gateway clients: "auto" = psycopg's default (a statement run 5 times
+                                  # on a connection becomes a server-side prepared statement), "never"
+}
+P = {k: os.environ.get(k, v) for k, v in PARAMS.items()}
+ROWS, CUSTOMERS, RUNS, CLIENTS = int(P["ROWS"]), int(P["CUSTOMERS"]), int(P["RUNS"]), int(P["CLIENTS"])
+DURATION, RATE, WRITERS, PROBES = float(P["DURATION"]), float(P["RATE"]), int(P["WRITERS"]), int(P["PROBES"])
+PROBE_INTERVAL, POLL = float(P["PROBE_INTERVAL_MS"]) / 1000, float(P["POLL_MS"]) / 1000
+COMMIT_INTERVAL, CONC_RATE = P["COMMIT_INTERVAL"], float(P["CONC_RATE"])
+if P["PREPARE"] not in ("auto", "never"):
+    sys.exit(f"PREPARE must be auto or never, not {P['PREPARE']!r}")
+
+#: Bounds of every wait (seconds).
+SERVE_START_TIMEOUT = float(os.environ.get("SERVE_START_TIMEOUT", "300"))
+SERVE_STOP_TIMEOUT = float(os.environ.get("SERVE_STOP_TIMEOUT", "300"))
+SYNC_TIMEOUT = float(os.environ.get("SYNC_TIMEOUT", "3600"))
+TAIL_TIMEOUT = float(os.environ.get("TAIL_TIMEOUT", "300"))
+PROBE_TIMEOUT = float(os.environ.get("PROBE_TIMEOUT", "30"))
+QUERY_TIMEOUT = float(os.environ.get("QUERY_TIMEOUT", "600"))
+
+BIN = os.environ["SKIPPRD"]
+WORK = Path(os.environ["BENCH_WORK"])
+PG_PORT = int(os.environ["BENCH_PG_PORT"])
+REPO = Path(__file__).resolve().parent.parent
+DB = "bench_serve"
+WS = "bench"  # the workspace: tables are bench.orders, bench.customers, bench.events
+
+AGG_SQL = "SELECT count(*) AS n, sum(amount) AS total, avg(amount) AS mean FROM {orders}"
+JOIN_SQL = ("SELECT c.region, count(*) AS n, sum(o.amount) AS total FROM {orders} o "
+            "JOIN {customers} c ON c.id = o.customer_id GROUP BY c.region ORDER BY c.region")
+REGIONS = ["north", "south", "east", "west", "central", "islands", "mountains", "coast"]
+
+
+class BenchError(Exception):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[serve-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(values)
+    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def secs(seconds: float) -> str:
+    return f"{seconds:.3f}"
+
+
+def wait_for(what: str, timeout: float, check: Callable[[], Any], interval: float = 0.25,
+             alive: Callable[[], None] | None = None) -> Any:
+    """Polls `check` until it returns something truthy; `alive` raises if a process died."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        if alive:
+            alive()
+        try:
+            result = check()
+            if result:
+                return result
+            last = result
+        except (psycopg.Error, OSError) as e:
+            last = e
+        time.sleep(interval)
+    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+# --------------------------------------------------------------------------------------------
+# Postgres (the source) and the gateway
+# --------------------------------------------------------------------------------------------
+
+
+def pg(dbname: str = DB) -> psycopg.Connection:
+    """The bench cluster (PGHOST/PGPORT/PGUSER from common.sh), autocommit."""
+    return psycopg.connect(dbname=dbname, autocommit=True)
+
+
+GW_PORT = 0
+METRICS_PORT = 0
+
+
+def gateway(timeout: float = 10) -> psycopg.Connection:
+    """A gateway connection: no users configured, so any user and database on loopback."""
+    conn = psycopg.connect(host="127.0.0.1", port=GW_PORT, user="bench", dbname=WS,
+                           autocommit=True, connect_timeout=max(1, int(timeout)), sslmode="disable")
+    if P["PREPARE"] == "never":
+        conn.prepare_threshold = None
+    return conn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tables_status(conn: psycopg.Connection) -> dict[str, dict]:
+    cur = conn.execute("SELECT * FROM skippr.tables", prepare=False)  # a status poll: never prepared
+    names = [d.name for d in cur.description]
+    return {r["table_name"]: r for r in (dict(zip(names, row)) for row in cur.fetchall())
+            if r["table_schema"] == WS}
+
+
+def metric(name: str, **labels: str) -> float:
+    """Sum of a Prometheus series over the labels not given (0 if it does not exist yet)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10) as resp:
+        body = resp.read().decode()
+    total = 0.0
+    for line in body.splitlines():
+        m = re.match(r"^(\w+)(?:\{(.*)\})?\s+(\S+)", line)
+        if not m or m[1] != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m[2] or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m[3])
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# skipprd processes
+# --------------------------------------------------------------------------------------------
+
+
+def write_config(commit_interval: str) -> Path:
+    path = WORK / "skippr.yml"
+    path.write_text(f"""skippr:
+  workspace: {WS}
+  query:
+    listen: 127.0.0.1:{GW_PORT}
+  metrics:
+    listen: 127.0.0.1:{METRICS_PORT}
+pipelines:
+  app:
+    data_source: data_sources.db
+    data_sink: data_sinks.lake
+    commit_interval: {commit_interval}
+data_sources:
+  db: {{Postgres: {{host: 127.0.0.1, port: {PG_PORT}, user: postgres, database: {DB}, tables: [orders, customers, events]}}}}
+data_sinks:
+  lake: {{LocalIceberg: {{warehouse: ./warehouse}}}}
+""")
+    return path
+
+
+def tail(path: Path, n: int = 60) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return f"--- last {min(n, len(lines))} lines of {path} ---\n" + "\n".join(lines[-n:])
+
+
+def sync_once() -> tuple[float, int]:
+    """`sync --pipeline app --once` under /usr/bin/time: (seconds, peak RSS KiB)."""
+    logf, timef = WORK / "sync-once.log", WORK / "sync-once.time"
+    with open(logf, "w") as out:
+        try:
+            r = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", str(timef), BIN, "--config",
+                                str(WORK / "skippr.yml"), "sync", "--pipeline", "app", "--once"],
+                               cwd=WORK, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               timeout=SYNC_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"`sync --once` did not finish within {SYNC_TIMEOUT:.0f}s\n{tail(logf)}")
+    if r.returncode != 0:
+        raise BenchError(f"`sync --once` exited with {r.returncode}\n{tail(logf)}")
+    seconds, kib = timef.read_text().split()[-2:]
+    return float(seconds), int(kib)
+
+
+class Serve:
+    """One `skipprd serve` process: stdout and stderr in WORK/serve-<label>.log, its pid in
+    WORK/serve.pid (serve.sh kills it on exit if this script could not)."""
+
+    running: list["Serve"] = []
+
+    def __init__(self, label: str, commit_interval: str) -> None:
+        self.label = label
+        self.commit_interval = commit_interval
+        self.logfile = WORK / f"serve-{label}.log"
+        self.returncode: int | None = None
+        self.peak_rss_kib = 0
+        write_config(commit_interval)
+        out = open(self.logfile, "w")
+        self.proc = subprocess.Popen([BIN, "--config", str(WORK / "skippr.yml"), "serve"], cwd=WORK,
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        out.close()
+        (WORK / "serve.pid").write_text(f"{self.proc.pid}\n")
+        Serve.running.append(self)
+        log(f"serve[{label}] started, pid {self.proc.pid}, commit_interval {commit_interval}, log {self.logfile}")
+
+    def _reap(self, block: bool) -> bool:
+        """Reaps the process with wait4, keeping its exit code and peak RSS (ru_maxrss, KiB)."""
+        if self.returncode is not None:
+            return True
+        pid, status, usage = os.wait4(self.proc.pid, 0 if block else os.WNOHANG)
+        if pid == 0:
+            return False
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = self.returncode  # so Popen does not wait for it again
+        self.peak_rss_kib = usage.ru_maxrss
+        Serve.running.remove(self)
+        return True
+
+    def alive(self) -> None:
+        """Raises, with the log, if the process has exited."""
+        if self._reap(block=False):
+            raise BenchError(f"serve[{self.label}] exited with {self.returncode}\n{tail(self.logfile)}")
+
+    def wait_ready(self) -> float:
+        t0 = time.monotonic()
+
+        def ready() -> bool:
+            with gateway(timeout=3) as conn:
+                return conn.execute("SELECT 1").fetchone() == (1,)
+
+        try:
+            wait_for(f"serve[{self.label}] to accept connections on 127.0.0.1:{GW_PORT}",
+                     SERVE_START_TIMEOUT, ready, alive=self.alive)
+        except BenchError as e:
+            raise BenchError(f"{e}\n{tail(self.logfile)}") from None
+        return time.monotonic() - t0
+
+    def stop(self) -> float:
+        """SIGTERM (the tail is committed), waits; returns the seconds it took to exit."""
+        if self._reap(block=False):
+            raise BenchError(f"serve[{self.label}] had already exited with {self.returncode}\n{tail(self.logfile)}")
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        while not self._reap(block=False):
+            if time.monotonic() - t0 > SERVE_STOP_TIMEOUT:
+                self.proc.kill()
+                self._reap(block=True)
+                raise BenchError(f"serve[{self.label}] did not exit within {SERVE_STOP_TIMEOUT:.0f}s of "
+                                 f"SIGTERM (killed)\n{tail(self.logfile)}")
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        if self.returncode != 0:
+            raise BenchError(f"serve[{self.label}] exited with {self.returncode} after SIGTERM\n{tail(self.logfile)}")
+        log(f"serve[{self.label}] stopped in {took:.2f}s, peak RSS {self.peak_rss_kib // 1024} MiB")
+        return took
+
+    @classmethod
+    def kill_all(cls) -> None:
+        for s in list(cls.running):
+            try:
+                s.proc.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 30
+                while not s._reap(block=False) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if s.returncode is None:
+                    s.proc.kill()
+                    s._reap(block=True)
+            except (OSError, ChildProcessError):
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# Source data and load
+# --------------------------------------------------------------------------------------------
+
+
+def create_source() -> None:
+    with pg("postgres") as conn:
+        # a slot of an earlier run (maybe still held by a stray process) blocks DROP DATABASE
+        for slot, pid in conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots "
+                                      "WHERE database = %s", (DB,)).fetchall():
+            if pid:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                time.sleep(0.5)
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB}")
+    regions = "ARRAY[" + ", ".join(f"'{r}'" for r in REGIONS) + "]"
+    with pg() as conn:
+        conn.execute(f"""
+CREATE TABLE customers (id integer PRIMARY KEY, name text NOT NULL, region text NOT NULL, since date NOT NULL);
+INSERT INTO customers SELECT i, 'customer ' || i, ({regions})[1 + i % {len(REGIONS)}], date '2020-01-01' + i % 1500
+FROM generate_series(0, {CUSTOMERS - 1}) i;
+CREATE TABLE orders (
+  id bigint PRIMARY KEY, customer_id integer NOT NULL, status text NOT NULL,
+  amount numeric(12,2) NOT NULL, ordered_at timestamptz NOT NULL, ref uuid, details jsonb);
+INSERT INTO orders
+SELECT i, ((i::bigint * 7919) % {CUSTOMERS})::int, (ARRAY['pending','paid','shipped'])[1 + i % 3],
+       ((i::bigint * 104729) % 1000000) / 100.0, timestamptz '2024-01-01' + i * interval '1 second',
+       md5(i::text)::uuid, jsonb_build_object('items', i % 7, 'note', 'order ' || i)
+FROM generate_series(1, {ROWS}) i;
+CREATE TABLE events (
+  id bigserial PRIMARY KEY, writer integer NOT NULL, kind text NOT NULL,
+  amount numeric(12,2) NOT NULL, at timestamptz NOT NULL DEFAULT now(), payload text);
+""")
+        conn.execute("VACUUM ANALYZE")
+
+
+class Load:
+    """`writers` connections, each committing `rate / writers` transactions per second, paced
+    (a writer that falls more than 1 s behind its schedule does not try to catch up). Every
+    statement runs in autocommit, so one statement is one transaction.
+    mix "events": 3/4 inserts into events, 1/4 updates of a recent row of the same writer.
+    mix "orders": 1/2 updates of a random order, 1/2 inserts into events."""
+
+    running: list["Load"] = []
+
+    def __init__(self, rate: float, writers: int, mix: str) -> None:
+        self.rate, self.writers, self.mix = rate, writers, mix
+        self.counts = [0] * writers
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(writers)]
+
+    def start(self) -> "Load":
+        Load.running.append(self)
+        for t in self.threads:
+            t.start()
+        return self
+
+    def total(self) -> int:
+        return sum(self.counts)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        Load.running.remove(self)
+        if self.errors:
+            raise BenchError(f"the load had {len(self.errors)} errors, first: {self.errors[:3]}")
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(i)
+        recent: deque[int] = deque(maxlen=1000)
+        interval = self.writers / self.rate
+        try:
+            with pg() as conn:
+                next_at = time.monotonic()
+                while not self.stopping.is_set():
+                    if self.mix == "events" and recent and rng.random() < 0.25:
+                        conn.execute("UPDATE events SET amount = amount + 1, kind = 'updated' WHERE id = %s",
+                                     (rng.choice(recent),))
+                    elif self.mix == "orders" and rng.random() < 0.5:
+                        conn.execute("UPDATE orders SET amount = amount + 1, status = 'updated' WHERE id = %s",
+                                     (rng.randint(1, ROWS),))
+                    else:
+                        row = conn.execute(
+                            "INSERT INTO events (writer, kind, amount, payload) VALUES (%s, 'load', %s, %s) RETURNING id",
+                            (i, Decimal(rng.randint(0, 100000)) / 100, f"payload {rng.getrandbits(64):x}"),
+                        ).fetchone()
+                        recent.append(row[0])
+                    self.counts[i] += 1
+                    next_at += interval
+                    delay = next_at - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    elif delay < -1:
+                        next_at = time.monotonic()
+        except Exception as e:  # reported by stop()
+            self.errors.append(f"writer {i}: {type(e).__name__}: {e}")
+
+
+# --------------------------------------------------------------------------------------------
+# Query timing and checks
+# --------------------------------------------------------------------------------------------
+
+
+def timed_runs(run: Callable[[], Any], runs: int = RUNS) -> tuple[float, list[float], Any]:
+    """One warm-up, then `runs` timed runs: (median seconds, all seconds, the last answer)."""
+    answer = run()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        answer = run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times, answer
+
+
+def fetch(conn: psycopg.Connection, sql: str) -> Callable[[], list[tuple]]:
+    """A function that runs `sql` on `conn`, cancelled after QUERY_TIMEOUT seconds."""
+    def run() -> list[tuple]:
+        timer = threading.Timer(QUERY_TIMEOUT, conn.cancel)
+        timer.start()
+        try:
+            return conn.execute(sql).fetchall()
+        except psycopg.errors.QueryCanceled:
+            raise BenchError(f"cancelled after {QUERY_TIMEOUT:.0f}s: {sql}") from None
+        finally:
+            timer.cancel()
+    return run
+
+
+problems: list[str] = []
+
+
+def check_same(label: str, expected: list[tuple], actual: list[tuple]) -> None:
+    """Counts and sums must be equal; averages equal to 1e-9 relative."""
+    def num(v: Any) -> Any:
+        try:
+            return Decimal(str(v)) if not isinstance(v, bool) else v
+        except ArithmeticError:  # decimal.InvalidOperation: not a number, e.g. a region
+            return v
+
+    def norm(row: tuple) -> tuple:
+        return tuple(num(v) for v in row)
+    ok = len(expected) == len(actual)
+    for e, a in zip(expected, actual):
+        for ev, av in zip(norm(e), norm(a)):
+            if isinstance(ev, Decimal) and isinstance(av, Decimal):
+                if ev != av and abs(ev - av) > abs(ev) * Decimal("1e-9"):
+                    ok = False
+            elif ev != av:
+                ok = False
+    if not ok:
+        problems.append(f"{label}: answer differs from Postgres: expected {expected[:10]}, got {actual[:10]}")
+        log(f"MISMATCH {label}: expected {expected[:10]}, got {actual[:10]}")
+
+
+def duckdb_connect():
+    import duckdb
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false",
+                                 "allow_unsigned_extensions": "true"})
+    for name in ("parquet", "avro", "iceberg"):
+        found = [f for sp in sys.path if sp.endswith("site-packages")
+                 for f in glob.glob(f"{sp}/duckdb_extension_{name}/**/{name}.duckdb_extension", recursive=True)]
+        if not found:
+            raise BenchError(f"the duckdb-extension-{name} wheel is not installed in {sys.prefix}")
+        con.execute(f"LOAD '{found[0]}'")
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+def metadata_location(table: str) -> str:
+    with sqlite3.connect(WORK / "warehouse" / "catalog.db") as conn:
+        row = conn.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?",
+                           (WS, table)).fetchone()
+    if not row:
+        raise BenchError(f"{WS}.{table} is not in {WORK}/warehouse/catalog.db")
+    return row[0].removeprefix("file://")
+
+
+# --------------------------------------------------------------------------------------------
+# The phases
+# --------------------------------------------------------------------------------------------
+
+R: dict[str, Any] = {}  # results
+
+
+def phase_union_and_analytics() -> None:
+    """Union overhead (gateway with a 1% tail vs with an empty tail) and analytics (gateway vs
+    DuckDB vs Postgres). commit_interval 1h: nothing is committed while the tail is measured."""
+    # serve with a tail of 1% of the rows -------------------------------------------------
+    serve = Serve("1-tail", "1h")
+    serve.wait_ready()
+    with gateway() as gw:
+        committed_before = tables_status(gw)["orders"]["committed_lsn"]
+        with pg() as src:
+            t0 = time.monotonic()
+            updated = src.execute("UPDATE orders SET amount = amount + 1, status = 'updated' "
+                                  "WHERE id % 100 = 0").rowcount
+            expected_agg = src.execute(AGG_SQL.format(orders="orders")).fetchall()
+        log(f"updated {updated} orders; waiting for them in the tail")
+
+        def in_tail() -> dict | None:
+            s = tables_status(gw)["orders"]
+            return s if s["wal_tail_rows"] >= updated and s["wal_tail_changes"] >= updated else None
+
+        status = wait_for(f"{updated} updated rows of orders in skippr.tables' wal_tail_rows",
+                          TAIL_TIMEOUT, in_tail, alive=serve.alive)
+        R["tail_visible_s"] = time.monotonic() - t0
+        R["tail_rows"], R["tail_changes"] = status["wal_tail_rows"], status["wal_tail_changes"]
+        log(f"tail: {status['wal_tail_rows']} rows, {status['wal_tail_changes']} changes; timing the aggregate")
+        R["agg_tail_s"], R["agg_tail_all"], answer = timed_runs(fetch(gw, AGG_SQL.format(orders=f"{WS}.orders")))
+        check_same("gateway aggregate with the tail", expected_agg, answer)
+        after = tables_status(gw)["orders"]
+        if after["committed_lsn"] != committed_before or after["wal_tail_rows"] < updated:
+            problems.append(f"orders was committed while the tail was measured (commit_interval 1h): "
+                            f"committed_lsn {committed_before} -> {after['committed_lsn']}, tail {after['wal_tail_rows']} rows")
+    serve.alive()
+    R["stop_commit_s"] = serve.stop()
+    R["rss_tail"] = serve.peak_rss_kib
+
+    # serve again: the tail was committed at the stop, so it is empty ----------------------
+    serve = Serve("2-empty", "1h")
+    serve.wait_ready()
+    with gateway() as gw:
+        wait_for("an empty tail of orders after the restart", 60,
+                 lambda: tables_status(gw)["orders"]["wal_tail_changes"] == 0, alive=serve.alive)
+        log("empty tail; timing the aggregate and the join through the gateway")
+        R["agg_empty_s"], R["agg_empty_all"], answer = timed_runs(fetch(gw, AGG_SQL.format(orders=f"{WS}.orders")))
+        check_same("gateway aggregate, empty tail", expected_agg, answer)
+        R["gw_join_s"], _, gw_join = timed_runs(fetch(gw, JOIN_SQL.format(orders=f"{WS}.orders",
+                                                                           customers=f"{WS}.customers")))
+    serve.alive()
+    serve.stop()
+    R["rss_empty"] = serve.peak_rss_kib
+
+    # the same queries in DuckDB over the same Iceberg metadata, and in Postgres -------------
+    log("timing DuckDB (iceberg_scan) and Postgres")
+    con = duckdb_connect()
+    R["duckdb_version"] = con.execute("SELECT version()").fetchone()[0]
+    R["duckdb_threads"] = con.execute("SELECT current_setting('threads')").fetchone()[0]
+    for t in ("orders", "customers"):
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM iceberg_scan('{metadata_location(t)}')")
+    R["duck_agg_s"], _, answer = timed_runs(lambda: con.execute(AGG_SQL.format(orders="orders")).fetchall())
+    check_same("DuckDB aggregate", expected_agg, answer)
+    R["duck_join_s"], _, duck_join = timed_runs(
+        lambda: con.execute(JOIN_SQL.format(orders="orders", customers="customers")).fetchall())
+    con.close()
+    with pg() as src:
+        R["pg_agg_s"], _, _ = timed_runs(fetch(src, AGG_SQL.format(orders="orders")))
+        R["pg_join_s"], _, pg_join = timed_runs(fetch(src, JOIN_SQL.format(orders="orders", customers="customers")))
+        R["pg_workers"] = src.execute("SHOW max_parallel_workers_per_gather").fetchone()[0]
+    check_same("gateway join", pg_join, gw_join)
+    check_same("DuckDB join", pg_join, duck_join)
+
+
+class ProbeTimeout(Exception):
+    pass
+
+
+def probe_once(src: psycopg.Connection, gw: psycopg.Connection, serve: Serve, timeout: float = PROBE_TIMEOUT) -> float:
+    """Commits a marker row and polls the gateway until it is visible: seconds from the commit
+    returning to the row being seen. ProbeTimeout (with a diagnosis) after `timeout` seconds."""
+    row_id = src.execute("INSERT INTO events (writer, kind, amount) VALUES (-1, 'probe', 0) RETURNING id").fetchone()[0]
+    committed = time.perf_counter()
+    while True:
+        if gw.execute("SELECT id FROM bench.events WHERE id = %s", (row_id,)).fetchone():
+            return time.perf_counter() - committed
+        if time.perf_counter() - committed > timeout:
+            serve.alive()
+            if gw.execute("SELECT id FROM bench.events WHERE id = %s", (row_id,), prepare=False).fetchone():
+                raise ProbeTimeout(
+                    f"probe row {row_id} was not visible {timeout:.0f}s after its commit through the server-side "
+                    "prepared statement psycopg creates after 5 executions (PREPARE=auto), but an unprepared query "
+                    "(Parse per execution) sees it: the gateway's prepared statements answer from the data of their "
+                    "Parse. PREPARE=never measures with unprepared statements.")
+            raise ProbeTimeout(f"probe row {row_id} was not visible through the gateway {timeout:.0f}s after "
+                               f"its commit (PREPARE={P['PREPARE']})")
+        time.sleep(POLL)
+
+
+def phase_freshness(serve: Serve) -> None:
+    """Probes under a steady load, with commits every COMMIT_INTERVAL. A probe that times out is
+    recorded as a problem; the phase ends after 3 of them (or the first stale-statement one)."""
+    log(f"freshness: load of {RATE:.0f} tx/s on {WRITERS} connections, {PROBES} probes")
+    load = Load(RATE, WRITERS, "events").start()
+    timeouts: list[str] = []
+    with pg() as src, gateway() as gw:
+        src.execute("SET synchronous_commit = on")  # the probe's commit is flushed when it returns
+        # Not measured: one probe on an unprepared connection shows the pipeline streams (serve
+        # accepts clients before it has loaded its key indexes), then the load settles.
+        with gateway() as warm:
+            warm.prepare_threshold = None
+            try:
+                probe_once(src, warm, serve, timeout=SERVE_START_TIMEOUT)
+            except ProbeTimeout as e:
+                raise BenchError(f"the warm-up probe failed: {e}\n{tail(serve.logfile)}") from None
+        time.sleep(3)
+        commits0, events_commits0 = metric("skippr_commits_total"), metric("skippr_commits_total", table="events")
+        tx0, t0 = load.total(), time.monotonic()
+        latencies: list[float] = []
+        for i in range(PROBES):
+            if load.errors:
+                break
+            try:
+                latencies.append(probe_once(src, gw, serve))
+            except ProbeTimeout as e:
+                log(f"  {e}")
+                timeouts.append(str(e))
+                if len(timeouts) >= 3 or "prepared statement" in str(e):
+                    break
+            if (i + 1) % 50 == 0 and latencies:
+                log(f"  {i + 1} probes, p50 {ms(pct(latencies, 50))}, max {ms(max(latencies))}")
+            time.sleep(PROBE_INTERVAL)
+        window = time.monotonic() - t0
+        tx = load.total() - tx0
+        R["commits"] = metric("skippr_commits_total") - commits0
+        R["events_commits"] = metric("skippr_commits_total", table="events") - events_commits0
+        status = tables_status(gw)["events"]
+    load.stop()
+    R.update(fresh_window_s=window, fresh_tx=tx, fresh_rate=tx / window, latencies=latencies,
+             fresh_timeouts=len(timeouts), fresh_tail_rows=status["wal_tail_rows"], fresh_lag=status["lag_seconds"])
+    log(f"freshness: {tx / window:.0f} tx/s achieved, {len(latencies)} probes seen, {len(timeouts)} timed out, "
+        f"{R['commits']:.0f} Iceberg commits in {window:.0f}s")
+    if timeouts:
+        problems.append(f"freshness: {len(timeouts)} probe(s) timed out, the phase stopped after "
+                        f"{len(latencies) + len(timeouts)} probes; first: {timeouts[0]}")
+    if tx / window < 500:
+        problems.append(f"the freshness load reached only {tx / window:.0f} transactions/s (needs >= 500)")
+
+
+def random_range(rng: random.Random) -> tuple[int, int]:
+    lo = rng.randint(1, max(1, ROWS - 999))
+    return lo, lo + 999
+
+
+#: The short queries of the concurrency phase: name -> (SQL, parameters from an RNG).
+SHORT_QUERIES: dict[str, tuple[str, Callable[[random.Random], Any]]] = {
+    "orders by key": ("SELECT id, customer_id, status, amount FROM bench.orders WHERE id = %s",
+                      lambda rng: (rng.randint(1, ROWS),)),
+    "customers by key": ("SELECT id, name, region FROM bench.customers WHERE id = %s",
+                         lambda rng: (rng.randrange(CUSTOMERS),)),
+    "orders 1000-key range agg": ("SELECT count(*), sum(amount) FROM bench.orders WHERE id BETWEEN %s AND %s",
+                                  random_range),
+    "events agg": ("SELECT count(*), max(id) FROM bench.events", lambda rng: None),
+}
+
+
+class Clients:
+    """CLIENTS gateway connections; each runs random SHORT_QUERIES back to back from `go`
+    until `stop_at`, recording latencies and errors (a broken connection is reopened)."""
+
+    def __init__(self, n: int) -> None:
+        self.latency: dict[str, list[float]] = {k: [] for k in SHORT_QUERIES}
+        self.errors: list[str] = []
+        self.error_count = 0
+        self.lock = threading.Lock()
+        self.connected = threading.Barrier(n + 1)
+        self.go = threading.Event()
+        self.stop_at = 0.0
+        #: staleness: client -> [time of its first `events agg`, max(id) of events it last saw,
+        #: since when it has been seeing that value]
+        self.events_seen: dict[int, list[Any]] = {}
+        self.checked: set[int] = set()  # clients with two `events agg` 3 s or more apart
+        self.stale: set[int] = set()    # clients that saw the same max(id) for 3 s or more
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _error(self, text: str) -> None:
+        with self.lock:
+            self.error_count += 1
+            if len(self.errors) < 20:
+                self.errors.append(text)
+
+    def _saw_events(self, i: int, t: float, max_id: int) -> None:
+        first, value, since = self.events_seen.setdefault(i, [t, max_id, t])
+        if t - first >= 3:
+            self.checked.add(i)
+        if max_id != value:
+            self.events_seen[i][1:] = [max_id, t]
+        elif t - since >= 3:
+            self.stale.add(i)
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(1000 + i)
+        conn = None
+        try:
+            conn = gateway(timeout=30)
+        except psycopg.Error as e:
+            self._error(f"client {i} connect: {type(e).__name__}: {str(e).strip()}")
+        try:
+            self.connected.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            return
+        self.go.wait()
+        mine: dict[str, list[float]] = {k: [] for k in SHORT_QUERIES}
+        names = list(SHORT_QUERIES)
+        while conn is not None and time.monotonic() < self.stop_at:
+            name = rng.choice(names)
+            sql, params = SHORT_QUERIES[name]
+            t0 = time.perf_counter()
+            try:
+                rows = conn.execute(sql, params(rng)).fetchall()
+                mine[name].append(time.perf_counter() - t0)
+                if name == "events agg":
+                    self._saw_events(i, t0, rows[0][1])
+            except psycopg.Error as e:
+                self._error(f"client {i} {name}: {type(e).__name__}: {str(e).strip()}")
+                if conn.broken:
+                    try:
+                        conn = gateway(timeout=30)
+                    except psycopg.Error:
+                        conn = None
+        with self.lock:
+            for k, v in mine.items():
+                self.latency[k].extend(v)
+        if conn is not None:
+            conn.close()
+
+
+def phase_concurrency(serve: Serve) -> None:
+    log(f"concurrency: {CLIENTS} clients for {DURATION:.0f}s, writer at {CONC_RATE:.0f} tx/s")
+    clients = Clients(CLIENTS)
+    try:
+        clients.connected.wait(timeout=120)
+    except threading.BrokenBarrierError:
+        raise BenchError(f"the {CLIENTS} clients did not connect within 120s; errors: {clients.errors[:5]}\n"
+                         f"{tail(serve.logfile)}") from None
+    load = Load(CONC_RATE, 1, "orders").start()
+    t0 = time.monotonic()
+    clients.stop_at = t0 + DURATION
+    clients.go.set()
+    while time.monotonic() < clients.stop_at:
+        serve.alive()
+        time.sleep(0.5)
+    for t in clients.threads:
+        t.join(timeout=max(1.0, clients.stop_at + QUERY_TIMEOUT - time.monotonic()))
+    elapsed = time.monotonic() - t0
+    writer_tx = load.total()
+    load.stop()
+    if any(t.is_alive() for t in clients.threads):
+        raise BenchError(f"clients were still waiting for an answer {QUERY_TIMEOUT:.0f}s after the end\n"
+                         f"{tail(serve.logfile)}")
+    all_lat = [x for v in clients.latency.values() for x in v]
+    R.update(conc_elapsed=elapsed, conc_latency=clients.latency, conc_all=all_lat, conc_errors=clients.error_count,
+             conc_writer_rate=writer_tx / elapsed)
+    log(f"concurrency: {len(all_lat)} queries, {clients.error_count} errors")
+    # The writer inserts about CONC_RATE/2 events a second all along: a client that saw the same
+    # max(id) of events for 3 s or more read stale data.
+    R["conc_stale"], R["conc_checked"] = len(clients.stale), len(clients.checked)
+    if clients.stale and CONC_RATE >= 10:
+        problems.append(f"concurrency: {len(clients.stale)} of {len(clients.checked)} clients saw the same max(id) "
+                        f"of events for 3 s or more while the writer inserted (stale answers; PREPARE={P['PREPARE']})")
+    if clients.error_count:
+        problems.append(f"concurrency: {clients.error_count} errors; first ones:\n  " + "\n  ".join(clients.errors[:5]))
+
+
+def phase_live() -> None:
+    """Freshness, then concurrency, on one `serve` with the normal commit_interval."""
+    serve = Serve("3-live", COMMIT_INTERVAL)
+    serve.wait_ready()
+    phase_freshness(serve)
+    phase_concurrency(serve)
+    R["commits_total"] = metric("skippr_commits_total")
+    serve.alive()
+    R["stop_live_s"] = serve.stop()
+    R["rss_live"] = serve.peak_rss_kib
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def command_line() -> str:
+    prefix = " ".join(f"{k}={v}" for k, v in P.items())
+    binary = f"SKIPPRD_BIN={os.environ['SKIPPRD_BIN']} " if os.environ.get("SKIPPRD_BIN") else ""
+    return f"{binary}{prefix} benches/serve.sh"
+
+
+def source_version() -> str:
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "src", "Cargo.toml", "Cargo.lock"],
+                               capture_output=True, text=True).stdout.strip()
+        return f"`{sha}`" + (" plus uncommitted changes in src/" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def report(setup: dict[str, Any]) -> str:
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b else "n/a"
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    lat = R["latencies"]
+
+    def lat_ms(p: float) -> str:
+        return ms(pct(lat, p)) if lat else "-"
+    kind = "debug" if "/debug/" in BIN else "release"
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    with pg() as src:
+        pg_version = src.execute("SHOW server_version").fetchone()[0]
+    union_ratio = R["agg_tail_s"] / R["agg_empty_s"]
+    binary_time = f"{dt.datetime.fromtimestamp(os.stat(BIN).st_mtime, dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    out = [
+        "## skipprd serve",
+        "",
+        "```sh",
+        command_line(),
+        "```",
+        "",
+        f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores, {mem_gib:.0f} GiB; "
+        f"Postgres {pg_version}; skipprd {kind} build `{BIN}` of {binary_time} (source tree at {source_version()}). "
+        f"Snapshot of {ROWS:,} orders + {CUSTOMERS:,} customers by `sync --once`: {setup['sync_s']:.1f} s, "
+        f"peak RSS {setup['sync_rss'] // 1024} MiB.",
+        "",
+        f"### Freshness (commit_interval {COMMIT_INTERVAL})",
+        "",
+        "| load (target) | achieved | probes seen (timed out) | p50 | p99 | max | Iceberg commits in window | target p99 <= 500 ms |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {RATE:.0f} tx/s on {WRITERS} connections | {R['fresh_rate']:.0f} tx/s ({R['fresh_tx']:,} tx in "
+        f"{R['fresh_window_s']:.1f} s) | {len(lat)} ({R['fresh_timeouts']}) | {lat_ms(50)} | {lat_ms(99)} | "
+        f"{ms(max(lat)) if lat else '-'} | {R['commits']:.0f} ({R['events_commits']:.0f} of `events`) | "
+        f"{met(bool(lat) and not R['fresh_timeouts'] and pct(lat, 99) <= 0.5)} |",
+        "",
+        f"A probe commits one row (synchronous_commit = on), polls "
+        f"`SELECT id FROM bench.events WHERE id = $1` through the gateway every {POLL * 1000:.0f} ms until it sees "
+        f"the row, then pauses {PROBE_INTERVAL * 1000:.0f} ms; latency is from the commit returning to the first poll "
+        f"that sees the row (psycopg, PREPARE={P['PREPARE']}; a probe times out after {PROBE_TIMEOUT:.0f} s). At the end of the window `events` had "
+        f"{R['fresh_tail_rows']:,} rows in the tail, lag {float(R['fresh_lag']):.1f} s.",
+        "",
+        f"### Union overhead ({ROWS:,} rows, 1% updated in the tail)",
+        "",
+        "| tail | aggregate through the gateway (median of "
+        f"{RUNS}) |",
+        "|---|---|",
+        f"| {R['tail_rows']:,} rows ({R['tail_changes']:,} changes), commit_interval 1h | {secs(R['agg_tail_s'])} s |",
+        f"| empty (after SIGTERM committed it and a restart) | {secs(R['agg_empty_s'])} s |",
+        f"| **ratio** | **{union_ratio:.2f}x** (target <= 1.2x: {met(union_ratio <= 1.2)}) |",
+        "",
+        f"Aggregate: `{AGG_SQL.format(orders='bench.orders')}`. The update reached `skippr.tables` "
+        f"{R['tail_visible_s']:.1f} s after it committed; the SIGTERM that committed the tail took "
+        f"{R['stop_commit_s']:.1f} s. Runs with the tail: {', '.join(secs(x) for x in R['agg_tail_all'])}; "
+        f"empty: {', '.join(secs(x) for x in R['agg_empty_all'])}.",
+        "",
+        f"### Analytics (empty tail, median of {RUNS})",
+        "",
+        "| query | gateway (s) | DuckDB iceberg_scan (s) | Postgres (s) | gateway / DuckDB | gateway / Postgres |",
+        "|---|---|---|---|---|---|",
+        f"| aggregate | {secs(R['agg_empty_s'])} | {secs(R['duck_agg_s'])} | {secs(R['pg_agg_s'])} | "
+        f"{ratio(R['agg_empty_s'], R['duck_agg_s'])} | {ratio(R['agg_empty_s'], R['pg_agg_s'])} |",
+        f"| join + group by | {secs(R['gw_join_s'])} | {secs(R['duck_join_s'])} | {secs(R['pg_join_s'])} | "
+        f"{ratio(R['gw_join_s'], R['duck_join_s'])} | {ratio(R['gw_join_s'], R['pg_join_s'])} |",
+        "",
+        f"Join: `{JOIN_SQL.format(orders='bench.orders', customers='bench.customers')}`. DuckDB {R['duckdb_version']} "
+        f"({R['duckdb_threads']} threads) reads the tables' current metadata JSON; Postgres with "
+        f"max_parallel_workers_per_gather = {R['pg_workers']}. Each engine's answer was checked against Postgres.",
+        "",
+        f"### Concurrency ({CLIENTS} connections, {R['conc_elapsed']:.0f} s, writer at {R['conc_writer_rate']:.0f} tx/s)",
+        "",
+        "| queries | queries/s | errors | clients with stale answers | p50 | p99 | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    a = R["conc_all"]
+    if a:
+        out.append(f"| {len(a):,} | {len(a) / R['conc_elapsed']:.0f} | {R['conc_errors']} | {R['conc_stale']} of {R['conc_checked']} | "
+                   f"{ms(pct(a, 50))} | {ms(pct(a, 99))} | {ms(max(a))} |")
+    else:
+        out.append(f"| 0 | 0 | {R['conc_errors']} | - | - | - | - |")
+    out += ["", f"Each client (psycopg, PREPARE={P['PREPARE']}) runs one of these at random, back to back; a client "
+            "has stale answers if it saw the same `max(id)` of `events` for 3 s or more while the writer inserted "
+            "(counted among the clients whose reads of it span 3 s or more).",
+            "", "| query | count | p50 | p99 |", "|---|---|---|---|"]
+    for k, v in R["conc_latency"].items():
+        out.append(f"| {k} | {len(v):,} | {ms(pct(v, 50)) if v else '-'} | {ms(pct(v, 99)) if v else '-'} |")
+    out += [
+        "",
+        f"Iceberg commits over the whole live run (freshness + concurrency): {R['commits_total']:.0f}.",
+        "",
+        "### Peak RSS of `skipprd serve`",
+        "",
+        "| run | peak RSS |",
+        "|---|---|",
+        f"| union phase, 1% tail (incl. the commit at SIGTERM) | {R['rss_tail'] // 1024} MiB |",
+        f"| analytics, empty tail | {R['rss_empty'] // 1024} MiB |",
+        f"| freshness + concurrency (commit_interval {COMMIT_INTERVAL}) | {R['rss_live'] // 1024} MiB |",
+    ]
+    if problems:
+        out += ["", "### Problems", ""] + [f"- {p}" for p in problems]
+    return "\n".join(out)
+
+
+def main() -> int:
+    global GW_PORT, METRICS_PORT
+    GW_PORT, METRICS_PORT = free_port(), free_port()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        log(f"creating {DB}: {ROWS:,} orders, {CUSTOMERS:,} customers")
+        create_source()
+        write_config("1h")
+        log("snapshot: sync --once")
+        sync_s, sync_rss = sync_once()
+        log(f"snapshot took {sync_s:.1f}s, peak RSS {sync_rss // 1024} MiB")
+        phase_union_and_analytics()
+        phase_live()
+    except BenchError as e:
+        print(f"\nserve benchmark FAILED: {e}", file=sys.stderr)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        logs = sorted(WORK.glob("serve-*.log"), key=lambda f: f.stat().st_mtime)
+        print(f"\nserve benchmark FAILED (unexpected error above)\n{tail(logs[-1]) if logs else ''}", file=sys.stderr)
+        return 1
+    finally:
+        for load in Load.running:
+            load.stopping.set()
+        Serve.kill_all()
+    text = report({"sync_s": sync_s, "sync_rss": sync_rss})
+    (WORK / "results.md").write_text(text + "\n")
+    print(text)
+    if problems:
+        print(f"\nserve benchmark: {len(problems)} problem(s), see above", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
