@@ -375,7 +375,7 @@ mod tests {
         let v = 2.5f32;
         assert_eq!(
             float_text(v as f64, format!("{v:e}"), 6, v.to_string()),
-            "3.14"
+            "2.5"
         );
         let v = 1234567.0f32;
         assert_eq!(
