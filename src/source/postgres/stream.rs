@@ -20,7 +20,7 @@ pub const ONCE_MARKER_PREFIX: &str = "skippr.once";
 /// A segment is written at this size even if the flush interval has not passed.
 const SEGMENT_MAX_BYTES: usize = 8 * 1024 * 1024;
 /// Longest time a complete transaction waits before it is made durable and acknowledged.
-const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
 /// When the stream ends.
 #[derive(Debug, Clone)]
@@ -96,7 +96,7 @@ pub async fn stream_to_wal(
         let event = tokio::select! {
             ev = client.recv() => ev.map_err(|e| Error::new(ErrorKind::Retryable, format!("replication stream from slot `{}` failed: {e}", cfg.slot)))?,
             _ = tick.tick() => {
-                if !builder.is_empty() && last_flush.elapsed() >= FLUSH_INTERVAL {
+                if !builder.is_empty() && last_flush.elapsed() >= FLUSH_INTERVAL / 2 {
                     flush(&mut builder, &client, &mut last_durable)?;
                     last_flush = Instant::now();
                 } else if builder.is_empty() && current.is_none() && last_end > last_durable {
