@@ -27,7 +27,11 @@ from skippr import (
     DataSourcePostgresSourceCdcMode,
     EnvRef,
     LocalStorage,
+    MetricsSettings,
     Pipeline,
+    QuerySettings,
+    QueryTls,
+    QueryUser,
 )
 
 from conftest import REPO, skipprd_bin
@@ -674,3 +678,36 @@ def test_unreadable_and_empty_files_name_the_file(tmp_path: Path) -> None:
     binary.write_bytes(b"skippr: \xff\n")
     with pytest.raises(ConfigError, match=r"bin\.yml: is not UTF-8"):
         Config.load(binary)
+
+
+def gateway_config() -> Config:
+    cfg = Config().workspace("shop")
+    cfg.query(QuerySettings(
+        listen="0.0.0.0:5433",
+        users=[QueryUser("analyst", EnvRef("ANALYST_PASSWORD")), QueryUser("bi", "${BI_PASSWORD}")],
+        tls=QueryTls("server.crt", "server.key"),
+    ))
+    cfg.metrics(MetricsSettings(listen="127.0.0.1:9187"))
+    return cfg
+
+
+def test_gateway_settings_round_trip_and_survive_connect(tmp_path: Path) -> None:
+    """`skippr.query` and `skippr.metrics` written from Python read back the same, pass
+    `skipprd validate`, and `skipprd connect` keeps them byte for byte while it adds entries."""
+    cfg = gateway_config()
+    text = cfg.to_yaml()
+    assert "    users:\n      - name: analyst\n        password: ${ANALYST_PASSWORD}\n" in text, text
+    assert Config.from_yaml(text) == cfg
+    with pytest.raises(ConfigError):
+        QuerySettings(users=[QueryUser("a", "x"), QueryUser("a", "y")])
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    cfg.save(config)
+    for args in FULL_CONNECT_COMMANDS:
+        proc = run_binary(["--config", str(config), *args], cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+    written = config.read_text()
+    assert written.startswith(text.split("\n\n")[0]), f"skipprd connect changed skippr:\n{written}"
+    loaded = Config.load(config)
+    assert loaded.get_query() == cfg.get_query() and loaded.get_metrics() == cfg.get_metrics()

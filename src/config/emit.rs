@@ -14,10 +14,17 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 24] = [
+const KEY_ORDER: [&str; 32] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
+    "query",
+    "metrics",
+    "listen",
+    "users",
+    "name",
+    "tls",
+    "cert",
     "data_source",
     "data_sink",
     "commit_interval",
@@ -28,6 +35,7 @@ const KEY_ORDER: [&str; 24] = [
     "port",
     "user",
     "password",
+    "key",
     "database",
     "tables",
     "cdc_mode",

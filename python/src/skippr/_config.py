@@ -18,7 +18,11 @@ from ._model import (
     DataSourcePostgres,
     DataSourceRef,
     LocalStorage,
+    MetricsSettings,
     Pipeline,
+    QuerySettings,
+    QueryTls,
+    QueryUser,
     SchemaSinkRef,
     SinkConnector,
     Text,
@@ -61,6 +65,8 @@ class Config:
     def __init__(self) -> None:
         self._workspace: Optional[str] = None
         self._storage = LocalStorage()
+        self._query: Optional[QuerySettings] = None
+        self._metrics: Optional[MetricsSettings] = None
         self._pipelines: Dict[str, Pipeline] = {}
         self._data_sources: Dict[str, DataSourcePostgres] = {}
         self._data_sinks: Dict[str, DataSinkDef] = {}
@@ -83,6 +89,25 @@ class Config:
                 f"expected LocalStorage(path=None), found {describe(storage)}", "skippr.storage"
             )
         self._storage = storage
+        return self
+
+    def query(self, settings: QuerySettings) -> Config:
+        """Sets the Postgres-wire gateway of ``skipprd serve`` (``skippr.query``)."""
+        if not isinstance(settings, QuerySettings):
+            raise ConfigError(
+                f"expected QuerySettings(listen, users, tls), found {describe(settings)}",
+                "skippr.query",
+            )
+        self._query = settings
+        return self
+
+    def metrics(self, settings: MetricsSettings) -> Config:
+        """Sets the Prometheus endpoint of ``skipprd serve`` (``skippr.metrics``)."""
+        if not isinstance(settings, MetricsSettings):
+            raise ConfigError(
+                f"expected MetricsSettings(listen), found {describe(settings)}", "skippr.metrics"
+            )
+        self._metrics = settings
         return self
 
     def data_source(self, name: str, source: DataSourcePostgres) -> DataSourceRef:
@@ -204,6 +229,14 @@ class Config:
         """Where skipprd keeps its WAL and state (``LocalStorage()`` unless set)."""
         return self._storage
 
+    def get_query(self) -> Optional[QuerySettings]:
+        """The gateway settings, or None (skipprd's defaults)."""
+        return self._query
+
+    def get_metrics(self) -> Optional[MetricsSettings]:
+        """The metrics endpoint settings, or None (skipprd's defaults)."""
+        return self._metrics
+
     @property
     def pipelines(self) -> Mapping[str, Pipeline]:
         """Pipelines by name, read-only."""
@@ -233,8 +266,8 @@ class Config:
 
     def _state(self) -> Tuple[Any, ...]:
         return (
-            self._workspace, self._storage, self._pipelines, self._data_sources,
-            self._data_sinks, self._schema_sinks,
+            self._workspace, self._storage, self._query, self._metrics, self._pipelines,
+            self._data_sources, self._data_sinks, self._schema_sinks,
         )
 
     def __repr__(self) -> str:
@@ -258,6 +291,23 @@ class Config:
         }
         if self._storage.path is not None:
             skippr["skipprd_el_storage_path"] = self._storage.path
+        if self._query is not None:
+            query: Dict[str, Node] = {}
+            if self._query.listen is not None:
+                query["listen"] = self._query.listen
+            if self._query.users:
+                users: List[Dict[str, Node]] = [
+                    {"name": u.name, "password": u.password} for u in self._query.users
+                ]
+                query["users"] = users
+            if self._query.tls is not None:
+                query["tls"] = {"cert": self._query.tls.cert, "key": self._query.tls.key}
+            skippr["query"] = query
+        if self._metrics is not None:
+            metrics: Dict[str, Node] = {}
+            if self._metrics.listen is not None:
+                metrics["listen"] = self._metrics.listen
+            skippr["metrics"] = metrics
         pipelines: Dict[str, Node] = {}
         for name, p in self._pipelines.items():
             entry: Dict[str, Node] = {
@@ -444,7 +494,11 @@ class _Reader:
         settings = self.mapping(("skippr",), top["skippr"], "a mapping")
         self.keys(
             ("skippr",), settings,
-            ("workspace", "skipprd_el_storage_mode", "skipprd_el_storage_path"), ("workspace",),
+            (
+                "workspace", "skipprd_el_storage_mode", "skipprd_el_storage_path", "query",
+                "metrics",
+            ),
+            ("workspace",),
         )
         try:
             cfg.workspace(settings["workspace"])
@@ -461,6 +515,32 @@ class _Reader:
                 {"path": "skipprd_el_storage_path"},
             )
         )
+
+        if "query" in settings:
+            at_q: Tuple[Segment, ...] = ("skippr", "query")
+            q = self.mapping(at_q, settings["query"], "a mapping (listen, users, tls)")
+            self.keys(at_q, q, ("listen", "users", "tls"))
+            users = []
+            raw_users = q.get("users") or []
+            if not isinstance(raw_users, list):
+                raise self.fail(at_q + ("users",), f"wrong type: found {describe(raw_users)}, expected a list of users")
+            for i, u in enumerate(raw_users):
+                at_u = at_q + ("users", i)
+                entry = self.mapping(at_u, u, "a user (name, password)")
+                self.keys(at_u, entry, ("name", "password"), ("name", "password"))
+                users.append(self.build(at_u, QueryUser, dict(entry)))
+            tls = None
+            if q.get("tls") is not None:
+                at_t = at_q + ("tls",)
+                t = self.mapping(at_t, q["tls"], "a mapping (cert, key)")
+                self.keys(at_t, t, ("cert", "key"), ("cert", "key"))
+                tls = self.build(at_t, QueryTls, dict(t))
+            cfg.query(self.build(at_q, QuerySettings, {"listen": q.get("listen"), "users": users, "tls": tls}))
+        if "metrics" in settings:
+            at_m: Tuple[Segment, ...] = ("skippr", "metrics")
+            m = self.mapping(at_m, settings["metrics"], "a mapping (listen)")
+            self.keys(at_m, m, ("listen",))
+            cfg.metrics(self.build(at_m, MetricsSettings, {"listen": m.get("listen")}))
 
         # data_sources
         sources = self.mapping(("data_sources",), top.get("data_sources"), "a mapping of data sources")

@@ -266,6 +266,84 @@ class LocalStorage(_Value):
         self._set("path", value)
 
 
+class QueryUser(_Value):
+    """A user of the Postgres-wire gateway of ``skipprd serve`` (``skippr.query.users``),
+    logging in with SCRAM-SHA-256. Give the password as an :class:`EnvRef`."""
+
+    _fields = ("name", "password")
+    __slots__ = _fields
+    name: Text
+    password: Text
+
+    def __init__(self, name: Text, password: Text) -> None:
+        c = _Check("QueryUser")
+        self._set("name", c.text("name", name, required=True))
+        self._set("password", c.text("password", password, required=True))
+
+
+class QueryTls(_Value):
+    """TLS of the gateway (``skippr.query.tls``): PEM certificate chain and key, relative to
+    ``skippr.yml``. If they do not load, ``skipprd serve`` does not start."""
+
+    _fields = ("cert", "key")
+    __slots__ = _fields
+    cert: Text
+    key: Text
+
+    def __init__(self, cert: Text, key: Text) -> None:
+        c = _Check("QueryTls")
+        self._set("cert", c.text("cert", cert, required=True))
+        self._set("key", c.text("key", key, required=True))
+
+
+class QuerySettings(_Value):
+    """The Postgres-wire gateway of ``skipprd serve`` (``skippr.query``).
+
+    ``listen`` is ``host:port`` (skipprd's default: ``127.0.0.1:5433``). Without ``users``
+    only loopback clients may connect.
+    """
+
+    _fields = ("listen", "users", "tls")
+    __slots__ = _fields
+    listen: Optional[Text]
+    users: Tuple[QueryUser, ...]
+    tls: Optional[QueryTls]
+
+    def __init__(
+        self,
+        listen: Optional[Text] = None,
+        users: Sequence[QueryUser] = (),
+        tls: Optional[QueryTls] = None,
+    ) -> None:
+        c = _Check("QuerySettings")
+        self._set("listen", c.text("listen", listen, required=False))
+        if isinstance(users, (str, bytes)) or not isinstance(users, (list, tuple)):
+            c.fail(["users"], f"expected a list of QueryUser, found {describe(users)}")
+        for i, u in enumerate(users):
+            if not isinstance(u, QueryUser):
+                c.fail(["users", i], f"expected a QueryUser, found {describe(u)}")
+        names = [str(u.name) for u in users]
+        for n in names:
+            if names.count(n) > 1:
+                c.fail(["users"], f"user `{n}` is listed twice")
+        self._set("users", tuple(users))
+        if tls is not None and not isinstance(tls, QueryTls):
+            c.fail(["tls"], f"expected a QueryTls, found {describe(tls)}")
+        self._set("tls", tls)
+
+
+class MetricsSettings(_Value):
+    """The Prometheus endpoint of ``skipprd serve`` (``skippr.metrics``); ``listen`` is
+    ``host:port`` (skipprd's default: ``127.0.0.1:9187``)."""
+
+    _fields = ("listen",)
+    __slots__ = _fields
+    listen: Optional[Text]
+
+    def __init__(self, listen: Optional[Text] = None) -> None:
+        self._set("listen", _Check("MetricsSettings").text("listen", listen, required=False))
+
+
 class DataSourcePostgresSourceCdcMode(str, enum.Enum):
     """How the tables of a Postgres source are read (``cdc_mode``)."""
 

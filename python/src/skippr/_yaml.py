@@ -25,7 +25,7 @@ from ._model import EnvRef
 
 #: A value to write: a scalar, a list of scalars (flow style), or a mapping (block style).
 Scalar = Union[str, int, EnvRef]
-Node = Union[Scalar, List[Scalar], Dict[str, "Node"]]
+Node = Union[Scalar, List[Scalar], List[Dict[str, "Node"]], Dict[str, "Node"]]
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./$][A-Za-z0-9_./${}:@+-]*\Z")
 _KEYWORDS = frozenset(["true", "false", "yes", "no", "on", "off", "null", "~"])
@@ -67,8 +67,21 @@ def _entry(out: List[str], key: str, value: Node, indent: int) -> None:
         out.append(f"{pad}{scalar(key)}:")
         for k, v in value.items():
             _entry(out, k, v, indent + 2)
+    elif isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        # A list of mappings: one block item each, as skipprd writes it.
+        out.append(f"{pad}{scalar(key)}:")
+        for item in value:
+            inner: List[str] = []
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    _entry(inner, k, v, indent + 4)
+            else:
+                inner.append(" " * (indent + 4) + scalar(item))
+            if inner:
+                inner[0] = f"{pad}  - " + inner[0].lstrip()
+            out.extend(inner)
     elif isinstance(value, list):
-        items = ", ".join(scalar(v, in_flow=True) for v in value)
+        items = ", ".join(scalar(v, in_flow=True) for v in value if not isinstance(v, dict))
         out.append(f"{pad}{scalar(key)}: [{items}]")
     else:
         out.append(f"{pad}{scalar(key)}: {scalar(value)}")
