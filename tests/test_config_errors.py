@@ -392,3 +392,24 @@ def test_unknown_pipeline_is_named(workdir):
     assert_no_panic(proc)
     assert proc.returncode != 0, describe_run(proc)
     assert "nope" in proc.stderr and "app" in proc.stderr, describe_run(proc, "does not name the pipeline and the defined ones")
+
+
+@pytest.mark.parametrize(
+    "extra,line,field_prefix,msg",
+    [
+        (["  query:", "    listen: localhost-5433"], 5, "skippr.query.listen",
+         ["localhost-5433", "not an address", "host:port"]),
+        (["  metrics:", "    listen: 127.0.0.1"], 5, "skippr.metrics.listen", ["not an address"]),
+        (["  query:", "    listen: 127.0.0.1:5433", "    users:", "      - name: analyst",
+          "        password: ''"], 8, "skippr.query.users[0].password", ["analyst", "non-empty password"]),
+        (["  query:", "    listen: 0.0.0.0:5433", "    users:", "      - name: a", "        password: x",
+          "      - name: a", "        password: y"], 9, "skippr.query.users[1].name", ["listed twice"]),
+        (["  query:", "    tls:", "      cert: server.crt"], 5, "skippr.query.tls",
+         ["missing required field key"]),
+    ],
+    ids=["query-listen", "metrics-listen", "empty-password", "duplicate-user", "tls-without-key"],
+)
+def test_gateway_settings_errors(workdir, extra, line, field_prefix, msg):
+    lines = BASE_LINES[:3] + extra + BASE_LINES[3:]
+    cfg, proc = run_validate(workdir, config_text(lines))
+    assert_config_error(proc, cfg, line=line, cols=None, field_prefix=field_prefix, msg_contains=msg)
