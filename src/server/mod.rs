@@ -48,13 +48,21 @@ pub struct Shared {
 }
 
 impl Shared {
-    fn begin(&self) {
+    /// Counts a statement as running until the guard drops (also when the client goes
+    /// away mid-statement and its future is dropped).
+    fn begin(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self)
     }
+}
 
-    fn end(&self) {
-        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.idle.notify_waiters();
+/// A running statement; see [`Shared::begin`].
+pub struct InFlight<'a>(&'a Shared);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
         }
     }
 }

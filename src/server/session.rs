@@ -165,7 +165,6 @@ pub struct Session {
 
 impl Session {
     fn finish(&self, started: Instant, ok: bool) {
-        self.shared.end();
         metrics::query_done(started.elapsed(), ok);
     }
 }
@@ -322,7 +321,7 @@ impl SimpleQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        self.shared.begin();
+        let _running = self.shared.begin();
         let started = Instant::now();
         let result = self._on_query(client, query).await;
         self.finish(started, result.is_ok());
@@ -384,7 +383,7 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        self.shared.begin();
+        let _running = self.shared.begin();
         let started = Instant::now();
         let result = self._on_execute(client, message).await;
         self.finish(started, result.is_ok());
