@@ -62,7 +62,7 @@ impl InfoSchema {
             .keys()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let text = |name: &str| Field::new(name, DataType::Utf8, true);
+        let text = text_field;
         let schema = Arc::new(Schema::new(vec![
             text("constraint_catalog"),
             text("constraint_schema"),
@@ -77,7 +77,7 @@ impl InfoSchema {
             text("nulls_distinct"),
         ]));
         let n = keys.len();
-        let same = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![Some(v); n])) };
+        let same = |v: &str| repeated(v, n);
         let names: ArrayRef = Arc::new(StringArray::from(
             keys.iter()
                 .map(|(t, _)| format!("{t}_pkey"))
@@ -108,7 +108,7 @@ impl InfoSchema {
             .keys()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let text = |name: &str| Field::new(name, DataType::Utf8, true);
+        let text = text_field;
         let schema = Arc::new(Schema::new(vec![
             text("constraint_catalog"),
             text("constraint_schema"),
@@ -129,7 +129,7 @@ impl InfoSchema {
             })
             .collect();
         let n = rows.len();
-        let same = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![Some(v); n])) };
+        let same = |v: &str| repeated(v, n);
         let columns: Vec<ArrayRef> = vec![
             same(CATALOG),
             same(&self.ws.name),
@@ -154,6 +154,16 @@ impl InfoSchema {
         let batch = RecordBatch::try_new(schema.clone(), columns)?;
         Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
     }
+}
+
+/// `v`, `n` times.
+fn repeated(v: &str, n: usize) -> ArrayRef {
+    Arc::new(StringArray::from(vec![Some(v); n]))
+}
+
+/// A nullable text column, as information_schema's are.
+fn text_field(name: &str) -> Field {
+    Field::new(name, DataType::Utf8, true)
 }
 
 #[async_trait]

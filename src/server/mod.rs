@@ -217,7 +217,7 @@ fn server_parameters(workspace: &str) -> DefaultServerParameterProvider {
 }
 
 /// The start-up handler of one connection: SCRAM when users are configured, trust otherwise.
-fn startup_handler(shared: &Shared) -> session::Startup {
+pub(super) fn startup_handler(shared: &Shared) -> session::Startup {
     match &shared.users {
         Some(users) => {
             let mut scram = ScramAuth::new(users.clone());
@@ -237,11 +237,5 @@ fn startup_handler(shared: &Shared) -> session::Startup {
         None => session::Startup::Trust(session::Trust {
             connections: shared.connections.clone(),
         }),
-    }
-}
-
-impl session::ConnHandlers {
-    fn handlers_startup(&self) -> session::Startup {
-        startup_handler(&self.shared)
     }
 }

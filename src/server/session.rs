@@ -101,7 +101,7 @@ impl PgWireServerHandlers for ConnHandlers {
     }
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        Arc::new(self.handlers_startup())
+        Arc::new(super::startup_handler(&self.shared))
     }
 
     fn error_handler(&self) -> Arc<impl ErrorHandler> {

@@ -8,16 +8,17 @@ use std::sync::{Arc, RwLock};
 use arrow::array::{Array, AsArray, StringArray};
 use arrow::datatypes::DataType;
 use async_trait::async_trait;
-use datafusion::common::{DFSchema, ParamValues};
+use datafusion::common::ParamValues;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::{
-    ColumnarValue, EmptyRelation, LogicalPlan, ScalarFunctionArgs, ScalarUDFImpl, Signature,
-    Volatility,
+    ColumnarValue, LogicalPlan, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{Set, Statement};
 use datafusion_postgres::hooks::HookClient;
 use datafusion_postgres::QueryHook;
+
+use super::statements::placeholder_plan;
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::{ClientInfo, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
@@ -403,16 +404,7 @@ impl QueryHook for SettingsHook {
             DataType::Utf8,
             false,
         )]);
-        Some(
-            DFSchema::try_from(schema)
-                .map(|s| {
-                    LogicalPlan::EmptyRelation(EmptyRelation {
-                        produce_one_row: true,
-                        schema: Arc::new(s),
-                    })
-                })
-                .map_err(|e| PgWireError::ApiError(Box::new(e))),
-        )
+        Some(placeholder_plan(schema, true))
     }
 
     async fn handle_extended_query(

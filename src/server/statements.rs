@@ -16,6 +16,19 @@ use pgwire::api::results::{Response, Tag};
 use pgwire::api::ClientInfo;
 use pgwire::error::{PgWireError, PgWireResult};
 
+/// The plan a hook gives a statement it answers itself, so that a prepared statement can
+/// describe its result (`columns`) before it is executed.
+pub fn placeholder_plan(columns: Schema, one_row: bool) -> PgWireResult<LogicalPlan> {
+    DFSchema::try_from(columns)
+        .map(|schema| {
+            LogicalPlan::EmptyRelation(EmptyRelation {
+                produce_one_row: one_row,
+                schema: Arc::new(schema),
+            })
+        })
+        .map_err(|e| PgWireError::ApiError(Box::new(e)))
+}
+
 /// Accepts savepoints and `DISCARD`.
 pub struct SessionStatementsHook;
 
@@ -49,16 +62,7 @@ impl QueryHook for SessionStatementsHook {
         _client: &(dyn ClientInfo + Send + Sync),
     ) -> Option<PgWireResult<LogicalPlan>> {
         tag(statement)?;
-        Some(
-            DFSchema::try_from(Schema::empty())
-                .map(|schema| {
-                    LogicalPlan::EmptyRelation(EmptyRelation {
-                        produce_one_row: false,
-                        schema: Arc::new(schema),
-                    })
-                })
-                .map_err(|e| PgWireError::ApiError(Box::new(e))),
-        )
+        Some(placeholder_plan(Schema::empty(), false))
     }
 
     async fn handle_extended_query(
