@@ -234,11 +234,6 @@ def test_add_column_new_optional_field_old_rows_null(skippr: Skippr, db):
     assert_evolved(skippr, db, "items", ["id", "v", "score", "label", "price"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: `skipprd query` (iceberg-datafusion 0.10) cannot fill a list column that "
-    "older data files lack; PyIceberg and DuckDB read it correctly. Strict: passes only once fixed.",
-)
 def test_add_array_column(skippr: Skippr, db):
     """An added list column: new ids for the field and its element; old rows read NULL."""
     db.execute("""

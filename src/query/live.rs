@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::{DataType, Int16Type, Int32Type, Int64Type, SchemaRef};
+use arrow::datatypes::{DataType, Field, Int16Type, Int32Type, Int64Type, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::DFSchema;
@@ -28,9 +28,11 @@ use futures::{StreamExt, TryStreamExt};
 use iceberg::table::Table;
 use iceberg_datafusion::IcebergStaticTableProvider;
 
+use super::committed::{CommittedScan, Hide, ScanCaches};
 use super::tail::TailSnapshot;
 use crate::error::{Context, Result};
 use crate::sink::iceberg::keys::{Key, KeyEncoder};
+use crate::sink::iceberg::{SourceColumn, PROP_COLUMNS};
 
 /// A replicated table as queries see it: committed snapshot plus WAL tail.
 #[derive(Debug)]
@@ -41,6 +43,7 @@ pub struct LiveTable {
     keyed: bool,
     table: Table,
     tail: Arc<TailSnapshot>,
+    caches: Arc<ScanCaches>,
 }
 
 impl LiveTable {
@@ -51,14 +54,16 @@ impl LiveTable {
         key_cols: Vec<usize>,
         keyed: bool,
         tail: Arc<TailSnapshot>,
+        caches: Arc<ScanCaches>,
     ) -> Result<Self> {
         Ok(Self {
-            schema: iceberg.schema(),
+            schema: with_pg_types(&iceberg.schema(), table),
             iceberg,
             table: table.clone(),
             key_cols,
             keyed,
             tail,
+            caches,
         })
     }
 
@@ -73,6 +78,49 @@ impl LiveTable {
             (rows, _) => Ok(rows.clone()),
         }
     }
+}
+
+/// Field metadata naming the Postgres type of a column whose Arrow type does not say it
+/// (`json`, `jsonb`): the gateway sends such columns with that type.
+pub const PG_TYPE_META: &str = "skippr.pg_type";
+
+/// The table's schema with [`PG_TYPE_META`] on its json and jsonb columns, as the source
+/// declared them (`skippr.columns`).
+fn with_pg_types(schema: &SchemaRef, table: &Table) -> SchemaRef {
+    let recorded: Vec<SourceColumn> = table
+        .metadata()
+        .properties()
+        .get(PROP_COLUMNS)
+        .and_then(|c| serde_json::from_str(c).ok())
+        .unwrap_or_default();
+    let mut changed = false;
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let name = recorded
+                .iter()
+                .find(|c| c.target() == f.name())
+                .and_then(|c| match c.oid {
+                    114 => Some("json"),
+                    3802 => Some("jsonb"),
+                    _ => None,
+                });
+            match name {
+                Some(n) if f.data_type() == &DataType::Utf8 => {
+                    changed = true;
+                    let mut meta = f.metadata().clone();
+                    meta.insert(PG_TYPE_META.to_string(), n.to_string());
+                    f.as_ref().clone().with_metadata(meta)
+                }
+                _ => f.as_ref().clone(),
+            }
+        })
+        .collect();
+    if !changed {
+        return schema.clone();
+    }
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 /// Values an update left unchanged (large TOAST values) are read from the committed row.
@@ -185,16 +233,56 @@ impl TableProvider for LiveTable {
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let has_rows = rows.as_ref().is_some_and(|b| b.num_rows() > 0);
-        if hidden.is_empty() && !has_rows {
-            return self.iceberg.scan(state, projection, filters, limit).await;
-        }
         let wanted: Vec<usize> = match projection {
             Some(p) => p.clone(),
             None => (0..self.schema.fields().len()).collect(),
         };
+        // Our own reader for whole-table reads (parallel, hides by position) and for nested
+        // columns (it fills a list or struct column that older files lack with NULLs);
+        // Iceberg's scan when filters can prune files and row groups.
+        let own_reader = filters.is_empty()
+            || wanted
+                .iter()
+                .any(|i| self.schema.field(*i).data_type().is_nested());
+        if hidden.is_empty() && !has_rows && !own_reader {
+            return self.iceberg.scan(state, projection, filters, limit).await;
+        }
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !hidden.all {
-            let committed: Arc<dyn ExecutionPlan> = if hidden.is_empty() {
+            let committed: Arc<dyn ExecutionPlan> = if own_reader {
+                let hide = if hidden.is_empty() {
+                    Hide::None
+                } else {
+                    let set = Arc::new(HiddenSet::build(
+                        &self.tail,
+                        &self.schema,
+                        &self.key_cols,
+                        self.keyed,
+                    ));
+                    match *set {
+                        HiddenSet::Bitmap { .. } => Hide::Positions(set),
+                        HiddenSet::Keys { .. } => Hide::Keys(set),
+                    }
+                };
+                let limit = if filters.is_empty() && hidden.is_empty() {
+                    limit
+                } else {
+                    None
+                };
+                Arc::new(
+                    CommittedScan::plan(
+                        &self.table,
+                        self.schema.clone(),
+                        wanted.clone(),
+                        self.key_cols.clone(),
+                        hide,
+                        limit,
+                        state.config().target_partitions(),
+                        self.caches.clone(),
+                    )
+                    .await?,
+                )
+            } else if hidden.is_empty() {
                 self.iceberg
                     .scan(state, Some(&wanted), filters, limit)
                     .await?
@@ -276,7 +364,7 @@ fn filter_tail(
 
 /// Committed keys to hide, in the representation that is fastest to probe.
 #[derive(Debug)]
-enum HiddenSet {
+pub enum HiddenSet {
     /// A single integer key column: a bitmap over the keys' range.
     Bitmap { min: i64, bits: Vec<u64> },
     /// Any other key: encoded keys, with how many copies to hide (tables keyed by the whole
@@ -329,20 +417,28 @@ impl HiddenSet {
         }
     }
 
-    /// Which rows of `batch` stay visible (`keys`: the key columns).
-    fn keep(&self, keys: &[ArrayRef]) -> DfResult<BooleanArray> {
-        let n = keys.first().map(|k| k.len()).unwrap_or(0);
+    /// Whether the single integer key `v` is hidden (false for other kinds of keys).
+    pub fn hides_int(&self, v: i64) -> bool {
         match self {
             Self::Bitmap { min, bits } => {
+                let o = v.wrapping_sub(*min);
+                if o < 0 || (o as usize) / 64 >= bits.len() {
+                    return false;
+                }
+                let o = o as usize;
+                bits[o / 64] & (1 << (o % 64)) != 0
+            }
+            Self::Keys { .. } => false,
+        }
+    }
+
+    /// Which rows of `batch` stay visible (`keys`: the key columns).
+    pub fn keep(&self, keys: &[ArrayRef]) -> DfResult<BooleanArray> {
+        let n = keys.first().map(|k| k.len()).unwrap_or(0);
+        match self {
+            Self::Bitmap { .. } => {
                 let col = &keys[0];
-                let hidden = |v: i64| -> bool {
-                    let o = v.wrapping_sub(*min);
-                    if o < 0 || (o as usize) / 64 >= bits.len() {
-                        return false;
-                    }
-                    let o = o as usize;
-                    bits[o / 64] & (1 << (o % 64)) != 0
-                };
+                let hidden = |v: i64| self.hides_int(v);
                 let keep: BooleanArray = match col.data_type() {
                     DataType::Int64 => col
                         .as_primitive::<Int64Type>()

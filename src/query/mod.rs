@@ -1,6 +1,7 @@
 //! Queries: a DataFusion session over the workspace's live tables (Iceberg snapshot UNION
 //! WAL tail), used by `skipprd query` and by the Postgres-wire gateway of `skipprd serve`.
 
+pub mod committed;
 pub mod format;
 pub mod live;
 pub mod system;
@@ -52,6 +53,7 @@ pub struct Workspace {
     tables: RwLock<BTreeMap<String, TableEntry>>,
     tail: TailCache,
     reduced: ReducedCache,
+    scan_caches: Arc<committed::ScanCaches>,
 }
 
 /// A table's live state at one moment.
@@ -95,6 +97,7 @@ impl Workspace {
             tables: RwLock::new(BTreeMap::new()),
             tail: TailCache::default(),
             reduced: ReducedCache::default(),
+            scan_caches: Arc::default(),
         });
         ws.refresh().await?;
         Ok(ws)
@@ -235,7 +238,15 @@ impl Workspace {
         );
         let keyed = !shape.key.is_empty();
         let key_cols = if keyed { shape.key } else { shape.row_key };
-        let table = LiveTable::new(&state.table, iceberg, key_cols, keyed, state.tail).await?;
+        let table = LiveTable::new(
+            &state.table,
+            iceberg,
+            key_cols,
+            keyed,
+            state.tail,
+            self.scan_caches.clone(),
+        )
+        .await?;
         Ok(Some(Arc::new(table)))
     }
 

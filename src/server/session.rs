@@ -301,6 +301,7 @@ impl QueryParser for WireParser {
             (_, Some((_, plan))) if !matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::Dml(_)) => {
                 let plan = wire::plan(
                     plan.schema().as_arrow(),
+                    &wire::bare_columns(plan),
                     column_format.unwrap_or(&Format::UnifiedText),
                     None,
                     None,
@@ -358,9 +359,15 @@ impl SimpleQueryHandler for Session {
             let df = with_timeout(statement_timeout(client), self.ctx.sql(&sql)).await?;
             let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
             let zone = client.metadata().get("timezone").cloned();
-            let response =
-                wire::encode_dataframe(df, &Format::UnifiedText, Some(options), zone.as_deref())
-                    .await?;
+            let bare = wire::bare_columns(df.logical_plan());
+            let response = wire::encode_dataframe(
+                df,
+                &bare,
+                &Format::UnifiedText,
+                Some(options),
+                zone.as_deref(),
+            )
+            .await?;
             results.push(Response::Query(response));
         }
         Ok(results)
@@ -431,6 +438,7 @@ impl ExtendedQueryHandler for Session {
         let plan = fresh
             .replace_params_with_values(&params)
             .map_err(api_error)?;
+        let bare = wire::bare_columns(&plan);
         let optimised = self.ctx.state().optimize(&plan).map_err(api_error)?;
         let df = with_timeout(
             statement_timeout(client),
@@ -441,6 +449,7 @@ impl ExtendedQueryHandler for Session {
         let zone = client.metadata().get("timezone").cloned();
         let response = wire::encode_dataframe(
             df,
+            &bare,
             &portal.result_column_format,
             Some(options),
             zone.as_deref(),

@@ -10,6 +10,7 @@ use arrow::datatypes::{
     DataType, Decimal128Type, Field, Float32Type, Float64Type, Schema, SchemaRef,
     Time64MicrosecondType, TimeUnit, TimestampMicrosecondType,
 };
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::prelude::DataFrame;
 use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
 use futures::{stream, StreamExt};
@@ -19,6 +20,8 @@ use pgwire::api::Type;
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
+
+use crate::query::live::PG_TYPE_META;
 
 /// Widest numeric the binary numeric encoder represents exactly.
 const MAX_ENCODED_DIGITS: u8 = 28;
@@ -43,6 +46,12 @@ enum Conv {
     TimestampText,
     /// timestamptz, text format, in the session's TimeZone.
     TimestampTzText,
+    /// json or jsonb, text format: the stored text as it is.
+    JsonText,
+    /// json, binary format: the text's bytes.
+    JsonBinary,
+    /// jsonb, binary format: version 1, then the text's bytes.
+    JsonbBinary,
 }
 
 /// Field descriptions and conversions for a result schema.
@@ -53,9 +62,40 @@ pub struct WirePlan {
     zone: chrono_tz::Tz,
 }
 
-/// Plans how `schema` goes on the wire in `format`.
+/// Which result columns show a column as it is stored (possibly renamed), as opposed to an
+/// expression over it: only those keep a type their Arrow type does not carry (json, jsonb).
+/// Read from the statement's plan before optimisation, which keeps casts the optimiser
+/// would fold away.
+pub fn bare_columns(plan: &LogicalPlan) -> Vec<bool> {
+    let n = plan.schema().fields().len();
+    let mut node = plan;
+    loop {
+        match node {
+            LogicalPlan::Projection(p) => {
+                return p
+                    .expr
+                    .iter()
+                    .map(|e| matches!(e.clone().unalias_nested().data, Expr::Column(_)))
+                    .collect();
+            }
+            LogicalPlan::Sort(_)
+            | LogicalPlan::Limit(_)
+            | LogicalPlan::Distinct(_)
+            | LogicalPlan::Filter(_)
+            | LogicalPlan::SubqueryAlias(_) => match node.inputs().first() {
+                Some(input) if input.schema().fields().len() == n => node = input,
+                _ => return vec![true; n],
+            },
+            _ => return vec![true; n],
+        }
+    }
+}
+
+/// Plans how `schema` goes on the wire in `format`. `bare`: see [`bare_columns`] (missing
+/// entries count as bare).
 pub fn plan(
     schema: &Schema,
+    bare: &[bool],
     format: &Format,
     options: Option<Arc<FormatOptions>>,
     time_zone: Option<&str>,
@@ -67,20 +107,34 @@ pub fn plan(
     let mut wire_fields: Vec<Field> = Vec::with_capacity(schema.fields().len());
     for (i, f) in schema.fields().iter().enumerate() {
         let binary = format.format_for(i) == FieldFormat::Binary;
-        let (conv, dt) = match f.data_type() {
-            DataType::FixedSizeBinary(16) if binary => (Conv::UuidBinary, DataType::Binary),
-            DataType::FixedSizeBinary(16) => (Conv::UuidText, DataType::Utf8),
-            DataType::Decimal128(p, _) if *p > MAX_ENCODED_DIGITS && !binary => {
-                (Conv::DecimalText, DataType::Utf8)
-            }
-            DataType::Decimal128(p, _) if *p > MAX_ENCODED_DIGITS => {
-                (Conv::DecimalBinary, DataType::Binary)
-            }
-            DataType::Time64(_) if !binary => (Conv::TimeText, DataType::Utf8),
-            DataType::Timestamp(_, Some(_)) if !binary => (Conv::TimestampTzText, DataType::Utf8),
-            DataType::Timestamp(_, None) if !binary => (Conv::TimestampText, DataType::Utf8),
-            DataType::Float32 | DataType::Float64 if !binary => (Conv::FloatText, DataType::Utf8),
-            other => (Conv::None, other.clone()),
+        let json = f
+            .metadata()
+            .get(PG_TYPE_META)
+            .filter(|_| bare.get(i).copied().unwrap_or(true) && f.data_type() == &DataType::Utf8)
+            .map(String::as_str);
+        let (conv, dt) = match (f.data_type(), json) {
+            (_, Some("jsonb")) if binary => (Conv::JsonbBinary, DataType::Binary),
+            (_, Some("json")) if binary => (Conv::JsonBinary, DataType::Binary),
+            (_, Some(_)) => (Conv::JsonText, DataType::Utf8),
+            (other, _) => match other {
+                DataType::FixedSizeBinary(16) if binary => (Conv::UuidBinary, DataType::Binary),
+                DataType::FixedSizeBinary(16) => (Conv::UuidText, DataType::Utf8),
+                DataType::Decimal128(p, _) if *p > MAX_ENCODED_DIGITS && !binary => {
+                    (Conv::DecimalText, DataType::Utf8)
+                }
+                DataType::Decimal128(p, _) if *p > MAX_ENCODED_DIGITS => {
+                    (Conv::DecimalBinary, DataType::Binary)
+                }
+                DataType::Time64(_) if !binary => (Conv::TimeText, DataType::Utf8),
+                DataType::Timestamp(_, Some(_)) if !binary => {
+                    (Conv::TimestampTzText, DataType::Utf8)
+                }
+                DataType::Timestamp(_, None) if !binary => (Conv::TimestampText, DataType::Utf8),
+                DataType::Float32 | DataType::Float64 if !binary => {
+                    (Conv::FloatText, DataType::Utf8)
+                }
+                other => (Conv::None, other.clone()),
+            },
         };
         convs.push(conv);
         wire_fields.push(Field::new(f.name(), dt, f.is_nullable()));
@@ -106,6 +160,13 @@ pub fn plan(
                 Conv::TimestampTzText => Type::TIMESTAMPTZ,
                 Conv::FloatText if original.data_type() == &DataType::Float32 => Type::FLOAT4,
                 Conv::FloatText => Type::FLOAT8,
+                Conv::JsonText | Conv::JsonBinary | Conv::JsonbBinary
+                    if original.metadata().get(PG_TYPE_META).map(String::as_str)
+                        == Some("jsonb") =>
+                {
+                    Type::JSONB
+                }
+                Conv::JsonText | Conv::JsonBinary | Conv::JsonbBinary => Type::JSON,
                 Conv::None => return f,
             };
             let mut out = FieldInfo::new(f.name().to_string(), None, None, ty, f.format());
@@ -141,7 +202,16 @@ impl WirePlan {
 
 fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResult<ArrayRef> {
     Ok(match conv {
-        Conv::None => col.clone(),
+        Conv::None | Conv::JsonText => col.clone(),
+        Conv::JsonBinary | Conv::JsonbBinary => {
+            let a = col.as_string::<i32>();
+            let version: &[u8] = if conv == Conv::JsonbBinary { &[1] } else { &[] };
+            let out: BinaryArray = a
+                .iter()
+                .map(|v| v.map(|v| [version, v.as_bytes()].concat()))
+                .collect();
+            Arc::new(out)
+        }
         Conv::UuidText => {
             let a = col.as_fixed_size_binary();
             let out: StringArray = (0..a.len())
@@ -406,11 +476,18 @@ fn float_text(v: f64, sci: String, precision: i32, positional: String) -> String
 /// Executes `df` and streams its rows, encoded as planned.
 pub async fn encode_dataframe(
     df: DataFrame,
+    bare: &[bool],
     format: &Format,
     options: Option<Arc<FormatOptions>>,
     time_zone: Option<&str>,
 ) -> PgWireResult<QueryResponse> {
-    let plan = Arc::new(plan(df.schema().as_arrow(), format, options, time_zone)?);
+    let plan = Arc::new(plan(
+        df.schema().as_arrow(),
+        bare,
+        format,
+        options,
+        time_zone,
+    )?);
     let batches = df
         .execute_stream()
         .await

@@ -1,0 +1,607 @@
+//! Queries, the committed side of a live table: the Iceberg snapshot's Parquet files read in
+//! parallel partitions, columns matched by field id, position deletes applied, and the rows
+//! the WAL tail replaced hidden by their position in the file (no key decoding once a file's
+//! keys are cached).
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{new_null_array, Array, ArrayRef, AsArray, Int64Array, RecordBatch};
+use arrow::compute::{cast, filter_record_batch};
+use arrow::datatypes::{DataType, Int64Type, SchemaRef};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use iceberg::arrow::ArrowFileReader;
+use iceberg::io::{FileIO, FileMetadata};
+use iceberg::spec::DataContentType;
+use iceberg::table::Table;
+use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask, PARQUET_FIELD_ID_META_KEY};
+
+use super::live::HiddenSet;
+
+/// Memory the per-process caches of key columns and position deletes may hold.
+const CACHE_BUDGET_BYTES: usize = 512 << 20;
+
+/// Immutable per-file facts shared by all queries of a process: a data file's key column
+/// (single integer keys) and a delete file's positions, by path. Files never change once
+/// written, so entries never go stale; the oldest are dropped past the budget.
+#[derive(Default)]
+pub struct ScanCaches {
+    inner: Mutex<CacheInner>,
+}
+
+#[derive(Default)]
+struct CacheInner {
+    keys: HashMap<String, Arc<Int64Array>>,
+    deletes: HashMap<String, Arc<HashMap<String, Vec<u64>>>>,
+    order: VecDeque<(bool, String, usize)>,
+    bytes: usize,
+}
+
+impl fmt::Debug for ScanCaches {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ScanCaches")
+    }
+}
+
+impl ScanCaches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn keys(&self, path: &str) -> Option<Arc<Int64Array>> {
+        self.lock().keys.get(path).cloned()
+    }
+
+    fn deletes(&self, path: &str) -> Option<Arc<HashMap<String, Vec<u64>>>> {
+        self.lock().deletes.get(path).cloned()
+    }
+
+    fn put_keys(&self, path: &str, keys: Arc<Int64Array>) {
+        let size = keys.get_array_memory_size();
+        let mut c = self.lock();
+        if c.keys.insert(path.to_string(), keys).is_none() {
+            c.admit(true, path, size);
+        }
+    }
+
+    fn put_deletes(&self, path: &str, deletes: Arc<HashMap<String, Vec<u64>>>) {
+        let size = deletes
+            .iter()
+            .map(|(k, v)| k.len() + v.len() * 8 + 64)
+            .sum::<usize>();
+        let mut c = self.lock();
+        if c.deletes.insert(path.to_string(), deletes).is_none() {
+            c.admit(false, path, size);
+        }
+    }
+}
+
+impl CacheInner {
+    fn admit(&mut self, is_keys: bool, path: &str, size: usize) {
+        self.order.push_back((is_keys, path.to_string(), size));
+        self.bytes += size;
+        while self.bytes > CACHE_BUDGET_BYTES && self.order.len() > 1 {
+            let Some((k, p, s)) = self.order.pop_front() else {
+                break;
+            };
+            if k {
+                self.keys.remove(&p);
+            } else {
+                self.deletes.remove(&p);
+            }
+            self.bytes -= s;
+        }
+    }
+}
+
+/// How the committed rows the WAL tail replaced are hidden.
+#[derive(Debug, Clone)]
+pub enum Hide {
+    /// Nothing to hide.
+    None,
+    /// Hide by position: the file's (single, integer) key column is looked up in the set.
+    Positions(Arc<HiddenSet>),
+    /// Decode the key columns along with the rows and drop the hidden ones.
+    Keys(Arc<HiddenSet>),
+}
+
+/// One data file to read, with the delete files that apply to it.
+#[derive(Debug, Clone)]
+struct DataFile {
+    path: String,
+    size: u64,
+    rows: u64,
+    deletes: Vec<(String, u64)>,
+}
+
+/// Reads the projected columns of an Iceberg snapshot's data files.
+pub struct CommittedScan {
+    file_io: FileIO,
+    /// The table's columns (with their field ids) and the projection to return.
+    table_schema: SchemaRef,
+    projection: Vec<usize>,
+    key_cols: Vec<usize>,
+    hide: Hide,
+    partitions: Vec<Vec<DataFile>>,
+    limit: Option<usize>,
+    caches: Arc<ScanCaches>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl fmt::Debug for CommittedScan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CommittedScan")
+            .field("projection", &self.projection)
+            .field("partitions", &self.partitions.len())
+            .finish()
+    }
+}
+
+fn df_err(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl CommittedScan {
+    /// Plans a read of `table`'s current snapshot: lists its data files (with the delete
+    /// files that apply to each) and spreads them over `target_partitions` by row count.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn plan(
+        table: &Table,
+        table_schema: SchemaRef,
+        projection: Vec<usize>,
+        key_cols: Vec<usize>,
+        hide: Hide,
+        limit: Option<usize>,
+        target_partitions: usize,
+        caches: Arc<ScanCaches>,
+    ) -> DfResult<Self> {
+        let mut files: Vec<DataFile> = Vec::new();
+        if table.metadata().current_snapshot().is_some() {
+            let scan = table.scan().select_all().build().map_err(df_err)?;
+            let mut tasks = scan.plan_files().await.map_err(df_err)?;
+            while let Some(task) = tasks.next().await {
+                let task = task.map_err(df_err)?;
+                if task
+                    .deletes
+                    .iter()
+                    .any(|d| d.file_type != DataContentType::PositionDeletes)
+                {
+                    return Err(DataFusionError::Execution(format!(
+                        "Iceberg table {} has equality deletes, which skipprd does not write or apply; it must only be written by skipprd",
+                        table.identifier()
+                    )));
+                }
+                files.push(DataFile {
+                    rows: task.record_count.unwrap_or(task.file_size_in_bytes),
+                    path: task.data_file_path.clone(),
+                    size: task.file_size_in_bytes,
+                    deletes: task
+                        .deletes
+                        .iter()
+                        .map(|d| (d.file_path.clone(), d.file_size_in_bytes))
+                        .collect(),
+                });
+            }
+        }
+        // Largest first, each to the lightest partition.
+        files.sort_by(|a, b| b.rows.cmp(&a.rows).then_with(|| a.path.cmp(&b.path)));
+        let n = target_partitions.clamp(1, files.len().max(1));
+        let mut partitions: Vec<Vec<DataFile>> = vec![Vec::new(); n];
+        let mut load = vec![0u64; n];
+        for f in files {
+            let i = (0..n).min_by_key(|i| load[*i]).unwrap_or(0);
+            load[i] += f.rows.max(1);
+            partitions[i].push(f);
+        }
+        let schema = Arc::new(table_schema.project(&projection)?);
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(n),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            file_io: table.file_io().clone(),
+            table_schema,
+            projection,
+            key_cols,
+            hide,
+            partitions,
+            limit,
+            caches,
+            schema,
+            properties,
+        })
+    }
+}
+
+impl DisplayAs for CommittedScan {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let hide = match self.hide {
+            Hide::None => "none",
+            Hide::Positions(_) => "by position",
+            Hide::Keys(_) => "by key",
+        };
+        let files: usize = self.partitions.iter().map(Vec::len).sum();
+        write!(
+            f,
+            "CommittedScan: files={files}, partitions={}, hide replaced rows {hide}",
+            self.partitions.len()
+        )?;
+        if let Some(l) = self.limit {
+            write!(f, ", limit={l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for CommittedScan {
+    fn name(&self) -> &str {
+        "CommittedScan"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let files = self.partitions.get(partition).cloned().unwrap_or_default();
+        let reader = Arc::new(FileReader {
+            file_io: self.file_io.clone(),
+            table_schema: self.table_schema.clone(),
+            projection: self.projection.clone(),
+            key_cols: self.key_cols.clone(),
+            hide: self.hide.clone(),
+            caches: self.caches.clone(),
+            schema: self.schema.clone(),
+            batch_size: context.session_config().batch_size(),
+        });
+        let stream = futures::stream::iter(files)
+            .then(move |f| {
+                let reader = reader.clone();
+                async move { reader.open(f).await }
+            })
+            .try_flatten();
+        let stream: BoxStream<'static, DfResult<RecordBatch>> = match self.limit {
+            None => stream.boxed(),
+            Some(limit) => {
+                let mut left = limit;
+                stream
+                    .try_take_while(move |b| {
+                        let go = left > 0;
+                        left = left.saturating_sub(b.num_rows());
+                        futures::future::ready(Ok(go))
+                    })
+                    .boxed()
+            }
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
+    }
+}
+
+/// The per-partition reading state.
+struct FileReader {
+    file_io: FileIO,
+    table_schema: SchemaRef,
+    projection: Vec<usize>,
+    key_cols: Vec<usize>,
+    hide: Hide,
+    caches: Arc<ScanCaches>,
+    schema: SchemaRef,
+    batch_size: usize,
+}
+
+fn field_id(f: &arrow::datatypes::Field) -> Option<i32> {
+    f.metadata()
+        .get(PARQUET_FIELD_ID_META_KEY)
+        .and_then(|v| v.parse().ok())
+}
+
+impl FileReader {
+    async fn builder(
+        &self,
+        path: &str,
+        size: u64,
+    ) -> DfResult<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
+        let input = self.file_io.new_input(path).map_err(df_err)?;
+        let read = input.reader().await.map_err(df_err)?;
+        let reader = ArrowFileReader::new(FileMetadata { size }, read);
+        ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("reading Parquet file {path}: {e}")))
+    }
+
+    /// Positions of rows removed by the file's position deletes.
+    async fn deleted(&self, file: &DataFile) -> DfResult<Vec<u64>> {
+        let mut out = Vec::new();
+        for (path, size) in &file.deletes {
+            let map = match self.caches.deletes(path) {
+                Some(m) => m,
+                None => {
+                    let mut map: HashMap<String, Vec<u64>> = HashMap::new();
+                    let mut stream = self.builder(path, *size).await?.build().map_err(df_err)?;
+                    while let Some(batch) = stream.next().await {
+                        let batch = batch.map_err(df_err)?;
+                        let (Some(paths), Some(pos)) = (
+                            batch.column(0).as_string_opt::<i32>(),
+                            batch.column(1).as_primitive_opt::<Int64Type>(),
+                        ) else {
+                            return Err(DataFusionError::Execution(format!(
+                                "position delete file {path} does not have (file_path string, pos long) columns"
+                            )));
+                        };
+                        for i in 0..batch.num_rows() {
+                            map.entry(paths.value(i).to_string())
+                                .or_default()
+                                .push(pos.value(i) as u64);
+                        }
+                    }
+                    let map = Arc::new(map);
+                    self.caches.put_deletes(path, map.clone());
+                    map
+                }
+            };
+            if let Some(p) = map.get(&file.path) {
+                out.extend_from_slice(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The file's single integer key column, in file order (cached per file).
+    async fn key_column(&self, file: &DataFile) -> DfResult<Arc<Int64Array>> {
+        if let Some(k) = self.caches.keys(&file.path) {
+            return Ok(k);
+        }
+        let builder = self.builder(&file.path, file.size).await?;
+        let key = Arc::new(self.table_schema.field(self.key_cols[0]).clone());
+        let map = ColumnMap::new(builder.schema(), std::slice::from_ref(&key));
+        let mask = ProjectionMask::roots(builder.parquet_schema(), map.roots.iter().copied());
+        let mut stream = builder
+            .with_projection(mask)
+            .with_batch_size(64 * 1024)
+            .build()
+            .map_err(df_err)?;
+        let mut parts: Vec<ArrayRef> = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(df_err)?;
+            let col = map.columns(&batch, std::slice::from_ref(&key))?.remove(0);
+            parts.push(cast(&col, &DataType::Int64)?);
+        }
+        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+        let keys = if refs.is_empty() {
+            Int64Array::from(Vec::<i64>::new())
+        } else {
+            arrow::compute::concat(&refs)?
+                .as_primitive::<Int64Type>()
+                .clone()
+        };
+        let keys = Arc::new(keys);
+        self.caches.put_keys(&file.path, keys.clone());
+        Ok(keys)
+    }
+
+    /// Opens one data file: the rows to skip are its deleted rows and, when hiding by
+    /// position, the rows whose key the tail replaced.
+    async fn open(&self, file: DataFile) -> DfResult<BoxStream<'static, DfResult<RecordBatch>>> {
+        let mut skip = self.deleted(&file).await?;
+        if let Hide::Positions(hidden) = &self.hide {
+            let keys = self.key_column(&file).await?;
+            for (pos, k) in keys.iter().enumerate() {
+                if k.is_some_and(|k| hidden.hides_int(k)) {
+                    skip.push(pos as u64);
+                }
+            }
+        }
+        let builder = self.builder(&file.path, file.size).await?;
+        let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+        // The columns to read: the projection, plus the keys when hiding by key.
+        let mut read: Vec<usize> = self.projection.clone();
+        let hide_keys = match &self.hide {
+            Hide::Keys(h) => {
+                for k in &self.key_cols {
+                    if !read.contains(k) {
+                        read.push(*k);
+                    }
+                }
+                Some(h.clone())
+            }
+            _ => None,
+        };
+        let targets: Vec<arrow::datatypes::FieldRef> = read
+            .iter()
+            .map(|i| Arc::new(self.table_schema.field(*i).clone()))
+            .collect();
+        let map = ColumnMap::new(builder.schema(), &targets);
+        let mask = ProjectionMask::roots(builder.parquet_schema(), map.roots.iter().copied());
+        let mut builder = builder
+            .with_projection(mask)
+            .with_batch_size(self.batch_size);
+        if !skip.is_empty() {
+            builder = builder.with_row_selection(selection(skip, total));
+        }
+        let stream = builder.build().map_err(|e| {
+            DataFusionError::Execution(format!("reading Parquet file {}: {e}", file.path))
+        })?;
+        let key_pos: Vec<usize> = self
+            .key_cols
+            .iter()
+            .filter_map(|k| read.iter().position(|c| c == k))
+            .collect();
+        let out_n = self.projection.len();
+        let schema = self.schema.clone();
+        let path = file.path.clone();
+        Ok(stream
+            .map(move |batch| -> DfResult<RecordBatch> {
+                let batch = batch.map_err(|e| {
+                    DataFusionError::Execution(format!("reading Parquet file {path}: {e}"))
+                })?;
+                let mut cols = map.columns(&batch, &targets)?;
+                if let Some(hidden) = &hide_keys {
+                    let keys: Vec<ArrayRef> = key_pos.iter().map(|k| cols[*k].clone()).collect();
+                    let mask = hidden.keep(&keys)?;
+                    let rows = RecordBatch::try_new_with_options(
+                        schema_of(&targets),
+                        cols,
+                        &arrow::array::RecordBatchOptions::new()
+                            .with_row_count(Some(batch.num_rows())),
+                    )?;
+                    cols = filter_record_batch(&rows, &mask)?.columns().to_vec();
+                }
+                let n = cols.first().map(|c| c.len()).unwrap_or(batch.num_rows());
+                cols.truncate(out_n);
+                Ok(RecordBatch::try_new_with_options(
+                    schema.clone(),
+                    cols,
+                    &arrow::array::RecordBatchOptions::new().with_row_count(Some(n)),
+                )?)
+            })
+            .boxed())
+    }
+}
+
+fn schema_of(fields: &[arrow::datatypes::FieldRef]) -> SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new(fields.to_vec()))
+}
+
+/// Rows to read, given the sorted or unsorted positions to skip.
+fn selection(mut skip: Vec<u64>, total: u64) -> RowSelection {
+    skip.sort_unstable();
+    skip.dedup();
+    let mut selectors = Vec::new();
+    let mut at = 0u64;
+    for p in skip.into_iter().filter(|p| *p < total) {
+        if p > at {
+            selectors.push(RowSelector::select((p - at) as usize));
+        }
+        selectors.push(RowSelector::skip(1));
+        at = p + 1;
+    }
+    if total > at {
+        selectors.push(RowSelector::select((total - at) as usize));
+    }
+    RowSelection::from(selectors)
+}
+
+/// How a file's columns map to the table's: by field id, so columns added, renamed or
+/// widened since the file was written read correctly (missing ones as NULL, older types
+/// cast to the current one).
+struct ColumnMap {
+    /// Root columns of the file to read, ascending.
+    roots: Vec<usize>,
+    /// For each target column, its index among the read columns.
+    source: Vec<Option<usize>>,
+}
+
+impl ColumnMap {
+    fn new(file: &SchemaRef, targets: &[arrow::datatypes::FieldRef]) -> Self {
+        let file_ids: Vec<Option<i32>> = file.fields().iter().map(|f| field_id(f)).collect();
+        let at: Vec<Option<usize>> = targets
+            .iter()
+            .map(|t| field_id(t).and_then(|id| file_ids.iter().position(|f| *f == Some(id))))
+            .collect();
+        let mut roots: Vec<usize> = at.iter().flatten().copied().collect();
+        roots.sort_unstable();
+        roots.dedup();
+        let source = at
+            .iter()
+            .map(|a| a.and_then(|i| roots.iter().position(|r| *r == i)))
+            .collect();
+        Self { roots, source }
+    }
+
+    /// The target columns of a batch read with `roots`.
+    fn columns(
+        &self,
+        batch: &RecordBatch,
+        targets: &[arrow::datatypes::FieldRef],
+    ) -> DfResult<Vec<ArrayRef>> {
+        targets
+            .iter()
+            .zip(&self.source)
+            .map(|(t, s)| {
+                let dt = t.data_type();
+                Ok(match s {
+                    Some(j) => {
+                        let c = batch.column(*j);
+                        if c.data_type() == dt {
+                            c.clone()
+                        } else {
+                            cast(c.as_ref(), dt)?
+                        }
+                    }
+                    None => new_null_array(dt, batch.num_rows()),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Whether an integer key column can be hidden by position (its values cached as i64).
+pub fn int_key(dt: &DataType) -> bool {
+    matches!(dt, DataType::Int16 | DataType::Int32 | DataType::Int64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand(sel: &RowSelection) -> Vec<(bool, usize)> {
+        sel.iter().map(|s| (s.skip, s.row_count)).collect()
+    }
+
+    #[test]
+    fn selection_skips_each_position_once() {
+        let sel = selection(vec![5, 0, 3, 3, 9, 12], 10);
+        assert_eq!(
+            expand(&sel),
+            vec![
+                (true, 1),
+                (false, 2),
+                (true, 1),
+                (false, 1),
+                (true, 1),
+                (false, 3),
+                (true, 1)
+            ]
+        );
+        assert_eq!(sel.row_count(), 6);
+        let none = selection(vec![], 4);
+        assert_eq!(expand(&none), vec![(false, 4)]);
+    }
+}
