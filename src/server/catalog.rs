@@ -401,7 +401,14 @@ enum Extra {
     Constraint,
     Class,
     Attribute,
+    /// No rows added: `pg_catalog`'s own oid becomes Postgres's (11).
+    Namespace,
 }
+
+/// The oid Postgres gives the `pg_catalog` schema. The built-in `pg_type` and `pg_proc` rows
+/// name it as their namespace, and drivers join them to `pg_namespace` (pgjdbc and asyncpg
+/// look up a result column's type that way).
+const PG_CATALOG_NAMESPACE_OID: i64 = 11;
 
 /// A `pg_catalog` table with one row added per primary key. The rows are built when the
 /// table is scanned, never when it is only looked up: pg_catalog's own builders look up
@@ -447,6 +454,28 @@ impl TableProvider for Extended {
         let schema = self.base.schema();
         let scratch = SessionContext::new();
         let mut batches = scratch.read_table(self.base.clone())?.collect().await?;
+        if let Some((column, namespaces)) = match self.extra {
+            Extra::Namespace => Some(("oid", batches.clone())),
+            Extra::Class => match self.catalog.inner.table("pg_namespace").await? {
+                Some(ns) => Some(("relnamespace", scratch.read_table(ns)?.collect().await?)),
+                None => None,
+            },
+            _ => None,
+        } {
+            if let Some(generated) = pg_catalog_oid(&namespaces) {
+                batches = batches
+                    .into_iter()
+                    .map(|b| replace_oid(b, column, generated, PG_CATALOG_NAMESPACE_OID))
+                    .collect::<DfResult<_>>()?;
+            }
+        }
+        if matches!(self.extra, Extra::Namespace) {
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[batches],
+                schema,
+                projection.cloned(),
+            )?);
+        }
         if matches!(self.extra, Extra::Attribute) {
             let batches = batches
                 .into_iter()
@@ -471,7 +500,7 @@ impl TableProvider for Extended {
                 Extra::Constraint => rows(&schema, &keys, constraint_value)?,
                 Extra::Class => rows(&schema, &keys, class_value)?,
                 // Handled above: columns are rewritten, not added.
-                Extra::Attribute => RecordBatch::new_empty(schema.clone()),
+                Extra::Attribute | Extra::Namespace => RecordBatch::new_empty(schema.clone()),
             });
         }
         Ok(MemorySourceConfig::try_new_exec(
@@ -617,6 +646,41 @@ fn declared_types(batch: RecordBatch, types: &HashMap<i64, ColumnTypes>) -> DfRe
 }
 
 /// Sets `relhasindex` on the rows of tables that have a primary key.
+/// The oid `pg_namespace` gave the `pg_catalog` schema.
+fn pg_catalog_oid(namespaces: &[RecordBatch]) -> Option<i64> {
+    namespaces.iter().find_map(|b| {
+        let schema = b.schema();
+        let oids =
+            arrow::compute::cast(b.column(schema.index_of("oid").ok()?), &DataType::Int64).ok()?;
+        let names =
+            arrow::compute::cast(b.column(schema.index_of("nspname").ok()?), &DataType::Utf8)
+                .ok()?;
+        let names = names.as_string::<i32>();
+        let oids = oids.as_primitive::<Int64Type>();
+        (0..b.num_rows())
+            .find(|i| names.is_valid(*i) && names.value(*i) == "pg_catalog")
+            .map(|i| oids.value(i))
+    })
+}
+
+/// `column` with the value `from` replaced by `to`.
+fn replace_oid(batch: RecordBatch, column: &str, from: i64, to: i64) -> DfResult<RecordBatch> {
+    let schema = batch.schema();
+    let Ok(i) = schema.index_of(column) else {
+        return Ok(batch);
+    };
+    let dt = batch.column(i).data_type().clone();
+    let wide = arrow::compute::cast(batch.column(i), &DataType::Int64)?;
+    let replaced: arrow::array::Int64Array = wide
+        .as_primitive::<Int64Type>()
+        .iter()
+        .map(|v| v.map(|v| if v == from { to } else { v }))
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns[i] = arrow::compute::cast(&replaced, &dt)?;
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
 fn mark_indexed(batch: RecordBatch, keys: &[PrimaryKey]) -> DfResult<RecordBatch> {
     let schema = batch.schema();
     let (Ok(oid_col), Ok(flag_col)) = (schema.index_of("oid"), schema.index_of("relhasindex"))
@@ -754,6 +818,7 @@ impl SchemaProvider for PgCatalog {
             "pg_constraint" => Extra::Constraint,
             "pg_class" => Extra::Class,
             "pg_attribute" => Extra::Attribute,
+            "pg_namespace" => Extra::Namespace,
             _ => return self.inner.table(name).await,
         };
         let Some(base) = self.inner.table(name).await? else {

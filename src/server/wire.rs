@@ -512,6 +512,45 @@ pub async fn encode_dataframe(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn only_bare_json_columns_go_out_as_json() -> datafusion::error::Result<()> {
+        let jsonb =
+            std::collections::HashMap::from([(PG_TYPE_META.to_string(), "jsonb".to_string())]);
+        let json =
+            std::collections::HashMap::from([(PG_TYPE_META.to_string(), "json".to_string())]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("doc", DataType::Utf8, true).with_metadata(jsonb),
+            Field::new("raw", DataType::Utf8, true).with_metadata(json),
+        ]));
+        let ctx = datafusion::prelude::SessionContext::new();
+        ctx.register_batch("t", RecordBatch::new_empty(schema))?;
+        let df = ctx
+            .sql("SELECT doc, doc::text AS t, doc AS d2, id, raw FROM t ORDER BY id LIMIT 1")
+            .await?;
+        let bare = bare_columns(df.logical_plan());
+        assert_eq!(bare, vec![true, false, true, true, true]);
+        let types = |format: &Format| -> Vec<Type> {
+            plan(df.schema().as_arrow(), &bare, format, None, None)
+                .map(|p| p.fields.iter().map(|f| f.datatype().clone()).collect())
+                .unwrap_or_default()
+        };
+        let want = vec![Type::JSONB, Type::TEXT, Type::JSONB, Type::INT4, Type::JSON];
+        assert_eq!(types(&Format::UnifiedText), want);
+        assert_eq!(types(&Format::UnifiedBinary), want);
+
+        let doc: ArrayRef = Arc::new(StringArray::from(vec![Some("{\"a\": 1}"), None]));
+        let bin = convert_column(&doc, Conv::JsonbBinary, chrono_tz::Tz::UTC)
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let bin = bin.as_binary::<i32>();
+        assert_eq!(bin.value(0), b"\x01{\"a\": 1}");
+        assert!(bin.is_null(1));
+        let raw = convert_column(&doc, Conv::JsonBinary, chrono_tz::Tz::UTC)
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        assert_eq!(raw.as_binary::<i32>().value(0), b"{\"a\": 1}");
+        Ok(())
+    }
+
     fn f64_text(v: f64) -> String {
         float_text(v, format!("{v:e}"), 15, v.to_string())
     }
