@@ -1159,7 +1159,6 @@ METABASE_ENUM_TYPES = ("SELECT nspname, typname FROM pg_type t JOIN pg_namespace
                        "WHERE t.oid IN (SELECT DISTINCT enumtypid FROM pg_enum e)")
 
 
-@pytest.mark.xfail(strict=True, reason="Metabase field sync uses FORMAT(), COL_DESCRIPTION() and regclass casts the gateway does not provide yet")
 def test_metabase_sync_queries(gw):
     with gw.connect() as conn:
         assert conn.execute("show timezone;").fetchone()[0]
