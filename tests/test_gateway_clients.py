@@ -590,7 +590,6 @@ def test_pg8000(gw):
                      TYPE_COLUMNS, "pg8000 with parameters")
 
 
-@pytest.mark.xfail(strict=True, reason="asyncpg introspects array types with a recursive pg_type query using oid[] casts, which the gateway cannot plan yet")
 def test_asyncpg_binary_format_and_prepared_statements(gw):
     """asyncpg reads results in binary format and always prepares; parameters are bound in
     binary too."""

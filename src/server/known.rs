@@ -95,15 +95,18 @@ pub async fn rewrite(sql: &str, ws: &Workspace) -> Option<String> {
 /// types with oid in `$1` (an `oid[]`), then the element types of the arrays among them.
 /// Same columns and order as asyncpg's query; `kind` and `elemdelim` are text, the
 /// composite attributes `text[]` (asyncpg has built-in codecs for both, so reading this
-/// answer needs no further introspection).
+/// answer needs no further introspection). The built-in types' rows of `pg_type` carry
+/// Postgres's own namespace oid, which the gateway's `pg_namespace` does not list: those
+/// types are in `pg_catalog`.
 const ASYNCPG_TYPES: &str = "\
 WITH ti AS (
-    SELECT t.oid AS oid, ns.nspname AS ns, t.typname AS name, t.typtype AS kind,
+    SELECT t.oid AS oid, COALESCE(ns.nspname, 'pg_catalog') AS ns, t.typname AS name,
+           t.typtype AS kind,
            CAST(NULL AS INT) AS basetype, t.typelem AS elemtype, elem_t.typdelim AS elemdelim,
            CAST(NULL AS INT) AS range_subtype, CAST(NULL AS TEXT[]) AS attrtypoids,
            CAST(NULL AS TEXT[]) AS attrnames
     FROM pg_catalog.pg_type AS t
-    JOIN pg_catalog.pg_namespace AS ns ON ns.oid = t.typnamespace
+    LEFT JOIN pg_catalog.pg_namespace AS ns ON ns.oid = t.typnamespace
     LEFT JOIN pg_catalog.pg_type AS elem_t
            ON t.typlen = -1 AND t.typelem <> 0 AND t.typelem = elem_t.oid
 ), requested AS (
