@@ -604,7 +604,6 @@ def test_pg8000(gw):
                      TYPE_COLUMNS, "pg8000 with parameters")
 
 
-@pytest.mark.xfail(strict=True, reason="asyncpg introspects array types with a recursive pg_type query using oid[] casts, which the gateway cannot plan yet")
 def test_asyncpg_binary_format_and_prepared_statements(gw):
     """asyncpg reads results in binary format and always prepares; parameters are bound in
     binary too."""
@@ -1173,7 +1172,6 @@ METABASE_ENUM_TYPES = ("SELECT nspname, typname FROM pg_type t JOIN pg_namespace
                        "WHERE t.oid IN (SELECT DISTINCT enumtypid FROM pg_enum e)")
 
 
-@pytest.mark.xfail(strict=True, reason="Metabase field sync uses FORMAT(), COL_DESCRIPTION() and regclass casts the gateway does not provide yet")
 def test_metabase_sync_queries(gw):
     with gw.connect() as conn:
         assert conn.execute("show timezone;").fetchone()[0]

@@ -280,7 +280,7 @@ impl std::fmt::Debug for PgCatalog {
 }
 
 /// The declared Postgres type of each column of a table, by attnum - 1: (oid, typmod).
-type ColumnTypes = Vec<(i32, i32)>;
+pub(super) type ColumnTypes = Vec<(i32, i32)>;
 
 /// One primary key: the table's and the schema's oid, the index oid, names and attnums.
 struct PrimaryKey {
@@ -379,7 +379,7 @@ impl PgCatalog {
 
 /// An identifier as Postgres prints it: bare when it is a plain lower-case name, quoted
 /// otherwise.
-fn ident(name: &str) -> String {
+pub(super) fn ident(name: &str) -> String {
     let plain = name
         .chars()
         .next()
@@ -514,7 +514,7 @@ impl TableProvider for Extended {
 /// The Postgres type of each column: the source's declared type as the table records it
 /// (`skippr.columns`), or the type of its Iceberg field (columns without a record, such as
 /// dropped ones).
-fn column_types(schema: &Schema, props: &HashMap<String, String>) -> ColumnTypes {
+pub(super) fn column_types(schema: &Schema, props: &HashMap<String, String>) -> ColumnTypes {
     let recorded: Vec<SourceColumn> = props
         .get(PROP_COLUMNS)
         .and_then(|c| serde_json::from_str(c).ok())
@@ -533,7 +533,7 @@ fn column_types(schema: &Schema, props: &HashMap<String, String>) -> ColumnTypes
 }
 
 /// The Postgres type that carries an Arrow type: (oid, typmod).
-fn arrow_type_oid(dt: &DataType) -> (i32, i32) {
+pub(super) fn arrow_type_oid(dt: &DataType) -> (i32, i32) {
     match dt {
         DataType::Boolean => (16, -1),
         DataType::Int16 => (21, -1),

@@ -2,6 +2,11 @@
 //! from Skippr's own metadata. pgjdbc's `DatabaseMetaData.getPrimaryKeys` expands
 //! `pg_index.indkey` with the set-returning `information_schema._pg_expandarray`; the query
 //! is recognised and replaced by an equivalent one over the tables' recorded keys.
+//! asyncpg's type introspection (a recursive query with correlated recursive subqueries)
+//! is recognised by its shape and replaced by one that gives the same answer for the types
+//! the gateway has (base types and their arrays: no domains, composites or ranges).
+
+use datafusion::sql::sqlparser::ast::{SetExpr, Statement};
 
 use crate::query::Workspace;
 use crate::sink::iceberg::PROP_PRIMARY_KEY;
@@ -86,9 +91,75 @@ pub async fn rewrite(sql: &str, ws: &Workspace) -> Option<String> {
     })
 }
 
+/// asyncpg's type introspection (`asyncpg/introspection.py`, `INTRO_LOOKUP_TYPES`): the
+/// types with oid in `$1` (an `oid[]`), then the element types of the arrays among them.
+/// Same columns and order as asyncpg's query; `kind` and `elemdelim` are text, the
+/// composite attributes `text[]` (asyncpg has built-in codecs for both, so reading this
+/// answer needs no further introspection). The built-in types' rows of `pg_type` carry
+/// Postgres's own namespace oid, which the gateway's `pg_namespace` does not list: those
+/// types are in `pg_catalog`.
+const ASYNCPG_TYPES: &str = "\
+WITH ti AS (
+    SELECT t.oid AS oid, COALESCE(ns.nspname, 'pg_catalog') AS ns, t.typname AS name,
+           t.typtype AS kind,
+           CAST(NULL AS INT) AS basetype, t.typelem AS elemtype, elem_t.typdelim AS elemdelim,
+           CAST(NULL AS INT) AS range_subtype, CAST(NULL AS TEXT[]) AS attrtypoids,
+           CAST(NULL AS TEXT[]) AS attrnames
+    FROM pg_catalog.pg_type AS t
+    LEFT JOIN pg_catalog.pg_namespace AS ns ON ns.oid = t.typnamespace
+    LEFT JOIN pg_catalog.pg_type AS elem_t
+           ON t.typlen = -1 AND t.typelem <> 0 AND t.typelem = elem_t.oid
+), requested AS (
+    SELECT * FROM ti WHERE ti.oid = ANY($1::oid[])
+), tree AS (
+    SELECT requested.*, 0 AS depth FROM requested
+    UNION ALL
+    SELECT ti.*, 1 AS depth FROM ti
+    WHERE ti.oid IN (SELECT elemtype FROM requested WHERE elemtype <> 0)
+)
+SELECT DISTINCT tree.*, CAST(NULL AS TEXT) AS basetype_name, e.typname AS elemtype_name,
+       CAST(NULL AS TEXT) AS range_subtype_name
+FROM tree LEFT JOIN pg_catalog.pg_type AS e ON e.oid = tree.elemtype AND tree.elemtype <> 0
+ORDER BY depth DESC";
+
+/// The replacement of a client query with a known shape, or `None`.
+pub fn replacement(statement: &Statement) -> Option<String> {
+    let Statement::Query(query) = statement else {
+        return None;
+    };
+    let with = query.with.as_ref()?;
+    let asyncpg = with.recursive
+        && with
+            .cte_tables
+            .iter()
+            .any(|cte| cte.alias.name.value == "typeinfo_tree")
+        && matches!(query.body.as_ref(), SetExpr::Select(_));
+    asyncpg.then(|| ASYNCPG_TYPES.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recognises_asyncpg_type_introspection() {
+        use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+        use datafusion::sql::sqlparser::parser::Parser;
+        let parse = |s: &str| Parser::parse_sql(&PostgreSqlDialect {}, s).map(|mut v| v.remove(0));
+        let asyncpg = "WITH RECURSIVE typeinfo_tree(oid, depth) AS (\
+            SELECT t.oid, 0 FROM pg_type t WHERE t.oid = any($1::oid[]) UNION ALL \
+            SELECT t.oid, tt.depth + 1 FROM pg_type t, typeinfo_tree tt WHERE t.oid = tt.oid) \
+            SELECT DISTINCT *, oid::regtype::text AS n FROM typeinfo_tree ORDER BY depth DESC";
+        let Ok(statement) = parse(asyncpg) else {
+            panic!("the test query does not parse");
+        };
+        assert_eq!(replacement(&statement).as_deref(), Some(ASYNCPG_TYPES));
+        assert!(parse(ASYNCPG_TYPES).is_ok());
+        let Ok(other) = parse("WITH RECURSIVE t(n) AS (SELECT 1) SELECT * FROM t") else {
+            panic!("the test query does not parse");
+        };
+        assert_eq!(replacement(&other), None);
+    }
 
     #[test]
     fn reads_pgjdbc_literals() {

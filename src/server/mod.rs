@@ -6,9 +6,11 @@ mod auth;
 mod catalog;
 mod compat;
 mod errors;
+mod functions;
 mod info_schema;
 mod known;
 mod readonly;
+mod rewrite;
 mod session;
 mod settings;
 mod statements;
@@ -101,6 +103,8 @@ impl Gateway {
             )
             .map_err(Error::from)?;
         catalog::setup(&ctx, ws.clone())?;
+        // After pg_catalog's own functions, which some of these replace.
+        functions::register(&ctx);
         ctx.add_analyzer_rule(Arc::new(compat::LikeEscape));
         let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
             Error::config(format!(

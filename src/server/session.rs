@@ -39,8 +39,10 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::types::format::FormatOptions;
 
 use super::errors::SqlStateErrors;
+use super::functions::Relations;
 use super::known;
 use super::readonly::ReadOnlyHook;
+use super::rewrite::{self, Rewritten};
 use super::settings::{setting, CurrentSetting, Mirror, SetConfig, SettingsHook};
 use super::statements::SessionStatementsHook;
 use super::wire;
@@ -62,6 +64,10 @@ impl ConnHandlers {
             &shared.workspace,
         )));
         ctx.register_udf(ScalarUDF::from(SetConfig::new(mirror.clone())));
+        let relations = Relations::default();
+        for udf in relations.udfs() {
+            ctx.register_udf(udf);
+        }
         let ctx = Arc::new(ctx);
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook),
@@ -82,7 +88,10 @@ impl ConnHandlers {
                 ctx: ctx.clone(),
                 workspace: shared.workspace.clone(),
                 shared: shared.clone(),
+                relations: relations.clone(),
+                declared: Default::default(),
             }),
+            relations,
             hooks,
             mirror,
             shared: shared.clone(),
@@ -160,6 +169,8 @@ pub struct Session {
     hooks: Vec<Arc<dyn QueryHook>>,
     /// This connection's settings, as `current_setting()` reads them.
     mirror: Mirror,
+    /// The relation names `regclass` casts look up.
+    relations: Relations,
     shared: Arc<Shared>,
 }
 
@@ -248,7 +259,53 @@ fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
     Ok(ordered.into_iter().map(|(_, t)| t).collect())
 }
 
+/// Rewrites a client's SQL for planning ([`rewrite`]): known client queries replaced, then
+/// Postgres casts the engine lacks. Reads the catalog's relation names first when the
+/// statement casts to `regclass`.
+async fn prepare_sql(
+    sql: &str,
+    ctx: &SessionContext,
+    shared: &Shared,
+    relations: &Relations,
+) -> PgWireResult<(String, Rewritten)> {
+    let replaced = known::rewrite(sql, &shared.ws).await;
+    let sql = replaced.as_deref().unwrap_or(sql);
+    let mut rewritten = rewrite::rewrite(sql);
+    if rewritten.uses_relations {
+        let schema = ctx
+            .state_ref()
+            .read()
+            .config()
+            .options()
+            .catalog
+            .default_schema
+            .clone();
+        relations
+            .refresh(ctx, vec!["pg_catalog".to_string(), schema])
+            .await
+            .map_err(api_error)?;
+    }
+    let sql = match rewritten.sql.take() {
+        Some(new) => {
+            tracing::debug!(
+                known_query = replaced.is_some(),
+                relations = rewritten.uses_relations,
+                "client SQL rewritten for planning"
+            );
+            new
+        }
+        None => sql.to_string(),
+    };
+    Ok((sql, rewritten))
+}
+
+/// A prepared statement: its SQL as planned, and its parsed statement and plan (none for
+/// an empty query). The statement hooks expect this very type in the portal store.
 type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
+
+/// Statements whose parameters were cast to a Postgres type kept for describing them, at
+/// most this many (then all are forgotten, and described by their planned types).
+const DECLARED_LIMIT: usize = 256;
 
 /// Parses and plans prepared statements (DataFusion's parser), and describes their results
 /// with the types the rows will carry.
@@ -257,6 +314,27 @@ pub struct WireParser {
     ctx: Arc<SessionContext>,
     workspace: String,
     shared: Arc<Shared>,
+    relations: Relations,
+    /// The parameter types declared by casts (`$1::oid[]`), by the statement's planned SQL.
+    declared: std::sync::Mutex<HashMap<String, HashMap<usize, Type>>>,
+}
+
+/// The type a parameter is described with: the one the client cast it to when its values
+/// read the same as the planned type's (an `oid` is an `int4` on the wire), else the
+/// planned type's.
+fn described_type(declared: Option<&Type>, planned: Option<&DataType>) -> PgWireResult<Type> {
+    let Some(planned) = planned else {
+        return Ok(Type::UNKNOWN);
+    };
+    let same_wire = |t: &Type| match (t, planned) {
+        (t, DataType::Int32) => *t == Type::OID,
+        (t, DataType::List(item)) => *t == Type::OID_ARRAY && item.data_type() == &DataType::Int32,
+        _ => false,
+    };
+    match declared {
+        Some(t) if same_wire(t) => Ok(t.clone()),
+        _ => into_pg_type(planned),
+    }
 }
 
 #[async_trait]
@@ -273,22 +351,28 @@ impl QueryParser for WireParser {
         C: ClientInfo + Unpin + Send + Sync,
     {
         apply_search_path(&self.ctx, client.metadata(), &self.workspace);
-        match known::rewrite(sql, &self.shared.ws).await {
-            Some(replacement) => self.inner.parse_sql(client, &replacement, types).await,
-            None => self.inner.parse_sql(client, sql, types).await,
+        let (sql, rewritten) = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
+        let stmt = self.inner.parse_sql(client, &sql, types).await?;
+        if !rewritten.declared.is_empty() {
+            let mut declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
+            if declared.len() >= DECLARED_LIMIT {
+                declared.clear();
+            }
+            declared.insert(stmt.0.clone(), rewritten.declared);
         }
+        Ok(stmt)
     }
 
     fn get_parameter_types(&self, stmt: &Stmt) -> PgWireResult<Vec<Type>> {
-        let (_, Some((_, plan))) = stmt else {
+        let (sql, Some((_, plan))) = stmt else {
             return Ok(vec![]);
         };
+        let declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
+        let declared = declared.get(sql);
         parameter_types(plan)?
             .iter()
-            .map(|t| match t {
-                Some(dt) => into_pg_type(dt),
-                None => Ok(Type::UNKNOWN),
-            })
+            .enumerate()
+            .map(|(i, t)| described_type(declared.and_then(|d| d.get(&i)), t.as_ref()))
             .collect()
     }
 
@@ -336,9 +420,9 @@ impl SimpleQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let replaced = known::rewrite(query, &self.shared.ws).await;
-        let query = replaced.as_deref().unwrap_or(query);
-        let statements = self.sql_parser.parse(query).map_err(api_error)?;
+        apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
+        let (query, _) = prepare_sql(query, &self.ctx, &self.shared, &self.relations).await?;
+        let statements = self.sql_parser.parse(&query).map_err(api_error)?;
         if statements.is_empty() {
             return Ok(vec![Response::EmptyQuery]);
         }

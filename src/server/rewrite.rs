@@ -1,0 +1,517 @@
+//! Gateway, SQL rewriting: between a client's statement and the planner. Postgres type
+//! casts the query engine does not know are rewritten on the statement's syntax tree:
+//! `regclass` casts become catalog lookups ([`super::functions`]), `oid[]` an integer array,
+//! `'name'::regtype` a `to_regtype()` call; whole client queries with a known shape are
+//! replaced ([`super::known`]). The types a client gives its parameters by casting them
+//! (`$1::oid[]`) are kept, to describe the parameters as Postgres would. A correlated
+//! scalar subquery that selects one plain value is aggregated (`max`), as the engine
+//! requires to decorrelate it: it gives the same answer for the zero or one row Postgres
+//! allows (where Postgres fails on more rows, the greatest value is taken).
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::LazyLock;
+
+use datafusion::sql::sqlparser::ast::helpers::attached_token::AttachedToken;
+use datafusion::sql::sqlparser::ast::{
+    ArrayElemTypeDef, BinaryOperator, CaseWhen, CastKind, DataType as SqlType, Expr, Function,
+    FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident,
+    ObjectName, Query, SelectItem, SetExpr, Statement, TableFactor, Value, ValueWithSpan, Visit,
+    VisitMut, Visitor, VisitorMut,
+};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+use pgwire::api::Type;
+
+use super::functions::{REGCLASS_NAME, REGCLASS_OID};
+use super::known;
+
+/// What rewriting a client's SQL gave.
+#[derive(Debug, Default)]
+pub struct Rewritten {
+    /// The SQL to plan instead of the client's, when anything changed.
+    pub sql: Option<String>,
+    /// Postgres types the client cast parameters to, by parameter index (0 for `$1`).
+    pub declared: HashMap<usize, Type>,
+    /// Whether the statement looks relations up by name (a `regclass` cast).
+    pub uses_relations: bool,
+}
+
+/// Rewrites `sql` (one or more statements). SQL the parser does not read is left for the
+/// planner to report.
+pub fn rewrite(sql: &str) -> Rewritten {
+    let Ok(mut statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+        return Rewritten::default();
+    };
+    let mut changed = false;
+    for statement in statements.iter_mut() {
+        if let Some(replacement) = known::replacement(statement) {
+            match Parser::parse_sql(&PostgreSqlDialect {}, &replacement) {
+                Ok(mut parsed) if parsed.len() == 1 => {
+                    *statement = parsed.remove(0);
+                    changed = true;
+                }
+                _ => tracing::warn!(
+                    "a known client query's replacement does not parse; planning the original"
+                ),
+            }
+        }
+    }
+    let original = (!changed).then(|| statements.clone());
+    let mut visitor = CastRewrite::default();
+    for statement in statements.iter_mut() {
+        let _ = statement.visit(&mut visitor);
+    }
+    if let Some(original) = original.filter(|_| visitor.changed) {
+        if compatibility_replaces(sql, original) {
+            // pg_catalog's parser answers this exact query (psql's `\d` ones) itself.
+            return Rewritten::default();
+        }
+    }
+    changed |= visitor.changed;
+    Rewritten {
+        sql: changed.then(|| {
+            statements
+                .iter()
+                .map(Statement::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        }),
+        declared: visitor.declared,
+        uses_relations: visitor.uses_relations,
+    }
+}
+
+/// Whether the pg_catalog compatibility parser replaces `sql` (parsed as `statements`)
+/// as a whole: it knows some client queries by their exact tokens, which a rewrite here
+/// would hide from it.
+fn compatibility_replaces(sql: &str, statements: Vec<Statement>) -> bool {
+    static PARSER: LazyLock<PostgresCompatibilityParser> =
+        LazyLock::new(PostgresCompatibilityParser::new);
+    let Ok(theirs) = PARSER.parse(sql) else {
+        return false;
+    };
+    let plain: Vec<Statement> = statements.into_iter().map(|s| PARSER.rewrite(s)).collect();
+    theirs != plain
+}
+
+/// The Postgres name of a cast's target type: lower case, without `pg_catalog.`.
+fn type_name(t: &SqlType) -> String {
+    let name = t.to_string().to_ascii_lowercase();
+    match name.strip_prefix("pg_catalog.") {
+        Some(rest) => rest.to_string(),
+        None => name,
+    }
+}
+
+/// The inner expression of `CAST(inner AS <type>)` when `e` is such a cast.
+fn cast_of<'a>(e: &'a Expr, type_names: &[&str]) -> Option<&'a Expr> {
+    match e {
+        Expr::Cast {
+            expr, data_type, ..
+        } if type_names.contains(&type_name(data_type).as_str()) => Some(expr),
+        _ => None,
+    }
+}
+
+/// The index of a `$n` parameter (0 for `$1`).
+fn placeholder_index(e: &Expr) -> Option<usize> {
+    match e {
+        Expr::Value(ValueWithSpan {
+            value: Value::Placeholder(p),
+            ..
+        }) => p.strip_prefix('$')?.parse::<usize>().ok()?.checked_sub(1),
+        _ => None,
+    }
+}
+
+/// `name(args...)`.
+fn call(name: &str, args: Vec<Expr>) -> Expr {
+    Expr::Function(Function {
+        name: ObjectName::from(vec![Ident::new(name)]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: args
+                .into_iter()
+                .map(|a| FunctionArg::Unnamed(FunctionArgExpr::Expr(a)))
+                .collect(),
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    })
+}
+
+const TEXT_TYPES: &[&str] = &["text", "varchar", "character varying", "name"];
+const OID_TYPES: &[&str] = &["oid", "int", "integer", "int4", "bigint", "int8"];
+
+#[derive(Default)]
+struct CastRewrite {
+    changed: bool,
+    uses_relations: bool,
+    declared: HashMap<usize, Type>,
+}
+
+impl CastRewrite {
+    fn declare(&mut self, e: &Expr, t: Type) {
+        if let Some(i) = placeholder_index(e) {
+            self.declared.entry(i).or_insert(t);
+        }
+    }
+
+    fn regclass(&mut self, name: &str, inner: &Expr) -> Expr {
+        self.changed = true;
+        self.uses_relations = true;
+        call(name, vec![inner.clone()])
+    }
+}
+
+/// Aggregates that make a subquery give one row.
+const AGGREGATES: &[&str] = &[
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "array_agg",
+    "string_agg",
+    "bool_and",
+    "bool_or",
+    "every",
+    "json_agg",
+    "jsonb_agg",
+    "json_object_agg",
+    "first_value",
+    "last_value",
+];
+
+/// Whether `e` calls an aggregate function.
+fn has_aggregate(e: &Expr) -> bool {
+    struct Finder(bool);
+    impl Visitor for Finder {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            if let Expr::Function(f) = e {
+                let name = f.name.to_string().to_ascii_lowercase();
+                let name = name.rsplit('.').next().unwrap_or_default();
+                if AGGREGATES.contains(&name) {
+                    self.0 = true;
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut f = Finder(false);
+    let _ = e.visit(&mut f);
+    f.0
+}
+
+/// The names a query's own FROM items go by (aliases, else table names), lower case.
+fn own_tables(q: &Query) -> Vec<String> {
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return Vec::new();
+    };
+    let mut own: Vec<String> = Vec::new();
+    for twj in &select.from {
+        for factor in std::iter::once(&twj.relation).chain(twj.joins.iter().map(|j| &j.relation)) {
+            if let TableFactor::Table { name, alias, .. } = factor {
+                match alias {
+                    Some(a) => own.push(a.name.value.to_ascii_lowercase()),
+                    None => {
+                        if let Some(last) = name.0.last() {
+                            own.push(last.to_string().trim_matches('"').to_ascii_lowercase());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    own
+}
+
+/// The tables the qualified columns of `node` name, and whether it also holds unqualified
+/// columns or subqueries (which cannot be placed).
+fn referenced_tables<V: Visit>(node: &V) -> (Vec<String>, bool) {
+    struct Refs(Vec<String>, bool);
+    impl Visitor for Refs {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            match e {
+                Expr::CompoundIdentifier(parts) if parts.len() >= 2 => self
+                    .0
+                    .push(parts[parts.len() - 2].value.to_ascii_lowercase()),
+                Expr::Identifier(_) | Expr::Subquery(_) | Expr::Exists { .. } => self.1 = true,
+                _ => {}
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut refs = Refs(Vec::new(), false);
+    let _ = node.visit(&mut refs);
+    (refs.0, refs.1)
+}
+
+/// Whether the query refers to a table of an enclosing query: a qualified column whose
+/// table is not one of its own FROM items.
+fn is_correlated(q: &Query) -> bool {
+    let own = own_tables(q);
+    let (tables, _) = referenced_tables(q);
+    tables.iter().any(|t| !own.contains(t))
+}
+
+/// The conditions of `AND`-ed `e`.
+fn conjuncts(e: Expr, out: &mut Vec<Expr>) {
+    match e {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => {
+            conjuncts(*left, out);
+            conjuncts(*right, out);
+        }
+        Expr::Nested(inner)
+            if matches!(
+                inner.as_ref(),
+                Expr::BinaryOp {
+                    op: BinaryOperator::And,
+                    ..
+                }
+            ) =>
+        {
+            conjuncts(*inner, out)
+        }
+        other => out.push(other),
+    }
+}
+
+fn and_all(mut conditions: Vec<Expr>) -> Option<Expr> {
+    let first = conditions.pop()?;
+    Some(
+        conditions
+            .into_iter()
+            .rev()
+            .fold(first, |acc, c| Expr::BinaryOp {
+                left: Box::new(c),
+                op: BinaryOperator::And,
+                right: Box::new(acc),
+            }),
+    )
+}
+
+/// Takes out of a scalar subquery's WHERE the conditions on enclosing tables only (the
+/// engine cannot decorrelate them): `(SELECT v FROM t WHERE outer.c AND t.k = outer.k)`
+/// is `CASE WHEN outer.c THEN (SELECT v FROM t WHERE t.k = outer.k) END`, the same value.
+fn hoist_outer_conditions(q: &mut Query) -> Option<Expr> {
+    let own = own_tables(q);
+    let SetExpr::Select(select) = q.body.as_mut() else {
+        return None;
+    };
+    let selection = select.selection.take()?;
+    let mut all = Vec::new();
+    conjuncts(selection, &mut all);
+    let (outer, inner): (Vec<Expr>, Vec<Expr>) = all.into_iter().partition(|c| {
+        let (tables, unplaceable) = referenced_tables(c);
+        !unplaceable && !tables.is_empty() && tables.iter().all(|t| !own.contains(t))
+    });
+    select.selection = and_all(inner);
+    and_all(outer)
+}
+
+/// `max(<value>)` in place of the single value a correlated scalar subquery selects.
+fn aggregate_scalar_subquery(q: &mut Query) -> bool {
+    if q.limit_clause.is_some() || q.fetch.is_some() || !is_correlated(q) {
+        return false;
+    }
+    let SetExpr::Select(select) = q.body.as_mut() else {
+        return false;
+    };
+    let grouped = match &select.group_by {
+        GroupByExpr::Expressions(exprs, _) => !exprs.is_empty(),
+        GroupByExpr::All(_) => true,
+    };
+    if grouped || select.having.is_some() || select.projection.len() != 1 {
+        return false;
+    }
+    let value = match &mut select.projection[0] {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
+        _ => return false,
+    };
+    if has_aggregate(value) {
+        return false;
+    }
+    *value = call("max", vec![value.clone()]);
+    true
+}
+
+impl VisitorMut for CastRewrite {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+        if let Expr::Subquery(q) = e {
+            self.changed |= aggregate_scalar_subquery(q);
+            if let Some(condition) = hoist_outer_conditions(q) {
+                self.changed = true;
+                *e = Expr::Case {
+                    case_token: AttachedToken::empty(),
+                    end_token: AttachedToken::empty(),
+                    operand: None,
+                    conditions: vec![CaseWhen {
+                        condition,
+                        result: Expr::Subquery(q.clone()),
+                    }],
+                    else_result: None,
+                };
+            }
+            return ControlFlow::Continue(());
+        }
+        let Expr::Cast {
+            expr: inner,
+            data_type,
+            ..
+        } = &*e
+        else {
+            return ControlFlow::Continue(());
+        };
+        let target = type_name(data_type);
+        let replacement = match target.as_str() {
+            "regclass" => Some(self.regclass(REGCLASS_OID, inner)),
+            t if OID_TYPES.contains(&t) => {
+                if t == "oid" {
+                    self.declare(inner, Type::OID);
+                }
+                cast_of(inner, &["regclass"]).map(|x| self.regclass(REGCLASS_OID, x))
+            }
+            t if TEXT_TYPES.contains(&t) => {
+                if let Some(x) = cast_of(inner, &["regclass"]) {
+                    Some(self.regclass(REGCLASS_NAME, x))
+                } else if let Some(x) = cast_of(inner, &["regtype"]) {
+                    // A type's name, as format_type() prints it.
+                    self.changed = true;
+                    Some(call(
+                        "format_type",
+                        vec![x.clone(), Expr::value(Value::Null)],
+                    ))
+                } else {
+                    None
+                }
+            }
+            "regtype" => match inner.as_ref() {
+                Expr::Value(ValueWithSpan {
+                    value: Value::SingleQuotedString(_),
+                    ..
+                }) => {
+                    self.changed = true;
+                    Some(call("to_regtype", vec![(**inner).clone()]))
+                }
+                _ => None,
+            },
+            "oid[]" | "regclass[]" | "regtype[]" => {
+                self.declare(inner, Type::OID_ARRAY);
+                self.changed = true;
+                Some(Expr::Cast {
+                    kind: CastKind::Cast,
+                    expr: inner.clone(),
+                    data_type: SqlType::Array(ArrayElemTypeDef::SquareBracket(
+                        Box::new(SqlType::Int(None)),
+                        None,
+                    )),
+                    array: false,
+                    format: None,
+                })
+            }
+            _ => None,
+        };
+        if let Some(r) = replacement {
+            *e = r;
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sql(s: &str) -> String {
+        rewrite(s).sql.unwrap_or_else(|| s.to_string())
+    }
+
+    #[test]
+    fn regclass_casts_become_lookups() {
+        assert_eq!(
+            sql("SELECT 1 FROM d WHERE d.classoid = 'pg_class'::regclass"),
+            "SELECT 1 FROM d WHERE d.classoid = skippr_regclass('pg_class')"
+        );
+        assert_eq!(
+            sql("SELECT CAST(CAST(FORMAT('%I.%I', s, t) AS REGCLASS) AS OID)"),
+            "SELECT skippr_regclass(FORMAT('%I.%I', s, t))"
+        );
+        assert_eq!(
+            sql("SELECT pg_get_serial_sequence(CAST(CAST(a.attrelid AS REGCLASS) AS TEXT), a.attname)"),
+            "SELECT pg_get_serial_sequence(skippr_regclass_name(a.attrelid), a.attname)"
+        );
+        assert_eq!(
+            sql("SELECT c.oid::pg_catalog.regclass FROM c"),
+            "SELECT skippr_regclass(c.oid) FROM c"
+        );
+        let r = rewrite("SELECT 1 WHERE x = 'a'::regclass");
+        assert!(r.uses_relations);
+        assert!(!rewrite("SELECT 1").uses_relations);
+    }
+
+    #[test]
+    fn oid_arrays_and_regtype() {
+        let r = rewrite("SELECT * FROM t WHERE t.oid = any($1::oid[])");
+        assert_eq!(
+            r.sql.as_deref(),
+            Some("SELECT * FROM t WHERE t.oid = ANY(CAST($1 AS INT[]))")
+        );
+        assert_eq!(r.declared.get(&0), Some(&Type::OID_ARRAY));
+        assert_eq!(
+            sql("SELECT 'int4'::regtype, t::regtype::text FROM x"),
+            "SELECT to_regtype('int4'), format_type(t, NULL) FROM x"
+        );
+        assert_eq!(rewrite("SELECT $2::oid").declared.get(&1), Some(&Type::OID));
+    }
+
+    #[test]
+    fn correlated_scalar_subqueries_are_aggregated() {
+        assert_eq!(
+            sql("SELECT CASE WHEN a.x THEN (SELECT d.v AS v FROM d WHERE d.id = a.id) END FROM a"),
+            "SELECT CASE WHEN a.x THEN (SELECT max(d.v) AS v FROM d WHERE d.id = a.id) END FROM a"
+        );
+        assert_eq!(
+            sql("SELECT (SELECT pg_catalog.t.n FROM pg_catalog.t WHERE pg_catalog.t.oid = pg_catalog.a.typ) FROM pg_catalog.a"),
+            "SELECT (SELECT max(pg_catalog.t.n) FROM pg_catalog.t WHERE pg_catalog.t.oid = pg_catalog.a.typ) FROM pg_catalog.a"
+        );
+        assert_eq!(
+            sql("SELECT CASE WHEN a.h THEN (SELECT d.v FROM d WHERE a.h AND d.id = a.id AND (a.k <> '' AND d.n = 1)) END FROM a"),
+            "SELECT CASE WHEN a.h THEN CASE WHEN a.h AND a.k <> '' THEN (SELECT max(d.v) FROM d WHERE d.id = a.id AND d.n = 1) END END FROM a"
+        );
+        for s in [
+            "SELECT (SELECT count(*) FROM d WHERE d.id = a.id) FROM a",
+            "SELECT (SELECT d.v FROM d WHERE d.id = 1) FROM a",
+            "SELECT (SELECT d.v FROM d WHERE d.id = a.id LIMIT 1) FROM a",
+        ] {
+            assert_eq!(rewrite(s).sql, None, "{s}");
+        }
+    }
+
+    #[test]
+    fn other_sql_is_left_alone() {
+        for s in [
+            "SELECT a::text, CAST(b AS INT) FROM t",
+            "SELECT * FROM t WHERE x = $1",
+            "this is not sql",
+        ] {
+            assert_eq!(rewrite(s).sql, None, "{s}");
+        }
+    }
+}
