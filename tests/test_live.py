@@ -13,7 +13,9 @@ import subprocess
 import time
 from typing import Sequence
 
-from conftest import Database, Skippr, assert_no_panic, describe_run, quote_ident
+import psycopg
+
+from conftest import Database, Skippr, assert_no_panic, describe_run, free_port, quote_ident
 from test_cdc import bg_log, stop, tx
 
 def start_live(skippr: Skippr, tables: Sequence[str]) -> subprocess.Popen:
@@ -141,3 +143,72 @@ def test_query_reads_the_wal_without_a_running_daemon(skippr: Skippr, db: Databa
     skippr.assert_table_matches("orders", ("query",))
     got = query_json(skippr, f"SELECT count(*) AS n FROM {quote_ident('analytics')}.orders WHERE amount < 0")
     assert got == [{"n": 9}]
+
+
+def test_schema_changes_are_live_before_their_commit(skippr: Skippr, db: Database) -> None:
+    """An added column, a widened type and an incompatible type change show in `skipprd query`
+    and through the gateway with the first change that carries them, before any commit, as
+    the commit then writes them (sibling column `amount__text`)."""
+    db.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int, amount numeric(10,2))")
+    db.execute("INSERT INTO items SELECT g, 'v' || g, g, g * 1.5 FROM generate_series(1, 30) g")
+    port = free_port()
+    skippr.write_config(["items"], extra_pipeline={"commit_interval": "1h"},
+                        query={"listen": f"127.0.0.1:{port}"}, metrics_listen=f"127.0.0.1:{free_port()}")
+    skippr.sync_once()
+    committed = snapshot_id(skippr, "items")
+    proc = skippr.start("serve")
+    typed: set[int] = set()  # rows written after amount became text
+    try:
+        tx(db, "ALTER TABLE items ADD COLUMN tags text[], ADD COLUMN note text",
+           "INSERT INTO items VALUES (31, 'new', 31, 4.25, ARRAY['a', NULL], 'hello')",
+           "UPDATE items SET note = 'touched' WHERE id = 2")
+        tx(db, "ALTER TABLE items ALTER COLUMN n TYPE bigint",
+           "UPDATE items SET n = 1099511627776 WHERE id = 3")
+        tx(db, "ALTER TABLE items ALTER COLUMN amount TYPE text",
+           "UPDATE items SET amount = 'n/a' WHERE id = 4",
+           "INSERT INTO items (id, v, n, amount) VALUES (32, 'text amount', 32, '7 EUR')")
+        typed.update({4, 32})
+
+        def expected() -> list[dict]:
+            out = []
+            for id_, v, n, amount, tags, note in db.execute(
+                    "SELECT id, v, n, amount, tags, note FROM items ORDER BY id"):
+                out.append({"id": id_, "v": v, "n": n,
+                            "amount": None if id_ in typed else decimal.Decimal(amount),
+                            "tags": tags, "note": note,
+                            "amount__text": amount if id_ in typed else None})
+            return out
+
+        sql = "SELECT id, v, n, amount, tags, note, amount__text FROM items ORDER BY id"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, bg_log(skippr)
+            proc_q = skippr.run("query", sql, "--format", "json", check=False)
+            got = None
+            if proc_q.returncode == 0:
+                got = [json.loads(l, parse_float=decimal.Decimal) for l in proc_q.stdout.splitlines() if l.strip()]
+                for r in got:
+                    if r["amount"] is not None:
+                        r["amount"] = decimal.Decimal(str(r["amount"]))
+            if got == expected():
+                break
+            assert time.monotonic() < deadline, f"live schema not reached:\n{proc_q.stdout}{proc_q.stderr}\nwant {expected()}"
+            time.sleep(0.3)
+        # Nothing was committed: the new columns came from the WAL tail.
+        assert snapshot_id(skippr, "items") == committed
+        # The gateway shows the same, typed.
+        with psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr",
+                             autocommit=True) as conn:
+            cur = conn.execute(sql.replace("FROM items", "FROM analytics.items"))
+            rows = [dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()]
+        assert rows == expected(), rows
+    finally:
+        assert stop(proc) == 0, bg_log(skippr)
+    # The commit wrote the same schema: every reader agrees with what the tail showed.
+    fields = [f.name for f in skippr.table("items").schema().fields]
+    assert fields == ["id", "v", "n", "amount", "tags", "note", "amount__text"], fields
+    got = query_json(skippr, sql)
+    for r in got:
+        if r["amount"] is not None:
+            r["amount"] = decimal.Decimal(str(r["amount"]))
+    assert got == expected(), got

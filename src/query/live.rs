@@ -44,6 +44,8 @@ pub struct LiveTable {
     table: Table,
     tail: Arc<TailSnapshot>,
     caches: Arc<ScanCaches>,
+    /// The live schema has columns (or wider types) the committed table does not have yet.
+    extended: bool,
 }
 
 impl LiveTable {
@@ -56,8 +58,23 @@ impl LiveTable {
         tail: Arc<TailSnapshot>,
         caches: Arc<ScanCaches>,
     ) -> Result<Self> {
+        // The tail may show columns the committed table does not have yet (see
+        // `tail_schema`): then the live schema is the tail's.
+        let committed = iceberg.schema();
+        let extended = committed.fields().len() != tail.schema.fields().len()
+            || committed
+                .fields()
+                .iter()
+                .zip(tail.schema.fields())
+                .any(|(a, b)| a.name() != b.name() || a.data_type() != b.data_type());
+        let base = if extended {
+            tail.schema.clone()
+        } else {
+            committed
+        };
         Ok(Self {
-            schema: with_pg_types(&iceberg.schema(), table),
+            schema: with_pg_types(&base, table),
+            extended,
             iceberg,
             table: table.clone(),
             key_cols,
@@ -184,6 +201,10 @@ async fn fill_unchanged(
                     table.identifier()
                 )));
             };
+            // A column the tail adds has no committed value: it stays NULL.
+            if c >= batches[*b].num_columns() {
+                continue;
+            }
             let value = batches[*b].column(c).slice(*row, 1);
             let value = if value.data_type() == col.data_type() {
                 value
@@ -241,6 +262,7 @@ impl TableProvider for LiveTable {
         // columns (it fills a list or struct column that older files lack with NULLs);
         // Iceberg's scan when filters can prune files and row groups.
         let own_reader = filters.is_empty()
+            || self.extended
             || wanted
                 .iter()
                 .any(|i| self.schema.field(*i).data_type().is_nested());

@@ -6,6 +6,7 @@ pub mod format;
 pub mod live;
 pub mod system;
 pub mod tail;
+pub mod tail_schema;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -182,7 +183,8 @@ impl Workspace {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 continue;
             }
-            let shape = shape_of(&table, entry.pipeline.as_ref().map(|p| p.2.clone()))?;
+            let mut shape = shape_of(&table, entry.pipeline.as_ref().map(|p| p.2.clone()))?;
+            tail_schema::extend(&mut shape, &read);
             let tail = self
                 .reduced
                 .get_or_reduce(entry.ident.name(), &shape, &read, floor)?;
@@ -286,6 +288,7 @@ fn shape_of(table: &Table, source: Option<TableRef>) -> Result<TableShape> {
         row_key: whole_row_key(table, &names),
         key,
         columns: evolve::recorded_columns(table),
+        tail_columns: Vec::new(),
         schema,
     })
 }

@@ -107,6 +107,9 @@ pub struct TableShape {
     pub row_key: Vec<usize>,
     /// Source columns as the Iceberg table records them (name -> field, declared type).
     pub columns: Option<Vec<SourceColumn>>,
+    /// Source columns of the tail's newest relation that the committed table does not
+    /// record yet (see `tail_schema`), and the live field each one fills.
+    pub tail_columns: Vec<SourceColumn>,
 }
 
 impl TableShape {
@@ -114,7 +117,7 @@ impl TableShape {
         !self.key.is_empty()
     }
 
-    fn key_columns(&self) -> &[usize] {
+    pub(crate) fn key_columns(&self) -> &[usize] {
         if self.keyed() {
             &self.key
         } else {
@@ -151,6 +154,9 @@ impl Hidden {
 pub struct TailSnapshot {
     /// The Iceberg snapshot LSN the tail starts after.
     pub floor: Lsn,
+    /// The live schema: the committed one, plus the columns the tail adds (see
+    /// `tail_schema`).
+    pub schema: SchemaRef,
     pub hidden: Hidden,
     /// Rows the tail adds, in the live schema (values an update left unchanged are NULL
     /// there and listed in `fill`).
@@ -239,16 +245,29 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
         }
         let mut map = vec![None; names.len()];
         for (ri, c) in r.columns.iter().enumerate() {
+            let same =
+                |x: &&SourceColumn| x.name == c.name && x.oid == c.type_oid && x.typmod == c.typmod;
             let recorded = shape
                 .columns
                 .as_ref()
                 .and_then(|cols| cols.iter().find(|x| x.name == c.name));
-            // A column whose type changed since the last commit: its values belong to a
-            // column the next commit creates; until then the live view shows NULL there.
-            if recorded.is_some_and(|x| x.oid != c.type_oid || x.typmod != c.typmod) {
-                continue;
-            }
-            let target = recorded.map(|x| x.target()).unwrap_or(c.name.as_str());
+            // A column whose type changed since the last commit: its values go where the
+            // live schema puts them (a widened or sibling column), or nowhere (NULL) for a
+            // type the live schema cannot show before the commit.
+            let target = match recorded {
+                Some(x) if same(&x) => x.target(),
+                Some(_) => match shape.tail_columns.iter().rev().find(same) {
+                    Some(x) => x.target(),
+                    None => continue,
+                },
+                None => shape
+                    .tail_columns
+                    .iter()
+                    .rev()
+                    .find(same)
+                    .map(|x| x.target())
+                    .unwrap_or(c.name.as_str()),
+            };
             if let Some(ti) = names.iter().position(|n| *n == target) {
                 map[ti] = Some(ri);
             }
@@ -422,6 +441,7 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
     };
     Ok(TailSnapshot {
         floor,
+        schema: shape.schema.clone(),
         hidden,
         rows: batch,
         fill,
@@ -508,9 +528,7 @@ impl ReducedCache {
 }
 
 fn snap_schema_matches(snap: &TailSnapshot, shape: &TableShape) -> bool {
-    snap.rows
-        .as_ref()
-        .is_none_or(|b| b.schema().fields() == shape.schema.fields())
+    snap.schema.fields() == shape.schema.fields()
 }
 
 #[cfg(test)]
@@ -562,6 +580,7 @@ mod tests {
             key: if keyed { vec![0] } else { vec![] },
             row_key: vec![0, 1],
             columns: None,
+            tail_columns: vec![],
         }
     }
 

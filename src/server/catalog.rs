@@ -454,20 +454,21 @@ impl TableProvider for Extended {
         let schema = self.base.schema();
         let scratch = SessionContext::new();
         let mut batches = scratch.read_table(self.base.clone())?.collect().await?;
-        if let Some((column, namespaces)) = match self.extra {
-            Extra::Namespace => Some(("oid", batches.clone())),
-            Extra::Class => match self.catalog.inner.table("pg_namespace").await? {
-                Some(ns) => Some(("relnamespace", scratch.read_table(ns)?.collect().await?)),
-                None => None,
-            },
-            _ => None,
-        } {
-            if let Some(generated) = pg_catalog_oid(&namespaces) {
-                batches = batches
-                    .into_iter()
-                    .map(|b| replace_oid(b, column, generated, PG_CATALOG_NAMESPACE_OID))
-                    .collect::<DfResult<_>>()?;
+        // The generated oid of `pg_catalog` is found in the table's own rows (scanning
+        // pg_namespace here again would renumber the session's oids under a running query).
+        let renumber = match self.extra {
+            Extra::Namespace => {
+                pg_catalog_oid(&batches, "nspname", "pg_catalog", "oid").map(|o| ("oid", o))
             }
+            Extra::Class => pg_catalog_oid(&batches, "relname", "pg_class", "relnamespace")
+                .map(|o| ("relnamespace", o)),
+            _ => None,
+        };
+        if let Some((column, generated)) = renumber {
+            batches = batches
+                .into_iter()
+                .map(|b| replace_oid(b, column, generated, PG_CATALOG_NAMESPACE_OID))
+                .collect::<DfResult<_>>()?;
         }
         if matches!(self.extra, Extra::Namespace) {
             return Ok(MemorySourceConfig::try_new_exec(
@@ -646,19 +647,25 @@ fn declared_types(batch: RecordBatch, types: &HashMap<i64, ColumnTypes>) -> DfRe
 }
 
 /// Sets `relhasindex` on the rows of tables that have a primary key.
-/// The oid `pg_namespace` gave the `pg_catalog` schema.
-fn pg_catalog_oid(namespaces: &[RecordBatch]) -> Option<i64> {
-    namespaces.iter().find_map(|b| {
+/// The oid the session gave the `pg_catalog` schema: `oid_col` of the row whose
+/// `name_col` is `name` (pg_namespace's own row, or pg_class's row for `pg_class`).
+fn pg_catalog_oid(
+    batches: &[RecordBatch],
+    name_col: &str,
+    name: &str,
+    oid_col: &str,
+) -> Option<i64> {
+    batches.iter().find_map(|b| {
         let schema = b.schema();
-        let oids =
-            arrow::compute::cast(b.column(schema.index_of("oid").ok()?), &DataType::Int64).ok()?;
+        let oids = arrow::compute::cast(b.column(schema.index_of(oid_col).ok()?), &DataType::Int64)
+            .ok()?;
         let names =
-            arrow::compute::cast(b.column(schema.index_of("nspname").ok()?), &DataType::Utf8)
+            arrow::compute::cast(b.column(schema.index_of(name_col).ok()?), &DataType::Utf8)
                 .ok()?;
         let names = names.as_string::<i32>();
         let oids = oids.as_primitive::<Int64Type>();
         (0..b.num_rows())
-            .find(|i| names.is_valid(*i) && names.value(*i) == "pg_catalog")
+            .find(|i| names.is_valid(*i) && names.value(*i) == name && oids.is_valid(*i))
             .map(|i| oids.value(i))
     })
 }
