@@ -46,6 +46,7 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<()> {
                 inner,
                 ws,
                 defs: defs.clone(),
+                namespaces: Arc::default(),
             }),
         )
         .map_err(Error::from)?;
@@ -271,6 +272,43 @@ struct PgCatalog {
     inner: Arc<dyn SchemaProvider>,
     ws: Arc<Workspace>,
     defs: Definitions,
+    namespaces: Arc<Namespaces>,
+}
+
+/// Schema oids that stay the same. pg_catalog hands out a schema's oid anew whenever its
+/// `pg_attribute` has been read (it then forgets the schemas' oids), so `pg_namespace` and
+/// `pg_class.relnamespace` could disagree within one query, or between two. The gateway
+/// gives each schema its own oid, by name, and reads the catalog tables one at a time.
+#[derive(Default)]
+struct Namespaces {
+    /// Held while a catalog table is read.
+    scans: tokio::sync::Mutex<()>,
+    oids: RwLock<HashMap<String, i64>>,
+}
+
+/// Schema oids other than Postgres's own (`pg_catalog` 11, `public` 2200) start here, far
+/// from the table oids pg_catalog hands out and below the index oids.
+const NAMESPACE_OID_BASE: i64 = 1 << 29;
+
+impl Namespaces {
+    fn oid(&self, name: &str) -> i64 {
+        match name {
+            "pg_catalog" => return 11,
+            "public" => return 2200,
+            _ => {}
+        }
+        if let Some(oid) = self
+            .oids
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return *oid;
+        }
+        let mut oids = self.oids.write().unwrap_or_else(|e| e.into_inner());
+        let next = NAMESPACE_OID_BASE + oids.len() as i64;
+        *oids.entry(name.to_string()).or_insert(next)
+    }
 }
 
 impl std::fmt::Debug for PgCatalog {
@@ -296,7 +334,7 @@ const INDEX_OID_BASE: i64 = 1 << 30;
 
 impl PgCatalog {
     /// The primary keys of the workspace's tables, and each table's column types by oid.
-    async fn workspace_tables(&self) -> Result<(Vec<PrimaryKey>, HashMap<i64, ColumnTypes>)> {
+    async fn workspace_tables(&self) -> Result<WorkspaceTables> {
         let mut types = HashMap::new();
         let scratch = SessionContext::new();
         for name in ["pg_class", "pg_namespace"] {
@@ -321,6 +359,24 @@ impl PgCatalog {
             .collect()
             .await
             .map_err(Error::from)?;
+        let mut namespaces = HashMap::new();
+        let listed = scratch
+            .sql("SELECT CAST(oid AS BIGINT) AS oid, nspname FROM pg_namespace")
+            .await
+            .map_err(Error::from)?
+            .collect()
+            .await
+            .map_err(Error::from)?;
+        for b in listed {
+            let oids = b.column(0).as_primitive::<Int64Type>();
+            let names = arrow::compute::cast(b.column(1), &DataType::Utf8)?;
+            let names = names.as_string::<i32>();
+            for i in 0..b.num_rows() {
+                if oids.is_valid(i) && names.is_valid(i) {
+                    namespaces.insert(oids.value(i), self.namespaces.oid(names.value(i)));
+                }
+            }
+        }
         let mut out = Vec::new();
         for b in batches {
             let oids = b.column(0).as_primitive::<Int64Type>();
@@ -366,15 +422,31 @@ impl PgCatalog {
                 }
                 out.push(PrimaryKey {
                     table_oid: oids.value(i),
-                    namespace_oid: ns.value(i),
+                    namespace_oid: namespaces
+                        .get(&ns.value(i))
+                        .copied()
+                        .unwrap_or_else(|| ns.value(i)),
                     index_oid,
                     table,
                     attnums,
                 });
             }
         }
-        Ok((out, types))
+        Ok(WorkspaceTables {
+            keys: out,
+            types,
+            namespaces,
+        })
     }
+}
+
+/// What the catalog says of the workspace's tables, read at one moment.
+struct WorkspaceTables {
+    keys: Vec<PrimaryKey>,
+    /// Column types by table oid.
+    types: HashMap<i64, ColumnTypes>,
+    /// The gateway's schema oid by pg_catalog's current one.
+    namespaces: HashMap<i64, i64>,
 }
 
 /// An identifier as Postgres prints it: bare when it is a plain lower-case name, quoted
@@ -401,6 +473,7 @@ enum Extra {
     Constraint,
     Class,
     Attribute,
+    Namespace,
 }
 
 /// A `pg_catalog` table with one row added per primary key. The rows are built when the
@@ -425,7 +498,7 @@ impl TableProvider for Extended {
     }
 
     fn schema(&self) -> SchemaRef {
-        self.base.schema()
+        with_added_columns(self.base.schema(), self.extra)
     }
 
     fn table_type(&self) -> TableType {
@@ -439,7 +512,12 @@ impl TableProvider for Extended {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let (keys, types) = self
+        let _one_at_a_time = self.catalog.namespaces.scans.lock().await;
+        let WorkspaceTables {
+            keys,
+            types,
+            namespaces,
+        } = self
             .catalog
             .workspace_tables()
             .await
@@ -458,6 +536,22 @@ impl TableProvider for Extended {
                 projection.cloned(),
             )?);
         }
+        match self.extra {
+            Extra::Class => {
+                batches = batches
+                    .into_iter()
+                    .map(|b| remap_oids(b, "relnamespace", |oid, _| namespaces.get(&oid).copied()))
+                    .collect::<DfResult<_>>()?;
+            }
+            Extra::Namespace => {
+                let ns = &self.catalog.namespaces;
+                batches = batches
+                    .into_iter()
+                    .map(|b| remap_oids(b, "oid", |_, name| name.map(|n| ns.oid(n))))
+                    .collect::<DfResult<_>>()?;
+            }
+            _ => {}
+        }
         if matches!(self.extra, Extra::Class) && !keys.is_empty() {
             // Tables with a primary key have an index (psql's `\d` only looks when it is set).
             batches = batches
@@ -471,15 +565,90 @@ impl TableProvider for Extended {
                 Extra::Constraint => rows(&schema, &keys, constraint_value)?,
                 Extra::Class => rows(&schema, &keys, class_value)?,
                 // Handled above: columns are rewritten, not added.
-                Extra::Attribute => RecordBatch::new_empty(schema.clone()),
+                Extra::Attribute | Extra::Namespace => RecordBatch::new_empty(schema.clone()),
             });
         }
+        let full = self.schema();
+        let batches = batches
+            .into_iter()
+            .map(|b| add_null_columns(b, &full))
+            .collect::<DfResult<Vec<_>>>()?;
         Ok(MemorySourceConfig::try_new_exec(
             &[batches],
-            schema,
+            full,
             projection.cloned(),
         )?)
     }
+}
+
+/// `batch` with the oids of column `column` replaced by `new(oid, nspname)` where it gives
+/// one (`nspname` when the batch has that column).
+fn remap_oids(
+    batch: RecordBatch,
+    column: &str,
+    new: impl Fn(i64, Option<&str>) -> Option<i64>,
+) -> DfResult<RecordBatch> {
+    let schema = batch.schema();
+    let Ok(at) = schema.index_of(column) else {
+        return Ok(batch);
+    };
+    let names = match schema.index_of("nspname") {
+        Ok(n) => Some(arrow::compute::cast(batch.column(n), &DataType::Utf8)?),
+        Err(_) => None,
+    };
+    let names = names.as_ref().map(|n| n.as_string::<i32>());
+    let oids = arrow::compute::cast(batch.column(at), &DataType::Int64)?;
+    let oids = oids.as_primitive::<Int64Type>();
+    let remapped: arrow::array::Int64Array = (0..batch.num_rows())
+        .map(|i| {
+            if oids.is_null(i) {
+                return None;
+            }
+            let name = names.filter(|n| n.is_valid(i)).map(|n| n.value(i));
+            Some(new(oids.value(i), name).unwrap_or_else(|| oids.value(i)))
+        })
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns[at] = arrow::compute::cast(&remapped, schema.field(at).data_type())?;
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// Columns Postgres has that pg_catalog's table lacks, which clients select: always NULL
+/// here (`pg_class.reloptions`: no table has storage options).
+fn added_columns(extra: Extra) -> Vec<Field> {
+    match extra {
+        Extra::Class => vec![Field::new(
+            "reloptions",
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            true,
+        )],
+        Extra::Index | Extra::Constraint | Extra::Attribute | Extra::Namespace => Vec::new(),
+    }
+}
+
+fn with_added_columns(base: SchemaRef, extra: Extra) -> SchemaRef {
+    let added: Vec<Field> = added_columns(extra)
+        .into_iter()
+        .filter(|f| base.index_of(f.name()).is_err())
+        .collect();
+    if added.is_empty() {
+        return base;
+    }
+    let mut fields: Vec<Field> = base.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.extend(added);
+    Arc::new(Schema::new_with_metadata(fields, base.metadata().clone()))
+}
+
+/// `batch` with NULL values for the columns of `full` it lacks (the added ones, last).
+fn add_null_columns(batch: RecordBatch, full: &SchemaRef) -> DfResult<RecordBatch> {
+    let mut columns = batch.columns().to_vec();
+    for field in full.fields().iter().skip(columns.len()) {
+        columns.push(arrow::array::new_null_array(
+            field.data_type(),
+            batch.num_rows(),
+        ));
+    }
+    Ok(RecordBatch::try_new(full.clone(), columns)?)
 }
 
 /// The Postgres type of each column: the source's declared type as the table records it
@@ -754,6 +923,7 @@ impl SchemaProvider for PgCatalog {
             "pg_constraint" => Extra::Constraint,
             "pg_class" => Extra::Class,
             "pg_attribute" => Extra::Attribute,
+            "pg_namespace" => Extra::Namespace,
             _ => return self.inner.table(name).await,
         };
         let Some(base) = self.inner.table(name).await? else {
@@ -765,6 +935,7 @@ impl SchemaProvider for PgCatalog {
                 inner: self.inner.clone(),
                 ws: self.ws.clone(),
                 defs: self.defs.clone(),
+                namespaces: self.namespaces.clone(),
             }),
             extra,
         })))
