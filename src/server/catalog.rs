@@ -1,6 +1,7 @@
 //! Gateway, catalog: `pg_catalog` for the live workspace, so BI tools and drivers can list
 //! schemas, tables and columns, and see each table's real primary key (served from the
-//! Iceberg table's own record of it) in `pg_index`, `pg_constraint` and `pg_class`.
+//! Iceberg table's own record of it) in `pg_index`, `pg_constraint` and `pg_class`, with
+//! schema oids that stay the same for the life of the process.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -513,6 +514,23 @@ impl TableProvider for Extended {
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let _one_at_a_time = self.catalog.namespaces.scans.lock().await;
+        if matches!(self.extra, Extra::Namespace) {
+            // Schemas only change oid, by name: the workspace's tables are not needed.
+            let scratch = SessionContext::new();
+            let ns = &self.catalog.namespaces;
+            let batches = scratch
+                .read_table(self.base.clone())?
+                .collect()
+                .await?
+                .into_iter()
+                .map(|b| remap_oids(b, "oid", |_, name| name.map(|n| ns.oid(n))))
+                .collect::<DfResult<Vec<_>>>()?;
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[batches],
+                self.base.schema(),
+                projection.cloned(),
+            )?);
+        }
         let WorkspaceTables {
             keys,
             types,
@@ -536,21 +554,12 @@ impl TableProvider for Extended {
                 projection.cloned(),
             )?);
         }
-        match self.extra {
-            Extra::Class => {
-                batches = batches
-                    .into_iter()
-                    .map(|b| remap_oids(b, "relnamespace", |oid, _| namespaces.get(&oid).copied()))
-                    .collect::<DfResult<_>>()?;
-            }
-            Extra::Namespace => {
-                let ns = &self.catalog.namespaces;
-                batches = batches
-                    .into_iter()
-                    .map(|b| remap_oids(b, "oid", |_, name| name.map(|n| ns.oid(n))))
-                    .collect::<DfResult<_>>()?;
-            }
-            _ => {}
+        if matches!(self.extra, Extra::Class) {
+            let current = |oid: i64, _: Option<&str>| namespaces.get(&oid).copied();
+            batches = batches
+                .into_iter()
+                .map(|b| remap_oids(b, "relnamespace", current))
+                .collect::<DfResult<_>>()?;
         }
         if matches!(self.extra, Extra::Class) && !keys.is_empty() {
             // Tables with a primary key have an index (psql's `\d` only looks when it is set).
@@ -943,5 +952,44 @@ impl SchemaProvider for PgCatalog {
 
     fn table_exist(&self, name: &str) -> bool {
         self.inner.table_exist(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_oids_stay_the_same() {
+        let ns = Namespaces::default();
+        assert_eq!(ns.oid("pg_catalog"), 11);
+        assert_eq!(ns.oid("public"), 2200);
+        let a = ns.oid("analytics");
+        let b = ns.oid("skippr");
+        assert_ne!(a, b);
+        assert_eq!(ns.oid("analytics"), a);
+        assert!((NAMESPACE_OID_BASE..INDEX_OID_BASE).contains(&a));
+    }
+
+    #[test]
+    fn oids_are_remapped_by_name() -> DfResult<()> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("oid", DataType::Int32, false),
+            Field::new("nspname", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(arrow::array::Int32Array::from(vec![16390, 16391])),
+                Arc::new(arrow::array::StringArray::from(vec!["pg_catalog", "other"])),
+            ],
+        )?;
+        let out = remap_oids(batch, "oid", |_, name| {
+            (name == Some("pg_catalog")).then_some(11)
+        })?;
+        let oids = out.column(0).as_primitive::<Int32Type>();
+        assert_eq!((oids.value(0), oids.value(1)), (11, 16391));
+        assert_eq!(out.schema().field(0).data_type(), &DataType::Int32);
+        Ok(())
     }
 }

@@ -6,7 +6,10 @@
 //! (`$1::oid[]`) are kept, to describe the parameters as Postgres would. A correlated
 //! scalar subquery that selects one plain value is aggregated (`max`), as the engine
 //! requires to decorrelate it: it gives the same answer for the zero or one row Postgres
-//! allows (where Postgres fails on more rows, the greatest value is taken).
+//! allows (where Postgres fails on more rows, the greatest value is taken). A truth value
+//! such a subquery's select list reads from enclosing tables only is evaluated outside it.
+//! `unnest()`/`generate_subscripts()` of the catalog's vector columns (held as text) work
+//! on their values.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
