@@ -904,7 +904,6 @@ def test_pgjdbc_metadata_and_prepared_statement(gw, java_probe):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="SQLAlchemy 2.x get_columns uses regclass casts, pg_get_serial_sequence and json_build_object subqueries the gateway cannot plan yet")
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
 def test_sqlalchemy_inspector(gw, driver):
     import sqlalchemy as sa

@@ -1,6 +1,7 @@
 //! Gateway, catalog: `pg_catalog` for the live workspace, so BI tools and drivers can list
 //! schemas, tables and columns, and see each table's real primary key (served from the
-//! Iceberg table's own record of it) in `pg_index`, `pg_constraint` and `pg_class`.
+//! Iceberg table's own record of it) in `pg_index`, `pg_constraint` and `pg_class`, with
+//! schema oids that stay the same for the life of the process.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -46,6 +47,7 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<()> {
                 inner,
                 ws,
                 defs: defs.clone(),
+                namespaces: Arc::default(),
             }),
         )
         .map_err(Error::from)?;
@@ -271,6 +273,43 @@ struct PgCatalog {
     inner: Arc<dyn SchemaProvider>,
     ws: Arc<Workspace>,
     defs: Definitions,
+    namespaces: Arc<Namespaces>,
+}
+
+/// Schema oids that stay the same. pg_catalog hands out a schema's oid anew whenever its
+/// `pg_attribute` has been read (it then forgets the schemas' oids), so `pg_namespace` and
+/// `pg_class.relnamespace` could disagree within one query, or between two. The gateway
+/// gives each schema its own oid, by name, and reads the catalog tables one at a time.
+#[derive(Default)]
+struct Namespaces {
+    /// Held while a catalog table is read.
+    scans: tokio::sync::Mutex<()>,
+    oids: RwLock<HashMap<String, i64>>,
+}
+
+/// Schema oids other than Postgres's own (`pg_catalog` 11, `public` 2200) start here, far
+/// from the table oids pg_catalog hands out and below the index oids.
+const NAMESPACE_OID_BASE: i64 = 1 << 29;
+
+impl Namespaces {
+    fn oid(&self, name: &str) -> i64 {
+        match name {
+            "pg_catalog" => return 11,
+            "public" => return 2200,
+            _ => {}
+        }
+        if let Some(oid) = self
+            .oids
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return *oid;
+        }
+        let mut oids = self.oids.write().unwrap_or_else(|e| e.into_inner());
+        let next = NAMESPACE_OID_BASE + oids.len() as i64;
+        *oids.entry(name.to_string()).or_insert(next)
+    }
 }
 
 impl std::fmt::Debug for PgCatalog {
@@ -296,7 +335,7 @@ const INDEX_OID_BASE: i64 = 1 << 30;
 
 impl PgCatalog {
     /// The primary keys of the workspace's tables, and each table's column types by oid.
-    async fn workspace_tables(&self) -> Result<(Vec<PrimaryKey>, HashMap<i64, ColumnTypes>)> {
+    async fn workspace_tables(&self) -> Result<WorkspaceTables> {
         let mut types = HashMap::new();
         let scratch = SessionContext::new();
         for name in ["pg_class", "pg_namespace"] {
@@ -321,6 +360,24 @@ impl PgCatalog {
             .collect()
             .await
             .map_err(Error::from)?;
+        let mut namespaces = HashMap::new();
+        let listed = scratch
+            .sql("SELECT CAST(oid AS BIGINT) AS oid, nspname FROM pg_namespace")
+            .await
+            .map_err(Error::from)?
+            .collect()
+            .await
+            .map_err(Error::from)?;
+        for b in listed {
+            let oids = b.column(0).as_primitive::<Int64Type>();
+            let names = arrow::compute::cast(b.column(1), &DataType::Utf8)?;
+            let names = names.as_string::<i32>();
+            for i in 0..b.num_rows() {
+                if oids.is_valid(i) && names.is_valid(i) {
+                    namespaces.insert(oids.value(i), self.namespaces.oid(names.value(i)));
+                }
+            }
+        }
         let mut out = Vec::new();
         for b in batches {
             let oids = b.column(0).as_primitive::<Int64Type>();
@@ -366,15 +423,31 @@ impl PgCatalog {
                 }
                 out.push(PrimaryKey {
                     table_oid: oids.value(i),
-                    namespace_oid: ns.value(i),
+                    namespace_oid: namespaces
+                        .get(&ns.value(i))
+                        .copied()
+                        .unwrap_or_else(|| ns.value(i)),
                     index_oid,
                     table,
                     attnums,
                 });
             }
         }
-        Ok((out, types))
+        Ok(WorkspaceTables {
+            keys: out,
+            types,
+            namespaces,
+        })
     }
+}
+
+/// What the catalog says of the workspace's tables, read at one moment.
+struct WorkspaceTables {
+    keys: Vec<PrimaryKey>,
+    /// Column types by table oid.
+    types: HashMap<i64, ColumnTypes>,
+    /// The gateway's schema oid by pg_catalog's current one.
+    namespaces: HashMap<i64, i64>,
 }
 
 /// An identifier as Postgres prints it: bare when it is a plain lower-case name, quoted
@@ -401,14 +474,8 @@ enum Extra {
     Constraint,
     Class,
     Attribute,
-    /// No rows added: `pg_catalog`'s own oid becomes Postgres's (11).
     Namespace,
 }
-
-/// The oid Postgres gives the `pg_catalog` schema. The built-in `pg_type` and `pg_proc` rows
-/// name it as their namespace, and drivers join them to `pg_namespace` (pgjdbc and asyncpg
-/// look up a result column's type that way).
-const PG_CATALOG_NAMESPACE_OID: i64 = 11;
 
 /// A `pg_catalog` table with one row added per primary key. The rows are built when the
 /// table is scanned, never when it is only looked up: pg_catalog's own builders look up
@@ -432,7 +499,7 @@ impl TableProvider for Extended {
     }
 
     fn schema(&self) -> SchemaRef {
-        self.base.schema()
+        with_added_columns(self.base.schema(), self.extra)
     }
 
     fn table_type(&self) -> TableType {
@@ -446,7 +513,29 @@ impl TableProvider for Extended {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let (keys, types) = self
+        let _one_at_a_time = self.catalog.namespaces.scans.lock().await;
+        if matches!(self.extra, Extra::Namespace) {
+            // Schemas only change oid, by name: the workspace's tables are not needed.
+            let scratch = SessionContext::new();
+            let ns = &self.catalog.namespaces;
+            let batches = scratch
+                .read_table(self.base.clone())?
+                .collect()
+                .await?
+                .into_iter()
+                .map(|b| remap_oids(b, "oid", |_, name| name.map(|n| ns.oid(n))))
+                .collect::<DfResult<Vec<_>>>()?;
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[batches],
+                self.base.schema(),
+                projection.cloned(),
+            )?);
+        }
+        let WorkspaceTables {
+            keys,
+            types,
+            namespaces,
+        } = self
             .catalog
             .workspace_tables()
             .await
@@ -454,29 +543,6 @@ impl TableProvider for Extended {
         let schema = self.base.schema();
         let scratch = SessionContext::new();
         let mut batches = scratch.read_table(self.base.clone())?.collect().await?;
-        // The generated oid of `pg_catalog` is found in the table's own rows (scanning
-        // pg_namespace here again would renumber the session's oids under a running query).
-        let renumber = match self.extra {
-            Extra::Namespace => {
-                pg_catalog_oid(&batches, "nspname", "pg_catalog", "oid").map(|o| ("oid", o))
-            }
-            Extra::Class => pg_catalog_oid(&batches, "relname", "pg_class", "relnamespace")
-                .map(|o| ("relnamespace", o)),
-            _ => None,
-        };
-        if let Some((column, generated)) = renumber {
-            batches = batches
-                .into_iter()
-                .map(|b| replace_oid(b, column, generated, PG_CATALOG_NAMESPACE_OID))
-                .collect::<DfResult<_>>()?;
-        }
-        if matches!(self.extra, Extra::Namespace) {
-            return Ok(MemorySourceConfig::try_new_exec(
-                &[batches],
-                schema,
-                projection.cloned(),
-            )?);
-        }
         if matches!(self.extra, Extra::Attribute) {
             let batches = batches
                 .into_iter()
@@ -487,6 +553,13 @@ impl TableProvider for Extended {
                 schema,
                 projection.cloned(),
             )?);
+        }
+        if matches!(self.extra, Extra::Class) {
+            let current = |oid: i64, _: Option<&str>| namespaces.get(&oid).copied();
+            batches = batches
+                .into_iter()
+                .map(|b| remap_oids(b, "relnamespace", current))
+                .collect::<DfResult<_>>()?;
         }
         if matches!(self.extra, Extra::Class) && !keys.is_empty() {
             // Tables with a primary key have an index (psql's `\d` only looks when it is set).
@@ -504,12 +577,87 @@ impl TableProvider for Extended {
                 Extra::Attribute | Extra::Namespace => RecordBatch::new_empty(schema.clone()),
             });
         }
+        let full = self.schema();
+        let batches = batches
+            .into_iter()
+            .map(|b| add_null_columns(b, &full))
+            .collect::<DfResult<Vec<_>>>()?;
         Ok(MemorySourceConfig::try_new_exec(
             &[batches],
-            schema,
+            full,
             projection.cloned(),
         )?)
     }
+}
+
+/// `batch` with the oids of column `column` replaced by `new(oid, nspname)` where it gives
+/// one (`nspname` when the batch has that column).
+fn remap_oids(
+    batch: RecordBatch,
+    column: &str,
+    new: impl Fn(i64, Option<&str>) -> Option<i64>,
+) -> DfResult<RecordBatch> {
+    let schema = batch.schema();
+    let Ok(at) = schema.index_of(column) else {
+        return Ok(batch);
+    };
+    let names = match schema.index_of("nspname") {
+        Ok(n) => Some(arrow::compute::cast(batch.column(n), &DataType::Utf8)?),
+        Err(_) => None,
+    };
+    let names = names.as_ref().map(|n| n.as_string::<i32>());
+    let oids = arrow::compute::cast(batch.column(at), &DataType::Int64)?;
+    let oids = oids.as_primitive::<Int64Type>();
+    let remapped: arrow::array::Int64Array = (0..batch.num_rows())
+        .map(|i| {
+            if oids.is_null(i) {
+                return None;
+            }
+            let name = names.filter(|n| n.is_valid(i)).map(|n| n.value(i));
+            Some(new(oids.value(i), name).unwrap_or_else(|| oids.value(i)))
+        })
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns[at] = arrow::compute::cast(&remapped, schema.field(at).data_type())?;
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// Columns Postgres has that pg_catalog's table lacks, which clients select: always NULL
+/// here (`pg_class.reloptions`: no table has storage options).
+fn added_columns(extra: Extra) -> Vec<Field> {
+    match extra {
+        Extra::Class => vec![Field::new(
+            "reloptions",
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            true,
+        )],
+        Extra::Index | Extra::Constraint | Extra::Attribute | Extra::Namespace => Vec::new(),
+    }
+}
+
+fn with_added_columns(base: SchemaRef, extra: Extra) -> SchemaRef {
+    let added: Vec<Field> = added_columns(extra)
+        .into_iter()
+        .filter(|f| base.index_of(f.name()).is_err())
+        .collect();
+    if added.is_empty() {
+        return base;
+    }
+    let mut fields: Vec<Field> = base.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.extend(added);
+    Arc::new(Schema::new_with_metadata(fields, base.metadata().clone()))
+}
+
+/// `batch` with NULL values for the columns of `full` it lacks (the added ones, last).
+fn add_null_columns(batch: RecordBatch, full: &SchemaRef) -> DfResult<RecordBatch> {
+    let mut columns = batch.columns().to_vec();
+    for field in full.fields().iter().skip(columns.len()) {
+        columns.push(arrow::array::new_null_array(
+            field.data_type(),
+            batch.num_rows(),
+        ));
+    }
+    Ok(RecordBatch::try_new(full.clone(), columns)?)
 }
 
 /// The Postgres type of each column: the source's declared type as the table records it
@@ -647,47 +795,6 @@ fn declared_types(batch: RecordBatch, types: &HashMap<i64, ColumnTypes>) -> DfRe
 }
 
 /// Sets `relhasindex` on the rows of tables that have a primary key.
-/// The oid the session gave the `pg_catalog` schema: `oid_col` of the row whose
-/// `name_col` is `name` (pg_namespace's own row, or pg_class's row for `pg_class`).
-fn pg_catalog_oid(
-    batches: &[RecordBatch],
-    name_col: &str,
-    name: &str,
-    oid_col: &str,
-) -> Option<i64> {
-    batches.iter().find_map(|b| {
-        let schema = b.schema();
-        let oids = arrow::compute::cast(b.column(schema.index_of(oid_col).ok()?), &DataType::Int64)
-            .ok()?;
-        let names =
-            arrow::compute::cast(b.column(schema.index_of(name_col).ok()?), &DataType::Utf8)
-                .ok()?;
-        let names = names.as_string::<i32>();
-        let oids = oids.as_primitive::<Int64Type>();
-        (0..b.num_rows())
-            .find(|i| names.is_valid(*i) && names.value(*i) == name && oids.is_valid(*i))
-            .map(|i| oids.value(i))
-    })
-}
-
-/// `column` with the value `from` replaced by `to`.
-fn replace_oid(batch: RecordBatch, column: &str, from: i64, to: i64) -> DfResult<RecordBatch> {
-    let schema = batch.schema();
-    let Ok(i) = schema.index_of(column) else {
-        return Ok(batch);
-    };
-    let dt = batch.column(i).data_type().clone();
-    let wide = arrow::compute::cast(batch.column(i), &DataType::Int64)?;
-    let replaced: arrow::array::Int64Array = wide
-        .as_primitive::<Int64Type>()
-        .iter()
-        .map(|v| v.map(|v| if v == from { to } else { v }))
-        .collect();
-    let mut columns = batch.columns().to_vec();
-    columns[i] = arrow::compute::cast(&replaced, &dt)?;
-    Ok(RecordBatch::try_new(schema, columns)?)
-}
-
 fn mark_indexed(batch: RecordBatch, keys: &[PrimaryKey]) -> DfResult<RecordBatch> {
     let schema = batch.schema();
     let (Ok(oid_col), Ok(flag_col)) = (schema.index_of("oid"), schema.index_of("relhasindex"))
@@ -837,6 +944,7 @@ impl SchemaProvider for PgCatalog {
                 inner: self.inner.clone(),
                 ws: self.ws.clone(),
                 defs: self.defs.clone(),
+                namespaces: self.namespaces.clone(),
             }),
             extra,
         })))
@@ -844,5 +952,44 @@ impl SchemaProvider for PgCatalog {
 
     fn table_exist(&self, name: &str) -> bool {
         self.inner.table_exist(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_oids_stay_the_same() {
+        let ns = Namespaces::default();
+        assert_eq!(ns.oid("pg_catalog"), 11);
+        assert_eq!(ns.oid("public"), 2200);
+        let a = ns.oid("analytics");
+        let b = ns.oid("skippr");
+        assert_ne!(a, b);
+        assert_eq!(ns.oid("analytics"), a);
+        assert!((NAMESPACE_OID_BASE..INDEX_OID_BASE).contains(&a));
+    }
+
+    #[test]
+    fn oids_are_remapped_by_name() -> DfResult<()> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("oid", DataType::Int32, false),
+            Field::new("nspname", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(arrow::array::Int32Array::from(vec![16390, 16391])),
+                Arc::new(arrow::array::StringArray::from(vec!["pg_catalog", "other"])),
+            ],
+        )?;
+        let out = remap_oids(batch, "oid", |_, name| {
+            (name == Some("pg_catalog")).then_some(11)
+        })?;
+        let oids = out.column(0).as_primitive::<Int32Type>();
+        assert_eq!((oids.value(0), oids.value(1)), (11, 16391));
+        assert_eq!(out.schema().field(0).data_type(), &DataType::Int32);
+        Ok(())
     }
 }

@@ -6,7 +6,10 @@
 //! (`$1::oid[]`) are kept, to describe the parameters as Postgres would. A correlated
 //! scalar subquery that selects one plain value is aggregated (`max`), as the engine
 //! requires to decorrelate it: it gives the same answer for the zero or one row Postgres
-//! allows (where Postgres fails on more rows, the greatest value is taken).
+//! allows (where Postgres fails on more rows, the greatest value is taken). A truth value
+//! such a subquery's select list reads from enclosing tables only is evaluated outside it.
+//! `unnest()`/`generate_subscripts()` of the catalog's vector columns (held as text) work
+//! on their values.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -16,8 +19,8 @@ use datafusion::sql::sqlparser::ast::helpers::attached_token::AttachedToken;
 use datafusion::sql::sqlparser::ast::{
     ArrayElemTypeDef, BinaryOperator, CaseWhen, CastKind, DataType as SqlType, Expr, Function,
     FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident,
-    ObjectName, Query, SelectItem, SetExpr, Statement, TableFactor, Value, ValueWithSpan, Visit,
-    VisitMut, Visitor, VisitorMut,
+    ObjectName, Query, SelectItem, SetExpr, Statement, TableFactor, UnaryOperator, Value,
+    ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -324,6 +327,242 @@ fn hoist_outer_conditions(q: &mut Query) -> Option<Expr> {
     and_all(outer)
 }
 
+/// Catalog columns Postgres types `int2vector` or `oidvector` (the catalog holds them as
+/// text, space separated, as Postgres prints them).
+const VECTOR_COLUMNS: &[&str] = &["indkey", "indclass", "indcollation", "indoption"];
+
+/// `CAST(string_to_array(<e>, ' ') AS INT[])` when `e` names a vector column.
+fn vector_as_array(e: &Expr) -> Option<Expr> {
+    let name = match e {
+        Expr::Identifier(i) => &i.value,
+        Expr::CompoundIdentifier(parts) => &parts.last()?.value,
+        _ => return None,
+    };
+    if !VECTOR_COLUMNS.contains(&name.to_ascii_lowercase().as_str()) {
+        return None;
+    }
+    Some(Expr::Cast {
+        kind: CastKind::Cast,
+        expr: Box::new(call(
+            "string_to_array",
+            vec![
+                e.clone(),
+                Expr::value(Value::SingleQuotedString(" ".into())),
+            ],
+        )),
+        data_type: SqlType::Array(ArrayElemTypeDef::SquareBracket(
+            Box::new(SqlType::Int(None)),
+            None,
+        )),
+        array: false,
+        format: None,
+    })
+}
+
+/// The plain arguments of a function call.
+fn plain_args(f: &Function) -> Option<Vec<&Expr>> {
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    list.args
+        .iter()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Set-returning calls over arrays the engine does not run as written: `unnest` of a
+/// vector column unnests its values as an array; `generate_subscripts(a, 1)` (the
+/// subscripts of a one-dimensional array that starts at 1, as Postgres builds them) is
+/// `unnest(generate_series(1, cardinality(a)))` (no rows for another dimension).
+fn array_set_function(f: &Function) -> Option<Expr> {
+    let name = f.name.to_string().to_ascii_lowercase();
+    let name = name.rsplit('.').next().unwrap_or_default();
+    let args = plain_args(f)?;
+    match (name, args.as_slice()) {
+        ("unnest", [a]) => Some(call("unnest", vec![vector_as_array(a)?])),
+        ("generate_subscripts", [a, dim]) => {
+            let array = vector_as_array(a).unwrap_or_else(|| (*a).clone());
+            let one = || Expr::value(Value::Number("1".into(), false));
+            // Only dimension 1 has subscripts (a parameter's value is not known here).
+            let count = match dim {
+                Expr::Value(ValueWithSpan {
+                    value: Value::Number(n, _),
+                    ..
+                }) if n == "1" => call("cardinality", vec![array]),
+                _ => Expr::Case {
+                    case_token: AttachedToken::empty(),
+                    end_token: AttachedToken::empty(),
+                    operand: None,
+                    conditions: vec![CaseWhen {
+                        condition: Expr::BinaryOp {
+                            left: Box::new((*dim).clone()),
+                            op: BinaryOperator::Eq,
+                            right: Box::new(one()),
+                        },
+                        result: call("cardinality", vec![array]),
+                    }],
+                    else_result: Some(Box::new(Expr::value(Value::Number("0".into(), false)))),
+                },
+            };
+            let count = Expr::Cast {
+                kind: CastKind::Cast,
+                expr: Box::new(count),
+                data_type: SqlType::BigInt(None),
+                array: false,
+                format: None,
+            };
+            Some(call(
+                "unnest",
+                vec![call("generate_series", vec![one(), count])],
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `e` is a truth value by its form (a comparison, a logical operator, a test).
+fn is_boolean(e: &Expr) -> bool {
+    use BinaryOperator as B;
+    match e {
+        Expr::Nested(inner) => is_boolean(inner),
+        Expr::BinaryOp { op, .. } => matches!(
+            op,
+            B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq | B::And | B::Or
+        ),
+        Expr::UnaryOp {
+            op: UnaryOperator::Not,
+            ..
+        }
+        | Expr::IsNull(_)
+        | Expr::IsNotNull(_)
+        | Expr::IsTrue(_)
+        | Expr::IsNotTrue(_)
+        | Expr::IsFalse(_)
+        | Expr::IsNotFalse(_)
+        | Expr::IsDistinctFrom(..)
+        | Expr::IsNotDistinctFrom(..)
+        | Expr::InList { .. }
+        | Expr::Between { .. }
+        | Expr::Like { .. }
+        | Expr::ILike { .. } => true,
+        _ => false,
+    }
+}
+
+/// The first truth value in a correlated scalar subquery's select list that reads only
+/// enclosing tables' columns (the engine cannot decorrelate a select list that reads them).
+fn outer_truth_value(q: &Query) -> Option<Expr> {
+    struct Finder<'a> {
+        own: &'a [String],
+        found: Option<Expr>,
+        /// How deep in nested queries (whose FROM items are not this query's) the visit is.
+        nested: usize,
+    }
+    impl Visitor for Finder<'_> {
+        type Break = ();
+        fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            self.nested += 1;
+            ControlFlow::Continue(())
+        }
+        fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            self.nested = self.nested.saturating_sub(1);
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            if self.nested == 0 && is_boolean(e) {
+                let (tables, unplaceable) = referenced_tables(e);
+                if !unplaceable
+                    && !tables.is_empty()
+                    && tables.iter().all(|t| !self.own.contains(t))
+                {
+                    self.found = Some(e.clone());
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let own = own_tables(q);
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return None;
+    };
+    let mut finder = Finder {
+        own: &own,
+        found: None,
+        nested: 0,
+    };
+    for item in &select.projection {
+        if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
+            let _ = e.visit(&mut finder);
+            if finder.found.is_some() {
+                break;
+            }
+        }
+    }
+    finder.found
+}
+
+/// `q` with `target` in its select list replaced by `value`.
+fn substitute_in_projection(q: &Query, target: &Expr, value: Value) -> Query {
+    struct Substitute<'a> {
+        target: &'a Expr,
+        value: Value,
+    }
+    impl VisitorMut for Substitute<'_> {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+            if e == self.target {
+                *e = Expr::value(self.value.clone());
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut out = q.clone();
+    if let SetExpr::Select(select) = out.body.as_mut() {
+        let mut substitute = Substitute { target, value };
+        for item in select.projection.iter_mut() {
+            if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
+                let _ = e.visit(&mut substitute);
+            }
+        }
+    }
+    out
+}
+
+/// Evaluates outside a correlated scalar subquery a truth value its select list reads
+/// from enclosing tables only: `(SELECT f(outer.a = 'x', t.v) FROM t WHERE ...)` is
+/// `CASE WHEN outer.a = 'x' THEN (SELECT f(true, t.v) ...) WHEN NOT outer.a = 'x' THEN
+/// (SELECT f(false, t.v) ...) ELSE (SELECT f(NULL, t.v) ...) END`, the same value.
+fn split_outer_truth_value(q: &Query) -> Option<Expr> {
+    if !is_correlated(q) {
+        return None;
+    }
+    let target = outer_truth_value(q)?;
+    let with = |v: Value| Expr::Subquery(Box::new(substitute_in_projection(q, &target, v)));
+    Some(Expr::Case {
+        case_token: AttachedToken::empty(),
+        end_token: AttachedToken::empty(),
+        operand: None,
+        conditions: vec![
+            CaseWhen {
+                condition: Expr::Nested(Box::new(target.clone())),
+                result: with(Value::Boolean(true)),
+            },
+            CaseWhen {
+                condition: Expr::UnaryOp {
+                    op: UnaryOperator::Not,
+                    expr: Box::new(Expr::Nested(Box::new(target.clone()))),
+                },
+                result: with(Value::Boolean(false)),
+            },
+        ],
+        else_result: Some(Box::new(with(Value::Null))),
+    })
+}
+
 /// `max(<value>)` in place of the single value a correlated scalar subquery selects.
 fn aggregate_scalar_subquery(q: &mut Query) -> bool {
     if q.limit_clause.is_some() || q.fetch.is_some() || !is_correlated(q) {
@@ -355,6 +594,12 @@ impl VisitorMut for CastRewrite {
 
     fn pre_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
         if let Expr::Subquery(q) = e {
+            if let Some(split) = split_outer_truth_value(q) {
+                // The three subqueries are rewritten as they are visited.
+                self.changed = true;
+                *e = split;
+                return ControlFlow::Continue(());
+            }
             self.changed |= aggregate_scalar_subquery(q);
             if let Some(condition) = hoist_outer_conditions(q) {
                 self.changed = true;
@@ -368,6 +613,13 @@ impl VisitorMut for CastRewrite {
                     }],
                     else_result: None,
                 };
+            }
+            return ControlFlow::Continue(());
+        }
+        if let Expr::Function(f) = e {
+            if let Some(replacement) = array_set_function(f) {
+                self.changed = true;
+                *e = replacement;
             }
             return ControlFlow::Continue(());
         }
@@ -495,6 +747,12 @@ mod tests {
             sql("SELECT CASE WHEN a.h THEN (SELECT d.v FROM d WHERE a.h AND d.id = a.id AND (a.k <> '' AND d.n = 1)) END FROM a"),
             "SELECT CASE WHEN a.h THEN CASE WHEN a.h AND a.k <> '' THEN (SELECT max(d.v) FROM d WHERE d.id = a.id AND d.n = 1) END END FROM a"
         );
+        assert_eq!(
+            sql("SELECT (SELECT f('x', a.k = 'a', d.v) FROM d WHERE d.id = a.id) FROM a"),
+            "SELECT CASE WHEN (a.k = 'a') THEN (SELECT max(f('x', true, d.v)) FROM d WHERE d.id = a.id) \
+             WHEN NOT (a.k = 'a') THEN (SELECT max(f('x', false, d.v)) FROM d WHERE d.id = a.id) \
+             ELSE (SELECT max(f('x', NULL, d.v)) FROM d WHERE d.id = a.id) END FROM a"
+        );
         for s in [
             "SELECT (SELECT count(*) FROM d WHERE d.id = a.id) FROM a",
             "SELECT (SELECT d.v FROM d WHERE d.id = 1) FROM a",
@@ -502,6 +760,20 @@ mod tests {
         ] {
             assert_eq!(rewrite(s).sql, None, "{s}");
         }
+    }
+
+    #[test]
+    fn vector_columns_unnest_as_arrays() {
+        assert_eq!(
+            sql("SELECT unnest(i.indkey) AS a, generate_subscripts(i.indkey, 1) AS o FROM i"),
+            "SELECT unnest(CAST(string_to_array(i.indkey, ' ') AS INT[])) AS a, \
+             unnest(generate_series(1, CAST(cardinality(CAST(string_to_array(i.indkey, ' ') AS INT[])) AS BIGINT))) AS o FROM i"
+        );
+        assert_eq!(
+            sql("SELECT generate_subscripts(t.a, $1) FROM t"),
+            "SELECT unnest(generate_series(1, CAST(CASE WHEN $1 = 1 THEN cardinality(t.a) ELSE 0 END AS BIGINT))) FROM t"
+        );
+        assert_eq!(rewrite("SELECT unnest(t.a) FROM t").sql, None);
     }
 
     #[test]
