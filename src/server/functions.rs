@@ -27,10 +27,17 @@ pub fn register(ctx: &SessionContext) {
         "shobj_description",
         "pg_get_serial_sequence",
     ] {
-        ctx.register_udf(ScalarUDF::from(NullText::new(name)));
+        ctx.register_udf(ScalarUDF::from(Constant::new(
+            name,
+            ScalarValue::Utf8(None),
+        )));
     }
-    ctx.register_udf(ScalarUDF::from(AlwaysTrue::new("pg_collation_is_visible")));
-    ctx.register_udf(ScalarUDF::from(AlwaysTrue::new("pg_type_is_visible")));
+    for name in ["pg_collation_is_visible", "pg_type_is_visible"] {
+        ctx.register_udf(ScalarUDF::from(Constant::new(
+            name,
+            ScalarValue::Boolean(Some(true)),
+        )));
+    }
     for name in [
         "has_table_privilege",
         "has_any_column_privilege",
@@ -325,67 +332,29 @@ impl ScalarUDFImpl for JsonBuildObject {
 // Functions with a fixed answer in the gateway
 // ------------------------------------------------------------------------------------------
 
-/// A text function that is NULL for every input: `col_description` and friends (Skippr
-/// keeps no comments), `pg_get_serial_sequence` (replicated tables own no sequences).
-#[derive(Debug)]
-struct NullText {
-    name: &'static str,
-    signature: Signature,
-}
-
-impl NullText {
-    fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            signature: Signature::variadic_any(Volatility::Stable),
-        }
-    }
-}
-
-by_name!(NullText);
-
-impl ScalarUDFImpl for NullText {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))
-    }
-}
-
-/// A boolean function that is true for every input (visibility checks: everything the
+/// A function with one answer for every input: NULL text for `col_description` and friends
+/// (there are no comments, no sequences), true for the visibility checks (everything the
 /// gateway lists is visible).
 #[derive(Debug)]
-struct AlwaysTrue {
+struct Constant {
     name: &'static str,
+    value: ScalarValue,
     signature: Signature,
 }
 
-impl AlwaysTrue {
-    fn new(name: &'static str) -> Self {
+impl Constant {
+    fn new(name: &'static str, value: ScalarValue) -> Self {
         Self {
             name,
+            value,
             signature: Signature::variadic_any(Volatility::Stable),
         }
     }
 }
 
-by_name!(AlwaysTrue);
+by_name!(Constant);
 
-impl ScalarUDFImpl for AlwaysTrue {
+impl ScalarUDFImpl for Constant {
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -399,11 +368,11 @@ impl ScalarUDFImpl for AlwaysTrue {
     }
 
     fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Boolean)
+        Ok(self.value.data_type())
     }
 
     fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+        Ok(ColumnarValue::Scalar(self.value.clone()))
     }
 }
 
