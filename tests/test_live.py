@@ -146,9 +146,11 @@ def test_query_reads_the_wal_without_a_running_daemon(skippr: Skippr, db: Databa
 
 
 def test_schema_changes_are_live_before_their_commit(skippr: Skippr, db: Database) -> None:
-    """An added column, a widened type and an incompatible type change show in `skipprd query`
-    and through the gateway with the first change that carries them, before any commit, as
-    the commit then writes them (sibling column `amount__text`)."""
+    """An added column (of a built-in type, and of an enum the source's catalog names), a
+    widened type and an incompatible type change show in `skipprd query` and through the
+    gateway with the first change that carries them, before any commit, as the commit then
+    writes them (sibling column `amount__text`)."""
+    db.execute("CREATE TYPE mood AS ENUM ('ok', 'sad')")
     db.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int, amount numeric(10,2))")
     db.execute("INSERT INTO items SELECT g, 'v' || g, g, g * 1.5 FROM generate_series(1, 30) g")
     port = free_port()
@@ -159,8 +161,8 @@ def test_schema_changes_are_live_before_their_commit(skippr: Skippr, db: Databas
     proc = skippr.start("serve")
     typed: set[int] = set()  # rows written after amount became text
     try:
-        tx(db, "ALTER TABLE items ADD COLUMN tags text[], ADD COLUMN note text",
-           "INSERT INTO items VALUES (31, 'new', 31, 4.25, ARRAY['a', NULL], 'hello')",
+        tx(db, "ALTER TABLE items ADD COLUMN tags text[], ADD COLUMN note text, ADD COLUMN m mood",
+           "INSERT INTO items VALUES (31, 'new', 31, 4.25, ARRAY['a', NULL], 'hello', 'sad')",
            "UPDATE items SET note = 'touched' WHERE id = 2")
         tx(db, "ALTER TABLE items ALTER COLUMN n TYPE bigint",
            "UPDATE items SET n = 1099511627776 WHERE id = 3")
@@ -171,15 +173,15 @@ def test_schema_changes_are_live_before_their_commit(skippr: Skippr, db: Databas
 
         def expected() -> list[dict]:
             out = []
-            for id_, v, n, amount, tags, note in db.execute(
-                    "SELECT id, v, n, amount, tags, note FROM items ORDER BY id"):
+            for id_, v, n, amount, tags, note, m in db.execute(
+                    "SELECT id, v, n, amount, tags, note, m::text FROM items ORDER BY id"):
                 out.append({"id": id_, "v": v, "n": n,
                             "amount": None if id_ in typed else decimal.Decimal(amount),
-                            "tags": tags, "note": note,
+                            "tags": tags, "note": note, "m": m,
                             "amount__text": amount if id_ in typed else None})
             return out
 
-        sql = "SELECT id, v, n, amount, tags, note, amount__text FROM items ORDER BY id"
+        sql = "SELECT id, v, n, amount, tags, note, m, amount__text FROM items ORDER BY id"
         deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None, bg_log(skippr)
@@ -206,7 +208,7 @@ def test_schema_changes_are_live_before_their_commit(skippr: Skippr, db: Databas
         assert stop(proc) == 0, bg_log(skippr)
     # The commit wrote the same schema: every reader agrees with what the tail showed.
     fields = [f.name for f in skippr.table("items").schema().fields]
-    assert fields == ["id", "v", "n", "amount", "tags", "note", "amount__text"], fields
+    assert fields == ["id", "v", "n", "amount", "tags", "note", "m", "amount__text"], fields
     got = query_json(skippr, sql)
     for r in got:
         if r["amount"] is not None:

@@ -2,8 +2,10 @@
 //! not made yet (an added column, a widened type, an incompatible type change), the live
 //! table shows it already, as the commit will: the added column or the sibling column
 //! `<column>__<type>` appears with the first change that carries it, a widened column reads
-//! with its wider type.
+//! with its wider type. Built-in types are known here; others (enums, domains, extension
+//! types) are looked up once in the source's catalog.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema};
@@ -61,6 +63,53 @@ const BUILTIN: &[(u32, &str, Option<u32>)] = &[
     (3807, "_jsonb", Some(3802)),
 ];
 
+/// Types the source's catalog resolved (enums, domains, extension types): by (oid,
+/// typmod), the type and its `pg_type.typname`.
+pub type Resolved = HashMap<(u32, i32), (TypeInfo, String)>;
+
+/// The Arrow type a column type is stored as, and its name: built-in types from the table
+/// above, others from what the source's catalog said; `None` when neither knows it.
+fn column_type(oid: u32, typmod: i32, resolved: &Resolved) -> Option<(DataType, String)> {
+    if let Some((dt, name)) = builtin(oid, typmod) {
+        return Some((dt, name.to_string()));
+    }
+    let (info, name) = resolved.get(&(oid, typmod))?;
+    Some((arrow_type(info)?, name.clone()))
+}
+
+fn arrow_type(info: &TypeInfo) -> Option<DataType> {
+    let pg = PgType::from_info(info).pg;
+    // Field ids only matter for reading Parquet files, which never hold these columns.
+    let mut id = i32::MAX / 2;
+    let ty = pg.iceberg_type(&mut id);
+    iceberg::arrow::type_to_arrow_type(&ty).ok()
+}
+
+/// The column types of the tail's relation messages that are not built in and not in
+/// `resolved`: the source's catalog must name them before the live schema can show them.
+pub fn unresolved(shape: &TableShape, read: &WalRead, resolved: &Resolved) -> Vec<(u32, i32)> {
+    let Some(recorded) = &shape.columns else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u32, i32)> = Vec::new();
+    for r in relations(shape, read) {
+        for c in &r.columns {
+            let known = recorded
+                .iter()
+                .any(|x| x.name == c.name && x.oid == c.type_oid && x.typmod == c.typmod);
+            let key = (c.type_oid, c.typmod);
+            if !known
+                && builtin(c.type_oid, c.typmod).is_none()
+                && !resolved.contains_key(&key)
+                && !out.contains(&key)
+            {
+                out.push(key);
+            }
+        }
+    }
+    out
+}
+
 /// The Arrow type a built-in type is stored as, and its name; `None` for other types.
 fn builtin(oid: u32, typmod: i32) -> Option<(DataType, &'static str)> {
     let (_, name, element) = BUILTIN.iter().find(|(o, _, _)| *o == oid)?;
@@ -78,12 +127,7 @@ fn builtin(oid: u32, typmod: i32) -> Option<(DataType, &'static str)> {
             })
         }),
     };
-    let pg = PgType::from_info(&info).pg;
-    // Field ids only matter for reading Parquet files, which never hold these columns.
-    let mut id = i32::MAX / 2;
-    let ty = pg.iceberg_type(&mut id);
-    let dt = iceberg::arrow::type_to_arrow_type(&ty).ok()?;
-    Some((dt, name))
+    Some((arrow_type(&info)?, name))
 }
 
 /// Whether values of type `from` read correctly as `to` (an Iceberg type promotion).
@@ -122,7 +166,7 @@ fn relations<'a>(shape: &TableShape, read: &'a WalRead) -> Vec<&'a Relation> {
 /// `shape.schema` gains the added and sibling columns (and widened types), and
 /// `shape.tail_columns` says which field each new source column fills. A relation the
 /// commit already covers finds every column in place and changes nothing.
-pub fn extend(shape: &mut TableShape, read: &WalRead) {
+pub fn extend(shape: &mut TableShape, read: &WalRead, resolved: &Resolved) {
     let Some(recorded) = shape.columns.clone() else {
         return;
     };
@@ -158,7 +202,7 @@ pub fn extend(shape: &mut TableShape, read: &WalRead) {
                 next.push(entry);
                 continue;
             }
-            let Some((dt, typname)) = builtin(c.type_oid, c.typmod) else {
+            let Some((dt, typname)) = column_type(c.type_oid, c.typmod, resolved) else {
                 // Shown with the next commit, which reads the type from the source.
                 next.push(entry);
                 continue;
@@ -180,9 +224,9 @@ pub fn extend(shape: &mut TableShape, read: &WalRead) {
                     }
                     // A key column: the commit stops with an error naming the fix.
                     Some(_) if key_names.contains(&c.name) => String::new(),
-                    Some(_) => sibling(&mut fields, &c.name, typname, &dt),
+                    Some(_) => sibling(&mut fields, &c.name, &typname, &dt),
                 },
-                (None, Some(_)) => sibling(&mut fields, &c.name, typname, &dt),
+                (None, Some(_)) => sibling(&mut fields, &c.name, &typname, &dt),
                 (None, None) => {
                     fields.push(Field::new(&c.name, dt.clone(), true));
                     c.name.clone()
