@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use iceberg::io::LocalFsStorageFactory;
+use iceberg::table::Table;
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableIdent};
 use iceberg_catalog_sql::{SqlCatalog, SqlCatalogBuilder};
 
@@ -19,6 +20,12 @@ pub struct LocalCatalog {
     pub warehouse: PathBuf,
     pub catalog: Arc<SqlCatalog>,
     db: PathBuf,
+    /// Tables as last loaded for queries, reused while their metadata file is current:
+    /// a reused table keeps Iceberg's cache of parsed manifest lists and manifests, which
+    /// otherwise every query would read and decode again.
+    loaded: Arc<Mutex<HashMap<TableIdent, Table>>>,
+    /// Read-only connections for the metadata-location lookups of [`Self::load_current`].
+    reader: Arc<tokio::sync::OnceCell<sqlx::SqlitePool>>,
 }
 
 impl LocalCatalog {
@@ -56,7 +63,73 @@ impl LocalCatalog {
             warehouse,
             catalog: Arc::new(catalog),
             db,
+            loaded: Arc::default(),
+            reader: Arc::default(),
         })
+    }
+
+    /// The table's current state for a query. While its metadata file has not changed,
+    /// the table loaded before is returned (one indexed catalog lookup instead of reading
+    /// and parsing the metadata, the manifest list and every manifest again).
+    pub async fn load_current(&self, ident: &TableIdent) -> Result<Table> {
+        let location = match self.metadata_location(ident).await {
+            Ok(location) => location,
+            Err(e) => {
+                tracing::debug!(table = %ident, error = %e, "metadata location lookup failed; loading the table");
+                None
+            }
+        };
+        if let Some(location) = &location {
+            let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(table) = loaded.get(ident) {
+                if table.metadata_location() == Some(location.as_str()) {
+                    return Ok(table.clone());
+                }
+            }
+        }
+        let table = self
+            .catalog
+            .load_table(ident)
+            .await
+            .with_context(|| format!("loading Iceberg table {ident}"))?;
+        self.loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ident.clone(), table.clone());
+        Ok(table)
+    }
+
+    /// Where the catalog points `ident` now, or `None` when it has no such table.
+    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        use sqlx::Row;
+        let pool = self
+            .reader
+            .get_or_try_init(|| async {
+                let options = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(&self.db)
+                    .read_only(true)
+                    .busy_timeout(std::time::Duration::from_secs(30));
+                sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(2)
+                    .connect_with(options)
+                    .await
+            })
+            .await
+            .with_context(|| format!("opening the catalog {}", self.db.display()))?;
+        let row = sqlx::query(
+            "SELECT metadata_location FROM iceberg_tables
+             WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?",
+        )
+        .bind(CATALOG_NAME)
+        .bind(ident.namespace().join("."))
+        .bind(ident.name())
+        .fetch_optional(pool)
+        .await
+        .with_context(|| format!("reading the catalog entry of {ident}"))?;
+        row.map(|r| r.try_get::<Option<String>, _>(0))
+            .transpose()
+            .with_context(|| format!("reading the catalog entry of {ident}"))
+            .map(Option::flatten)
     }
 
     /// Creates the namespace (the workspace) when missing.
@@ -105,6 +178,66 @@ impl LocalCatalog {
                 format!("Iceberg table {ident} was changed by another writer during a commit; the commit was not applied and will be retried"),
             ));
         }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+    use iceberg::TableCreation;
+
+    #[tokio::test]
+    async fn a_reused_table_follows_the_catalog() -> Result<()> {
+        let dir = tempfile::tempdir().context("temp dir")?;
+        let catalog = LocalCatalog::open(dir.path()).await?;
+        let ns = catalog.ensure_namespace("ws").await?;
+        let schema = Schema::builder()
+            .with_fields(vec![NestedField::required(
+                1,
+                "id",
+                Type::Primitive(PrimitiveType::Long),
+            )
+            .into()])
+            .build()?;
+        let created = catalog
+            .catalog
+            .create_table(
+                &ns,
+                TableCreation::builder()
+                    .name("t".into())
+                    .schema(schema)
+                    .build(),
+            )
+            .await?;
+        let ident = created.identifier().clone();
+        let first = catalog.load_current(&ident).await?;
+        let again = catalog.load_current(&ident).await?;
+        assert_eq!(first.metadata_location(), again.metadata_location());
+
+        // Another writer commits: the catalog now names a new metadata file.
+        let old = first
+            .metadata_location()
+            .ok_or_else(|| Error::fatal("no metadata location"))?
+            .to_string();
+        let new = old.replace(".metadata.json", "-next.metadata.json");
+        std::fs::copy(
+            old.trim_start_matches("file://"),
+            new.trim_start_matches("file://"),
+        )
+        .context("copying the metadata file")?;
+        catalog.swap_metadata(&ident, &old, &new).await?;
+        let after = catalog.load_current(&ident).await?;
+        assert_eq!(after.metadata_location(), Some(new.as_str()));
+
+        // A table the catalog does not have is an error, not a stale answer.
+        catalog
+            .catalog
+            .drop_table(&ident)
+            .await
+            .context("dropping the table")?;
+        assert!(catalog.load_current(&ident).await.is_err());
         Ok(())
     }
 }

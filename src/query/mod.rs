@@ -189,11 +189,7 @@ impl Workspace {
                 Some((_, dir, _)) => self.tail.read(dir)?,
                 None => WalRead::default(),
             };
-            let table = self.sinks[entry.sink]
-                .catalog
-                .load_table(&entry.ident)
-                .await
-                .with_context(|| format!("loading Iceberg table {}", entry.ident))?;
+            let table = self.sinks[entry.sink].load_current(&entry.ident).await?;
             let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
             if read.vanished_through().is_some_and(|v| v > floor) {
                 // A commit of another table removed a segment this one still needed: the
@@ -278,11 +274,7 @@ impl Workspace {
         let Some(entry) = self.entry(name) else {
             return Ok(None);
         };
-        let table = self.sinks[entry.sink]
-            .catalog
-            .load_table(&entry.ident)
-            .await
-            .with_context(|| format!("loading Iceberg table {}", entry.ident))?;
+        let table = self.sinks[entry.sink].load_current(&entry.ident).await?;
         Ok(Some((
             ice_schema::arrow_schema(&table)?,
             table.metadata().properties().clone(),
