@@ -8,12 +8,18 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{new_null_array, Array, ArrayRef, AsArray, Int64Array, RecordBatch};
+use arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch,
+};
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Int64Type, SchemaRef};
+use arrow::error::ArrowError;
+use datafusion::common::pruning::PruningStatistics;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::pruning::PruningPredicate;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -25,7 +31,8 @@ use iceberg::arrow::ArrowFileReader;
 use iceberg::io::{FileIO, FileMetadata};
 use iceberg::spec::DataContentType;
 use iceberg::table::Table;
-use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{ArrowPredicateFn, RowFilter, RowSelection, RowSelector};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask, PARQUET_FIELD_ID_META_KEY};
 
 use super::live::HiddenSet;
@@ -117,6 +124,28 @@ pub enum Hide {
     Keys(Arc<HiddenSet>),
 }
 
+/// The scan's pushed-down filters, for skipping data: files by Iceberg's column metrics,
+/// row groups by their Parquet statistics, rows by evaluating the filters while decoding
+/// (the filter columns first, the others only for the rows that pass). DataFusion filters
+/// again above the scan, so any part that cannot be used here only reads more.
+#[derive(Clone)]
+pub struct ScanFilter {
+    /// Iceberg's form of the filters, for file pruning by the manifests' metrics.
+    pub iceberg: Option<iceberg::expr::Predicate>,
+    /// The table's columns the filters read.
+    pub columns: Vec<usize>,
+    /// The filters, over a schema of `columns` only.
+    pub predicate: Arc<dyn PhysicalExpr>,
+    /// The same, as a row-group pruner (None when statistics cannot decide anything).
+    pub pruning: Option<Arc<PruningPredicate>>,
+}
+
+impl fmt::Debug for ScanFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ScanFilter({})", self.predicate)
+    }
+}
+
 /// One data file to read, with the delete files that apply to it.
 #[derive(Debug, Clone)]
 struct DataFile {
@@ -136,6 +165,7 @@ pub struct CommittedScan {
     hide: Hide,
     partitions: Vec<Vec<DataFile>>,
     limit: Option<usize>,
+    filter: Option<ScanFilter>,
     caches: Arc<ScanCaches>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
@@ -165,13 +195,29 @@ impl CommittedScan {
         key_cols: Vec<usize>,
         hide: Hide,
         limit: Option<usize>,
+        filter: Option<ScanFilter>,
         target_partitions: usize,
         caches: Arc<ScanCaches>,
     ) -> DfResult<Self> {
         let mut files: Vec<DataFile> = Vec::new();
         if table.metadata().current_snapshot().is_some() {
-            let scan = table.scan().select_all().build().map_err(df_err)?;
-            let mut tasks = scan.plan_files().await.map_err(df_err)?;
+            let mut tasks = match filter.as_ref().and_then(|f| f.iceberg.clone()) {
+                // A filter Iceberg cannot bind (a column only the tail has) prunes nothing.
+                Some(predicate) => match table
+                    .scan()
+                    .select_all()
+                    .with_filter(predicate)
+                    .build()
+                    .map_err(df_err)
+                {
+                    Ok(scan) => match scan.plan_files().await {
+                        Ok(tasks) => tasks,
+                        Err(_) => Self::all_files(table).await?,
+                    },
+                    Err(_) => Self::all_files(table).await?,
+                },
+                None => Self::all_files(table).await?,
+            };
             while let Some(task) = tasks.next().await {
                 let task = task.map_err(df_err)?;
                 if task
@@ -221,10 +267,22 @@ impl CommittedScan {
             hide,
             partitions,
             limit,
+            filter,
             caches,
             schema,
             properties,
         })
+    }
+
+    async fn all_files(table: &Table) -> DfResult<iceberg::scan::FileScanTaskStream> {
+        table
+            .scan()
+            .select_all()
+            .build()
+            .map_err(df_err)?
+            .plan_files()
+            .await
+            .map_err(df_err)
     }
 }
 
@@ -243,6 +301,9 @@ impl DisplayAs for CommittedScan {
         )?;
         if let Some(l) = self.limit {
             write!(f, ", limit={l}")?;
+        }
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter={}", filter.predicate)?;
         }
         Ok(())
     }
@@ -284,6 +345,7 @@ impl ExecutionPlan for CommittedScan {
             projection: self.projection.clone(),
             key_cols: self.key_cols.clone(),
             hide: self.hide.clone(),
+            filter: self.filter.clone(),
             caches: self.caches.clone(),
             schema: self.schema.clone(),
             batch_size: context.session_config().batch_size(),
@@ -321,6 +383,7 @@ struct FileReader {
     projection: Vec<usize>,
     key_cols: Vec<usize>,
     hide: Hide,
+    filter: Option<ScanFilter>,
     caches: Arc<ScanCaches>,
     schema: SchemaRef,
     batch_size: usize,
@@ -429,7 +492,23 @@ impl FileReader {
             }
         }
         let builder = self.builder(&file.path, file.size).await?;
-        let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+        // Row groups the filters may match, and the rows each covers in the file.
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut start = 0u64;
+        for rg in builder.metadata().row_groups() {
+            let end = start + rg.num_rows().max(0) as u64;
+            ranges.push((start, end));
+            start = end;
+        }
+        let kept: Vec<usize> = match &self.filter {
+            Some(f) => self.row_groups(&builder, f),
+            None => (0..ranges.len()).collect(),
+        };
+        if kept.is_empty() {
+            return Ok(futures::stream::empty().boxed());
+        }
+        let kept_ranges: Vec<(u64, u64)> = kept.iter().map(|i| ranges[*i]).collect();
+        let pruned = kept.len() < ranges.len();
         // The columns to read: the projection, plus the keys when hiding by key.
         let mut read: Vec<usize> = self.projection.clone();
         let hide_keys = match &self.hide {
@@ -449,11 +528,21 @@ impl FileReader {
             .collect();
         let map = ColumnMap::new(builder.schema(), &targets);
         let mask = ProjectionMask::roots(builder.parquet_schema(), map.roots.iter().copied());
+        let row_filter = self
+            .filter
+            .as_ref()
+            .map(|f| row_filter(f, &self.table_schema, &builder));
         let mut builder = builder
             .with_projection(mask)
             .with_batch_size(self.batch_size);
+        if pruned {
+            builder = builder.with_row_groups(kept);
+        }
         if !skip.is_empty() {
-            builder = builder.with_row_selection(selection(skip, total));
+            builder = builder.with_row_selection(selection(skip, &kept_ranges));
+        }
+        if let Some(row_filter) = row_filter {
+            builder = builder.with_row_filter(row_filter);
         }
         let stream = builder.build().map_err(|e| {
             DataFusionError::Execution(format!("reading Parquet file {}: {e}", file.path))
@@ -499,23 +588,185 @@ fn schema_of(fields: &[arrow::datatypes::FieldRef]) -> SchemaRef {
     Arc::new(arrow::datatypes::Schema::new(fields.to_vec()))
 }
 
-/// Rows to read, given the sorted or unsorted positions to skip.
-fn selection(mut skip: Vec<u64>, total: u64) -> RowSelection {
+/// Rows to read from the row groups read (`ranges`: each one's rows in the file, in file
+/// order), given the sorted or unsorted positions in the file to skip.
+fn selection(mut skip: Vec<u64>, ranges: &[(u64, u64)]) -> RowSelection {
     skip.sort_unstable();
     skip.dedup();
     let mut selectors = Vec::new();
-    let mut at = 0u64;
-    for p in skip.into_iter().filter(|p| *p < total) {
-        if p > at {
-            selectors.push(RowSelector::select((p - at) as usize));
+    let mut skip = skip.into_iter().peekable();
+    for (start, end) in ranges {
+        let mut at = *start;
+        while let Some(p) = skip.peek().copied() {
+            if p >= *end {
+                break;
+            }
+            skip.next();
+            if p < at {
+                continue;
+            }
+            if p > at {
+                selectors.push(RowSelector::select((p - at) as usize));
+            }
+            selectors.push(RowSelector::skip(1));
+            at = p + 1;
         }
-        selectors.push(RowSelector::skip(1));
-        at = p + 1;
-    }
-    if total > at {
-        selectors.push(RowSelector::select((total - at) as usize));
+        if *end > at {
+            selectors.push(RowSelector::select((*end - at) as usize));
+        }
     }
     RowSelection::from(selectors)
+}
+
+impl FileReader {
+    /// The row groups of a file that the filters may match, by their Parquet statistics.
+    fn row_groups(
+        &self,
+        builder: &ParquetRecordBatchStreamBuilder<ArrowFileReader>,
+        filter: &ScanFilter,
+    ) -> Vec<usize> {
+        let all: Vec<usize> = (0..builder.metadata().num_row_groups()).collect();
+        let Some(pruning) = &filter.pruning else {
+            return all;
+        };
+        let stats = RowGroupStats {
+            file: builder.schema().clone(),
+            parquet: builder.parquet_schema(),
+            row_groups: builder.metadata().row_groups(),
+            targets: filter
+                .columns
+                .iter()
+                .map(|i| self.table_schema.field(*i).clone())
+                .collect(),
+        };
+        match pruning.prune(&stats) {
+            Ok(keep) => all.into_iter().filter(|i| keep[*i]).collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, "row-group statistics not usable; reading every row group");
+                all
+            }
+        }
+    }
+}
+
+/// A Parquet row filter evaluating the scan's filters on their columns only: the other
+/// columns are decoded just for the rows that pass. A filter that fails to evaluate keeps
+/// every row (DataFusion evaluates it again above the scan and reports the error).
+fn row_filter(
+    filter: &ScanFilter,
+    table_schema: &SchemaRef,
+    builder: &ParquetRecordBatchStreamBuilder<ArrowFileReader>,
+) -> RowFilter {
+    let targets: Vec<arrow::datatypes::FieldRef> = filter
+        .columns
+        .iter()
+        .map(|i| Arc::new(table_schema.field(*i).clone()))
+        .collect();
+    let map = ColumnMap::new(builder.schema(), &targets);
+    let mask = ProjectionMask::roots(builder.parquet_schema(), map.roots.iter().copied());
+    let schema = schema_of(&targets);
+    let predicate = filter.predicate.clone();
+    let evaluate = move |batch: RecordBatch| -> Result<BooleanArray, ArrowError> {
+        let n = batch.num_rows();
+        let keep_all = || BooleanArray::from(vec![true; n]);
+        let Ok(cols) = map.columns(&batch, &targets) else {
+            return Ok(keep_all());
+        };
+        let Ok(batch) = RecordBatch::try_new_with_options(
+            schema.clone(),
+            cols,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(n)),
+        ) else {
+            return Ok(keep_all());
+        };
+        let Ok(value) = predicate.evaluate(&batch) else {
+            return Ok(keep_all());
+        };
+        let Ok(array) = value.into_array(n) else {
+            return Ok(keep_all());
+        };
+        match array.as_any().downcast_ref::<BooleanArray>() {
+            Some(mask) => Ok(mask.clone()),
+            None => Ok(keep_all()),
+        }
+    };
+    RowFilter::new(vec![Box::new(ArrowPredicateFn::new(mask, evaluate))])
+}
+
+/// Min, max and null counts of the filter columns, per row group of one file, for
+/// [`PruningPredicate`]: columns found by field id, values cast to the table's types.
+struct RowGroupStats<'a> {
+    file: SchemaRef,
+    parquet: &'a parquet::schema::types::SchemaDescriptor,
+    row_groups: &'a [parquet::file::metadata::RowGroupMetaData],
+    targets: Vec<arrow::datatypes::Field>,
+}
+
+impl RowGroupStats<'_> {
+    /// The file's column and the table's type for a filter column.
+    fn converter(
+        &self,
+        column: &datafusion::common::Column,
+    ) -> Option<(StatisticsConverter<'_>, &DataType)> {
+        let target = self.targets.iter().find(|t| t.name() == &column.name)?;
+        let id = field_id(target)?;
+        let file_field = self
+            .file
+            .fields()
+            .iter()
+            .find(|f| field_id(f) == Some(id))?;
+        let converter =
+            StatisticsConverter::try_new(file_field.name(), &self.file, self.parquet).ok()?;
+        Some((converter, target.data_type()))
+    }
+
+    fn bound(&self, column: &datafusion::common::Column, max: bool) -> Option<ArrayRef> {
+        let (converter, dt) = self.converter(column)?;
+        let values = if max {
+            converter.row_group_maxes(self.row_groups).ok()?
+        } else {
+            converter.row_group_mins(self.row_groups).ok()?
+        };
+        if values.data_type() == dt {
+            Some(values)
+        } else {
+            cast(&values, dt).ok()
+        }
+    }
+}
+
+impl PruningStatistics for RowGroupStats<'_> {
+    fn min_values(&self, column: &datafusion::common::Column) -> Option<ArrayRef> {
+        self.bound(column, false)
+    }
+
+    fn max_values(&self, column: &datafusion::common::Column) -> Option<ArrayRef> {
+        self.bound(column, true)
+    }
+
+    fn num_containers(&self) -> usize {
+        self.row_groups.len()
+    }
+
+    fn null_counts(&self, column: &datafusion::common::Column) -> Option<ArrayRef> {
+        let (converter, _) = self.converter(column)?;
+        let counts = converter.row_group_null_counts(self.row_groups).ok()?;
+        Some(Arc::new(counts))
+    }
+
+    fn row_counts(&self, _column: &datafusion::common::Column) -> Option<ArrayRef> {
+        Some(Arc::new(arrow::array::UInt64Array::from_iter_values(
+            self.row_groups.iter().map(|rg| rg.num_rows().max(0) as u64),
+        )))
+    }
+
+    fn contained(
+        &self,
+        _column: &datafusion::common::Column,
+        _values: &std::collections::HashSet<datafusion::common::ScalarValue>,
+    ) -> Option<BooleanArray> {
+        None
+    }
 }
 
 /// How a file's columns map to the table's: by field id, so columns added, renamed or
@@ -587,7 +838,7 @@ mod tests {
 
     #[test]
     fn selection_skips_each_position_once() {
-        let sel = selection(vec![5, 0, 3, 3, 9, 12], 10);
+        let sel = selection(vec![5, 0, 3, 3, 9, 12], &[(0, 10)]);
         assert_eq!(
             expand(&sel),
             vec![
@@ -601,7 +852,18 @@ mod tests {
             ]
         );
         assert_eq!(sel.row_count(), 6);
-        let none = selection(vec![], 4);
+        let none = selection(vec![], &[(0, 4)]);
         assert_eq!(expand(&none), vec![(false, 4)]);
+    }
+
+    #[test]
+    fn selection_covers_only_the_row_groups_read() {
+        // Row groups [0,4) [4,8) [8,12); the middle one pruned; 2, 5 and 9 deleted.
+        let sel = selection(vec![9, 5, 2], &[(0, 4), (8, 12)]);
+        assert_eq!(
+            expand(&sel),
+            vec![(false, 2), (true, 1), (false, 2), (true, 1), (false, 2)]
+        );
+        assert_eq!(sel.row_count(), 6);
     }
 }

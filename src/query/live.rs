@@ -4,7 +4,6 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
@@ -16,28 +15,26 @@ use datafusion::common::DFSchema;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::expr_rewriter::unnormalize_col;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::EquivalenceProperties;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_expr::{conjunction, PhysicalExpr};
+use datafusion::physical_optimizer::pruning::PruningPredicate;
 use datafusion::physical_plan::union::UnionExec;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use futures::{StreamExt, TryStreamExt};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::StreamExt;
 use iceberg::table::Table;
-use iceberg_datafusion::IcebergStaticTableProvider;
+use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 
-use super::committed::{CommittedScan, Hide, ScanCaches};
+use super::committed::{CommittedScan, Hide, ScanCaches, ScanFilter};
 use super::tail::TailSnapshot;
 use crate::error::{Context, Result};
 use crate::sink::iceberg::keys::{Key, KeyEncoder};
+use crate::sink::iceberg::schema as ice_schema;
 use crate::sink::iceberg::{SourceColumn, PROP_COLUMNS};
 
 /// A replicated table as queries see it: committed snapshot plus WAL tail.
 #[derive(Debug)]
 pub struct LiveTable {
-    iceberg: Arc<IcebergStaticTableProvider>,
     schema: SchemaRef,
     key_cols: Vec<usize>,
     keyed: bool,
@@ -52,7 +49,6 @@ impl LiveTable {
     /// Builds the live view of `table` (already loaded) with its reduced tail.
     pub async fn new(
         table: &Table,
-        iceberg: Arc<IcebergStaticTableProvider>,
         key_cols: Vec<usize>,
         keyed: bool,
         tail: Arc<TailSnapshot>,
@@ -60,7 +56,7 @@ impl LiveTable {
     ) -> Result<Self> {
         // The tail may show columns the committed table does not have yet (see
         // `tail_schema`): then the live schema is the tail's.
-        let committed = iceberg.schema();
+        let committed = ice_schema::arrow_schema(table)?;
         let extended = committed.fields().len() != tail.schema.fields().len()
             || committed
                 .fields()
@@ -75,7 +71,6 @@ impl LiveTable {
         Ok(Self {
             schema: with_pg_types(&base, table),
             extended,
-            iceberg,
             table: table.clone(),
             key_cols,
             keyed,
@@ -253,84 +248,47 @@ impl TableProvider for LiveTable {
             .rows()
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let has_rows = rows.as_ref().is_some_and(|b| b.num_rows() > 0);
         let wanted: Vec<usize> = match projection {
             Some(p) => p.clone(),
             None => (0..self.schema.fields().len()).collect(),
         };
-        // Our own reader for whole-table reads (parallel, hides by position) and for nested
-        // columns (it fills a list or struct column that older files lack with NULLs);
-        // Iceberg's scan when filters can prune files and row groups.
-        let own_reader = filters.is_empty()
-            || self.extended
-            || wanted
-                .iter()
-                .any(|i| self.schema.field(*i).data_type().is_nested());
-        if hidden.is_empty() && !has_rows && !own_reader {
-            return self.iceberg.scan(state, projection, filters, limit).await;
-        }
+        // The committed side: our reader (parallel, hides by position, skips files, row
+        // groups and rows by the filters, fills columns older files lack with NULLs).
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         if !hidden.all {
-            let committed: Arc<dyn ExecutionPlan> = if own_reader {
-                let hide = if hidden.is_empty() {
-                    Hide::None
-                } else {
-                    let set = Arc::new(HiddenSet::build(
-                        &self.tail,
-                        &self.schema,
-                        &self.key_cols,
-                        self.keyed,
-                    ));
-                    match *set {
-                        HiddenSet::Bitmap { .. } => Hide::Positions(set),
-                        HiddenSet::Keys { .. } => Hide::Keys(set),
-                    }
-                };
-                let limit = if filters.is_empty() && hidden.is_empty() {
-                    limit
-                } else {
-                    None
-                };
-                Arc::new(
-                    CommittedScan::plan(
-                        &self.table,
-                        self.schema.clone(),
-                        wanted.clone(),
-                        self.key_cols.clone(),
-                        hide,
-                        limit,
-                        state.config().target_partitions(),
-                        self.caches.clone(),
-                    )
-                    .await?,
-                )
-            } else if hidden.is_empty() {
-                self.iceberg
-                    .scan(state, Some(&wanted), filters, limit)
-                    .await?
+            let hide = if hidden.is_empty() {
+                Hide::None
             } else {
-                // Read the key columns too, hide the replaced rows, then drop them again.
-                let mut cols = wanted.clone();
-                for k in &self.key_cols {
-                    if !cols.contains(k) {
-                        cols.push(*k);
-                    }
+                let set = Arc::new(HiddenSet::build(
+                    &self.tail,
+                    &self.schema,
+                    &self.key_cols,
+                    self.keyed,
+                ));
+                match *set {
+                    HiddenSet::Bitmap { .. } => Hide::Positions(set),
+                    HiddenSet::Keys { .. } => Hide::Keys(set),
                 }
-                let input = self.iceberg.scan(state, Some(&cols), filters, None).await?;
-                let keys: Vec<usize> = self
-                    .key_cols
-                    .iter()
-                    .filter_map(|k| cols.iter().position(|c| c == k))
-                    .collect();
-                let output: Vec<usize> = (0..wanted.len()).collect();
-                Arc::new(HideKeysExec::try_new(
-                    input,
-                    keys,
-                    output,
-                    HiddenSet::build(&self.tail, &self.schema, &self.key_cols, self.keyed),
-                )?)
             };
-            inputs.push(committed);
+            let limit = if filters.is_empty() && hidden.is_empty() {
+                limit
+            } else {
+                None
+            };
+            inputs.push(Arc::new(
+                CommittedScan::plan(
+                    &self.table,
+                    self.schema.clone(),
+                    wanted.clone(),
+                    self.key_cols.clone(),
+                    hide,
+                    limit,
+                    scan_filter(state, &self.schema, filters, self.extended),
+                    state.config().target_partitions(),
+                    self.caches.clone(),
+                )
+                .await?,
+            ));
         }
         if let Some(rows) = rows.as_ref().filter(|b| b.num_rows() > 0) {
             let rows = filter_tail(state, &self.schema, rows, filters)?;
@@ -351,6 +309,52 @@ impl TableProvider for LiveTable {
             _ => UnionExec::try_new(inputs),
         }
     }
+}
+
+/// The pushed-down filters in the forms the committed reader skips data with; `None` when
+/// none of them can be evaluated on the table's columns alone.
+fn scan_filter(
+    state: &dyn Session,
+    schema: &SchemaRef,
+    filters: &[Expr],
+    extended: bool,
+) -> Option<ScanFilter> {
+    if filters.is_empty() {
+        return None;
+    }
+    let exprs: Vec<Expr> = filters.iter().map(|f| unnormalize_col(f.clone())).collect();
+    let mut columns: Vec<usize> = exprs
+        .iter()
+        .flat_map(|e| e.column_refs())
+        .filter_map(|c| schema.index_of(&c.name).ok())
+        .collect();
+    columns.sort_unstable();
+    columns.dedup();
+    let sub = Arc::new(schema.project(&columns).ok()?);
+    let df_schema = DFSchema::try_from(sub.as_ref().clone()).ok()?;
+    let compiled: Vec<Arc<dyn PhysicalExpr>> = exprs
+        .iter()
+        .filter_map(|e| state.create_physical_expr(e.clone(), &df_schema).ok())
+        .collect();
+    if compiled.is_empty() {
+        return None;
+    }
+    let predicate = conjunction(compiled);
+    let pruning = PruningPredicate::try_new(predicate.clone(), sub)
+        .ok()
+        .filter(|p| !p.always_true())
+        .map(Arc::new);
+    Some(ScanFilter {
+        // Iceberg binds names to the committed schema: not when the tail adds columns.
+        iceberg: if extended {
+            None
+        } else {
+            convert_filters_to_predicate(&exprs)
+        },
+        columns,
+        predicate,
+        pruning,
+    })
 }
 
 /// Applies the pushed-down filters to the tail's rows (DataFusion filters again above the
@@ -505,109 +509,5 @@ impl HiddenSet {
                 Ok(BooleanArray::from(out))
             }
         }
-    }
-}
-
-/// Drops committed rows whose key the WAL tail replaced, then projects the key columns away.
-#[derive(Debug)]
-struct HideKeysExec {
-    input: Arc<dyn ExecutionPlan>,
-    keys: Vec<usize>,
-    output: Vec<usize>,
-    hidden: Arc<HiddenSet>,
-    schema: SchemaRef,
-    properties: Arc<PlanProperties>,
-}
-
-impl HideKeysExec {
-    fn try_new(
-        input: Arc<dyn ExecutionPlan>,
-        keys: Vec<usize>,
-        output: Vec<usize>,
-        hidden: HiddenSet,
-    ) -> DfResult<Self> {
-        Self::with_hidden(input, keys, output, Arc::new(hidden))
-    }
-
-    fn with_hidden(
-        input: Arc<dyn ExecutionPlan>,
-        keys: Vec<usize>,
-        output: Vec<usize>,
-        hidden: Arc<HiddenSet>,
-    ) -> DfResult<Self> {
-        let schema = Arc::new(input.schema().project(&output)?);
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
-            input.properties().output_partitioning().clone(),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
-        Ok(Self {
-            input,
-            keys,
-            output,
-            hidden,
-            schema,
-            properties,
-        })
-    }
-}
-
-impl DisplayAs for HideKeysExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "HideKeysExec: rows replaced by the WAL tail")
-    }
-}
-
-impl ExecutionPlan for HideKeysExec {
-    fn name(&self) -> &str {
-        "HideKeysExec"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let input = children
-            .pop()
-            .ok_or_else(|| DataFusionError::Internal("HideKeysExec needs one input".into()))?;
-        Ok(Arc::new(Self::with_hidden(
-            input,
-            self.keys.clone(),
-            self.output.clone(),
-            self.hidden.clone(),
-        )?))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
-        let (keys, output, hidden) = (self.keys.clone(), self.output.clone(), self.hidden.clone());
-        let stream = input.map(move |batch| -> DfResult<RecordBatch> {
-            let batch = batch?;
-            let key_arrays: Vec<ArrayRef> = keys.iter().map(|k| batch.column(*k).clone()).collect();
-            let mask = hidden.keep(&key_arrays)?;
-            let kept = filter_record_batch(&batch, &mask)?;
-            Ok(kept.project(&output)?)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema.clone(),
-            stream.map_err(|e| e),
-        )))
     }
 }

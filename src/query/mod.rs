@@ -20,7 +20,6 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
-use iceberg_datafusion::IcebergStaticTableProvider;
 
 use crate::catalog::LocalCatalog;
 use crate::config::{Config, SinkConfig, TableRef};
@@ -290,16 +289,10 @@ impl Workspace {
             return Ok(None);
         };
         let shape = shape_of(&state.table, None)?;
-        let iceberg = Arc::new(
-            IcebergStaticTableProvider::try_new_from_table(state.table.clone())
-                .await
-                .with_context(|| format!("reading Iceberg table {name}"))?,
-        );
         let keyed = !shape.key.is_empty();
         let key_cols = if keyed { shape.key } else { shape.row_key };
         let table = LiveTable::new(
             &state.table,
-            iceberg,
             key_cols,
             keyed,
             state.tail,
