@@ -15,11 +15,11 @@
 # PROBE_INTERVAL_MS POLL_MS COMMIT_INTERVAL CONC_RATE PREPARE, see benches/serve_bench.py; bounds of the
 # waits: SERVE_START_TIMEOUT SERVE_STOP_TIMEOUT SYNC_TIMEOUT TAIL_TIMEOUT PROBE_TIMEOUT
 # QUERY_TIMEOUT (seconds), BENCH_TIMEOUT (the whole run, default 4 h). SKIPPR_PYTHON: a Python
-# with psycopg 3 and duckdb + its extension wheels (default /work/.venv-skippr/bin/python).
+# with psycopg 3 and duckdb + its extension wheels (default $HOME/.cache/skippr/venv/bin/python).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/common.sh"
-python="${SKIPPR_PYTHON:-/work/.venv-skippr/bin/python}"
+python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
 "$python" -c 'import psycopg, duckdb' || { echo "$python lacks psycopg or duckdb (tests/run sets up that venv)" >&2; exit 1; }
 build_release
 bin="$(skipprd_bin)"
