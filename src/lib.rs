@@ -7,6 +7,8 @@
 
 pub mod error;
 
+pub mod change;
+
 pub mod catalog;
 pub mod config;
 pub mod query;

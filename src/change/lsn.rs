@@ -1,4 +1,4 @@
-//! Postgres log sequence numbers: the positions that tie the source, the WAL and Iceberg
+//! Log sequence numbers: the positions that tie the source, the WAL and Iceberg
 //! commits together for exactly-once delivery.
 
 use std::fmt;

@@ -13,8 +13,8 @@ use crate::config::TableRef;
 use crate::error::{Error, Result};
 use crate::sink::iceberg::keys::{Key, KeyEncoder};
 use crate::sink::iceberg::SourceColumn;
-use crate::source::postgres::lsn::Lsn;
-use crate::source::postgres::pgoutput::{Datum, Relation};
+use crate::change::Lsn;
+use crate::change::{Datum, Relation};
 use crate::source::postgres::types::{ColumnBuilder, PgType};
 use crate::wal::{Op, Record, SegmentInfo, WalStore};
 
@@ -534,7 +534,7 @@ fn snap_schema_matches(snap: &TailSnapshot, shape: &TableShape) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::postgres::pgoutput::RelColumn;
+    use crate::change::RelColumn;
     use crate::wal::{Change, Txn};
     use arrow::array::{AsArray, Int32Array};
     use arrow::datatypes::{DataType, Field, Int32Type, Schema};

@@ -12,7 +12,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 
 use super::tail::{TableShape, WalRead};
 use crate::sink::iceberg::SourceColumn;
-use crate::source::postgres::pgoutput::Relation;
+use crate::change::Relation;
 use crate::source::postgres::types::{PgType, TypeInfo};
 use crate::wal::{Op, Record};
 

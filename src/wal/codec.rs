@@ -3,47 +3,10 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::source::postgres::lsn::Lsn;
-use crate::source::postgres::pgoutput::{Datum, RelColumn, Relation};
+use crate::change::{Change, Datum, Lsn, Op, RelColumn, Relation, Txn};
 
 /// File header of a segment.
 pub const MAGIC: &[u8; 8] = b"SKWAL001";
-
-/// What a change does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Insert,
-    Update,
-    Delete,
-    Truncate,
-    /// A relation's description changed inside the transaction (DDL between changes).
-    Relation,
-}
-
-/// One row change (or a truncate) of one relation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    pub op: Op,
-    pub rel: u32,
-    /// The old key (or old row) for updates that change the key, and for deletes.
-    pub old: Option<Vec<Datum>>,
-    /// The new row for inserts and updates.
-    pub new: Option<Vec<Datum>>,
-    /// The new description, for `Op::Relation`.
-    pub relation: Option<Relation>,
-}
-
-/// A committed source transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Txn {
-    pub xid: u32,
-    pub commit_lsn: Lsn,
-    /// The LSN just past the commit record: what Postgres is acknowledged with, and what
-    /// Iceberg commits record.
-    pub end_lsn: Lsn,
-    pub commit_time_micros: i64,
-    pub changes: Vec<Change>,
-}
 
 /// A WAL record.
 #[derive(Debug, Clone, PartialEq, Eq)]

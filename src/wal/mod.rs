@@ -10,5 +10,6 @@
 pub mod codec;
 pub mod store;
 
-pub use codec::{Change, Op, Record, Txn};
+pub use crate::change::{Change, Op, Txn};
+pub use codec::Record;
 pub use store::{SegmentInfo, WalStore};

@@ -9,8 +9,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::codec::{decode_all, encode_relation, encode_txn, Record, Txn, MAGIC};
 use crate::error::{Context, Error, ErrorKind, Result};
-use crate::source::postgres::lsn::Lsn;
-use crate::source::postgres::pgoutput::Relation;
+use crate::change::Lsn;
+use crate::change::Relation;
 
 /// A complete segment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,7 +244,7 @@ impl SegmentBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::postgres::pgoutput::Datum;
+    use crate::change::Datum;
     use crate::wal::codec::{Change, Op};
 
     #[test]

@@ -26,8 +26,8 @@ use super::{
 use crate::catalog::LocalCatalog;
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
-use crate::source::postgres::lsn::Lsn;
-use crate::source::postgres::pgoutput::{Datum, Relation};
+use crate::change::Lsn;
+use crate::change::{Datum, Relation};
 use crate::source::postgres::types::{ColumnBuilder, PgType};
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};

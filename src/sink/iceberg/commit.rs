@@ -10,7 +10,7 @@ use iceberg::Catalog;
 
 use super::{SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
 use crate::error::{Context, Result};
-use crate::source::postgres::lsn::Lsn;
+use crate::change::Lsn;
 
 /// Appends `files` in one snapshot whose summary records `lsn` and the writing phase.
 pub async fn append(

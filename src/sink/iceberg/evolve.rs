@@ -13,7 +13,7 @@ use tokio_postgres::Client;
 use super::{SourceColumn, PROP_COLUMNS};
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
-use crate::source::postgres::pgoutput::Relation;
+use crate::change::Relation;
 use crate::source::postgres::schema::{attnums, resolve_type};
 use crate::source::postgres::types::PgType;
 

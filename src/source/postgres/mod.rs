@@ -4,7 +4,6 @@
 pub mod connect;
 pub mod copy;
 pub mod discover;
-pub mod lsn;
 pub mod pgoutput;
 pub mod schema;
 pub mod slot;

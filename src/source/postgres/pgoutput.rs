@@ -3,34 +3,7 @@
 
 use bytes::{Buf, Bytes};
 
-/// A column of a relation as the stream describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RelColumn {
-    pub is_key: bool,
-    pub name: String,
-    pub type_oid: u32,
-    pub typmod: i32,
-}
-
-/// A relation (table) message: precedes the first change of a table in a session, and the
-/// first change after its schema changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Relation {
-    pub id: u32,
-    pub namespace: String,
-    pub name: String,
-    pub replica_identity: u8,
-    pub columns: Vec<RelColumn>,
-}
-
-/// One value of a tuple.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Datum {
-    Null,
-    /// An out-of-line TOAST value the change did not touch: keep the previous value.
-    Unchanged,
-    Text(Bytes),
-}
+use crate::change::{Datum, RelColumn, Relation};
 
 /// A decoded message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use pgwire_replication::ReplicationClient;
 use tokio_postgres::Client;
 
 use super::connect::replication_config;
-use super::lsn::Lsn;
+use crate::change::Lsn;
 use crate::config::{quote_ident, PostgresConfig, TableRef};
 use crate::error::{Context, Error, ErrorKind, Result};
 

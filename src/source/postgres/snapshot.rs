@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 
 use super::connect::connect;
 use super::copy::CopyDecoder;
-use super::lsn::Lsn;
+use crate::change::Lsn;
 use super::schema::TableSchema;
 use crate::catalog::LocalCatalog;
 use crate::config::{quote_ident, PostgresConfig};

@@ -7,7 +7,7 @@ use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use tokio::sync::watch;
 
 use super::connect::replication_config;
-use super::lsn::Lsn;
+use crate::change::Lsn;
 use super::pgoutput::{self, Message};
 use crate::config::PostgresConfig;
 use crate::error::{Error, ErrorKind, Result};
