@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 
-use super::codec::{decode_all, encode_relation, encode_txn, Record, Txn, MAGIC};
+use super::codec::{decode_all, encode_relation, encode_txn, Record, MAGIC};
+use crate::change::Txn;
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::change::Lsn;
 use crate::change::Relation;
