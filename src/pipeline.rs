@@ -14,10 +14,10 @@ pub mod state;
 use state::{PipelineState, TableState};
 
 use crate::catalog::LocalCatalog;
-use crate::config::{CdcMode, Config, PipelineConfig, SinkConfig};
-use crate::error::{Context, Error, ErrorKind, Result};
 use crate::change::Lsn;
 use crate::config::TableRef;
+use crate::config::{CdcMode, Config, PipelineConfig, SinkConfig};
+use crate::error::{Context, Error, ErrorKind, Result};
 use crate::sink::iceberg::{
     commit, schema as ice_schema, PROP_PRIMARY_KEY, PROP_SOURCE, SUMMARY_PIPELINE,
 };

@@ -47,7 +47,11 @@ pub struct TableState {
     pub partitions: Vec<String>,
     /// Set while a copy consistent with this LSN is under way. Found at the next start, the
     /// copy finished only if the Iceberg table records this LSN (or a later one).
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_lsn_text")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_lsn_text"
+    )]
     pub copying_at: Option<Lsn>,
 }
 

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 
 use super::codec::{decode_all, encode_relation, encode_txn, Record, MAGIC};
-use crate::change::Txn;
-use crate::error::{Context, Error, ErrorKind, Result};
 use crate::change::Lsn;
 use crate::change::Relation;
+use crate::change::Txn;
+use crate::error::{Context, Error, ErrorKind, Result};
 
 /// File in the WAL folder holding the newest position acknowledged without a segment.
 const ACKNOWLEDGED_FILE: &str = "acknowledged";
@@ -298,7 +298,7 @@ impl SegmentBuilder {
 mod tests {
     use super::*;
     use crate::change::Datum;
-    use crate::wal::codec::{Change, Op};
+    use crate::change::{Change, Op};
 
     #[test]
     fn write_read_gc() {

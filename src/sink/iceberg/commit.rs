@@ -10,8 +10,8 @@ use iceberg::Catalog;
 
 use super::{SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
 use crate::catalog::LocalCatalog;
-use crate::error::{Context, Result};
 use crate::change::Lsn;
+use crate::error::{Context, Result};
 
 /// Appends `files` in one snapshot whose summary records `lsn` and the writing phase.
 pub async fn append(
@@ -78,7 +78,9 @@ pub fn last_skippr_snapshot(table: &Table) -> Option<&SnapshotRef> {
         if s.summary().additional_properties.contains_key(SUMMARY_LSN) {
             return Some(s);
         }
-        next = s.parent_snapshot_id().and_then(|id| meta.snapshot_by_id(id));
+        next = s
+            .parent_snapshot_id()
+            .and_then(|id| meta.snapshot_by_id(id));
     }
     None
 }

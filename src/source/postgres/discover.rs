@@ -97,7 +97,9 @@ pub async fn discover(p: &PipelineConfig, workspace: &str) -> Result<Report> {
             "partitions",
             false,
             e.message().to_string(),
-            Some("list either the partitioned table or its partitions in `tables:`, not both".into()),
+            Some(
+                "list either the partitioned table or its partitions in `tables:`, not both".into(),
+            ),
         ));
     }
     for ts in &schemas {
