@@ -241,6 +241,25 @@ def test_table_left_out_and_added_back_is_copied_again(skippr: Skippr, db):
     assert_synced(skippr, db, ["kept", "away"])
 
 
+def test_table_added_back_after_its_columns_changed_is_copied_into_a_new_table(skippr: Skippr, db):
+    setup_two(db)
+    skippr.write_config(["kept", "away"])
+    skippr.sync_once()
+    skippr.write_config(["kept"])
+    skippr.sync_once()
+    db.execute("ALTER TABLE away ADD COLUMN extra integer DEFAULT 7")
+    db.execute("ALTER TABLE away DROP COLUMN v")
+    db.execute("UPDATE away SET extra = id WHERE id < 10")
+    db.execute("UPDATE kept SET v = 'moved on'")
+    skippr.sync_once()
+    skippr.write_config(["kept", "away"])
+    skippr.sync_once()
+    assert_synced(skippr, db, ["kept", "away"])
+    db.execute("UPDATE away SET extra = -1 WHERE id = 40")
+    skippr.sync_once()
+    assert_synced(skippr, db, ["kept", "away"])
+
+
 def test_idle_table_watermark_advances_without_new_snapshots(skippr: Skippr, db):
     setup_two(db)
     db.execute("CREATE TABLE unrelated (id integer PRIMARY KEY)")
