@@ -33,6 +33,8 @@ pub struct Sinks {
     append_only: Vec<TableRef>,
     /// End LSN of the last WAL transaction applied (duplicates at or below it are skipped).
     applied_through: Lsn,
+    /// The pipeline's state file, where each table's watermark is kept.
+    state_file: std::path::PathBuf,
 }
 
 impl Sinks {
@@ -62,7 +64,17 @@ impl Sinks {
             client: None,
             append_only: p.source.append_only.clone(),
             applied_through,
+            state_file: p.state_file.clone(),
         })
+    }
+
+    /// Each table and the LSN through which Iceberg holds all its changes, idle stretches
+    /// included.
+    pub fn watermarks(&self) -> Vec<(TableRef, Lsn)> {
+        self.tables
+            .iter()
+            .map(|t| (t.source.clone(), t.covered()))
+            .collect()
     }
 
     /// The LSN below which every table has committed all its changes.
@@ -194,7 +206,10 @@ pub async fn apply_wal(
         }
     }
     sinks.commit(catalog, pipeline).await?;
-    let removed = wal.remove_through(sinks.covered())?;
+    // The watermarks are recorded before the WAL that backs them goes.
+    let covered = sinks.covered();
+    crate::pipeline::state::record_commit(&sinks.state_file, &sinks.watermarks(), covered)?;
+    let removed = wal.remove_through(covered)?;
     if removed > 0 {
         tracing::debug!(
             segments = removed,

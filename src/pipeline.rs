@@ -10,13 +10,19 @@ use tokio_postgres::Client;
 use crate::cdc;
 use crate::wal::WalStore;
 
+pub mod state;
+use state::{PipelineState, TableState};
+
 use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
+use crate::config::TableRef;
 use crate::config::{CdcMode, Config, PipelineConfig, SinkConfig};
 use crate::error::{Context, Error, ErrorKind, Result};
-use crate::sink::iceberg::{commit, schema as ice_schema};
+use crate::sink::iceberg::{
+    commit, schema as ice_schema, PROP_PRIMARY_KEY, PROP_SOURCE, SUMMARY_PIPELINE,
+};
 use crate::source::postgres::connect::connect;
-use crate::source::postgres::schema::{describe, TableSchema};
+use crate::source::postgres::schema::{check_partition_overlap, describe, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
 use crate::source::postgres::snapshot::{copy_tables, TableJob};
 
@@ -93,7 +99,7 @@ pub async fn sync(
     if resnapshot {
         resnapshot_reset(config, p).await?;
     }
-    let report = snapshot_phase(config, p).await?;
+    let mut report = snapshot_phase(config, p).await?;
     if p.source.cdc_mode.needs_replication() {
         let catalog = open_sink(p).await?;
         let namespace = catalog.ensure_namespace(&config.workspace).await?;
@@ -102,10 +108,82 @@ pub async fn sync(
             let client = connect(&p.source).await?;
             cdc::catch_up_once(p, &wal, &catalog, &namespace, &client).await?;
         } else {
-            cdc::run_continuous(p, &wal, &catalog, &namespace, shutdown).await?;
+            loop {
+                // The stream stops (flushed, committed, acknowledged) when the user asks or
+                // when a followed partitioned table gains or loses a partition; the table is
+                // then copied again and the stream goes on.
+                let (stop_tx, stop_rx) = watch::channel(false);
+                let watcher = tokio::spawn(watch_partitions(p.clone(), shutdown.clone(), stop_tx));
+                let streamed = cdc::run_continuous(p, &wal, &catalog, &namespace, stop_rx).await;
+                watcher.abort();
+                streamed?;
+                if *shutdown.borrow() {
+                    break;
+                }
+                let again = snapshot_phase(config, p).await?;
+                report.copied.extend(again.copied);
+            }
         }
     }
     Ok(report)
+}
+
+/// How often a continuous sync looks for attached or detached partitions.
+const PARTITION_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Turns `stop` true when `shutdown` does, or when a followed partitioned table's partitions
+/// differ from those recorded when it was copied. A source that cannot be read now is
+/// retried at the next interval (the stream reports a lasting failure itself).
+async fn watch_partitions(
+    p: PipelineConfig,
+    mut shutdown: watch::Receiver<bool>,
+    stop: watch::Sender<bool>,
+) {
+    loop {
+        if *shutdown.borrow() {
+            let _ = stop.send(true);
+            return;
+        }
+        tokio::select! {
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    // Nobody can ask for a stop any more: keep checking at the interval.
+                    tokio::time::sleep(PARTITION_CHECK_INTERVAL).await;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep(PARTITION_CHECK_INTERVAL) => {}
+        }
+        match partitions_changed(&p).await {
+            Ok(Some(table)) => {
+                tracing::info!(pipeline = %p.name, table = %table, "partitions attached or detached: stopping the stream to copy the table again");
+                let _ = stop.send(true);
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(pipeline = %p.name, error = %e.report(), "cannot check the partitions of the followed tables; trying again");
+            }
+        }
+    }
+}
+
+/// The first followed partitioned table whose partitions differ from the recorded ones.
+async fn partitions_changed(p: &PipelineConfig) -> Result<Option<TableRef>> {
+    let Some(state) = PipelineState::load(&p.state_file)? else {
+        return Ok(None);
+    };
+    let client = connect(&p.source).await?;
+    for t in &p.source.tables {
+        let Some(recorded) = state.table(t) else {
+            continue;
+        };
+        let ts = describe(&client, t).await?;
+        if ts.partitioned && ts.partitions != recorded.partitions {
+            return Ok(Some(t.clone()));
+        }
+    }
+    Ok(None)
 }
 
 /// Drops the pipeline's tables, WAL and slot so the next snapshot starts from scratch.
@@ -124,6 +202,7 @@ async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Result<()> {
         }
     }
     wal_store(config, p)?.clear()?;
+    PipelineState::remove(&p.state_file)?;
     if p.source.cdc_mode.needs_replication() {
         let client = connect(&p.source).await?;
         if slot_info(&client, &p.source.slot).await?.is_some() {
@@ -137,7 +216,8 @@ async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Result<()> {
     Ok(())
 }
 
-/// The snapshot of every table that has no committed snapshot yet.
+/// The snapshot of every table that has no committed snapshot yet, or whose committed rows
+/// can no longer be trusted to be complete (see [`copy_again`]).
 async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncReport> {
     let cfg = &p.source;
     let catalog = open_sink(p).await?;
@@ -148,25 +228,73 @@ async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncRepor
     for t in &cfg.tables {
         schemas.push(describe(&client, t).await?);
     }
+    check_partition_overlap(&schemas)?;
     if cfg.cdc_mode.needs_replication() {
         check_replication_ready(&client, p, &schemas).await?;
     }
 
+    let prior = PipelineState::load(&p.state_file)?;
+    // Tables that left `tables:` leave the state: nothing follows them any more.
+    let mut state = PipelineState {
+        wal_removed_through: prior
+            .as_ref()
+            .map(|s| s.wal_removed_through)
+            .unwrap_or_default(),
+        ..PipelineState::default()
+    };
     let mut report = SyncReport::default();
     let mut todo = Vec::new();
+    let mut synced_partitioned = Vec::new();
     for ts in schemas {
         let table = ice_schema::create_or_load(&catalog, &namespace, &ts).await?;
-        if commit::committed_lsn(&table).is_some() {
-            report.skipped.push(ts.table.to_string());
+        let Some(lsn) = commit::committed_lsn(&table) else {
+            remove_uncommitted_files(&table)?;
+            todo.push(job(ts, table, false)?);
             continue;
+        };
+        check_owner(&table, &ts, p)?;
+        let recorded = prior.as_ref().and_then(|s| s.table(&ts.table));
+        match copy_again(prior.as_ref(), recorded, &ts, lsn) {
+            None => {
+                // Without a state yet (a pipeline from before it was kept), adopt what
+                // Iceberg records.
+                let watermark = recorded.map(|r| r.watermark).unwrap_or(lsn).max(lsn);
+                let partitions = recorded
+                    .map(|r| r.partitions.clone())
+                    .unwrap_or_else(|| ts.partitions.clone());
+                state.tables.insert(
+                    ts.table.to_string(),
+                    TableState {
+                        watermark,
+                        partitions,
+                        copying_at: None,
+                    },
+                );
+                if ts.partitioned {
+                    synced_partitioned.push(ts.table.to_string());
+                }
+                report.skipped.push(ts.table.to_string());
+            }
+            Some(reason) => {
+                tracing::warn!(table = %ts.table, committed_lsn = %lsn, reason = %reason, "copying the table again");
+                let (table, replace) = if same_columns(&table, &ts) {
+                    (table, true)
+                } else {
+                    // The source's columns changed while nothing followed them: start the
+                    // Iceberg table afresh from the source's current shape.
+                    (recreate(&catalog, &namespace, &ts).await?, false)
+                };
+                todo.push(job(ts, table, replace)?);
+            }
         }
-        remove_uncommitted_files(&table)?;
-        let arrow = ice_schema::arrow_schema(&table)?;
-        todo.push(TableJob {
-            schema: ts,
-            table,
-            arrow,
-        });
+    }
+
+    if cfg.cdc_mode.needs_replication() {
+        let via_root = require_via_root(&client, p, &todo, &synced_partitioned).await?;
+        require_published(&client, p, &report).await?;
+        slot::ensure_publication(&client, cfg, via_root).await?;
+        require_slot_if_synced(&client, p, &report).await?;
+        require_slot_not_moved(config, &client, p, &report, prior.is_some(), &state).await?;
     }
 
     match cfg.cdc_mode {
@@ -188,6 +316,7 @@ async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncRepor
                 let name: String = row.get(0);
                 let lsn = Lsn::parse(&row.get::<_, String>(1)).map_err(Error::fatal)?;
                 report.copied = names(&todo);
+                mark_copying(&mut state, &todo, lsn, &p.state_file)?;
                 copy_tables(cfg, &name, lsn, todo, &catalog, &p.name).await?;
                 exporter
                     .batch_execute("COMMIT")
@@ -196,9 +325,6 @@ async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncRepor
             }
         }
         CdcMode::SnapshotThenCdc => {
-            require_published(&client, p, &report).await?;
-            slot::ensure_publication(&client, cfg).await?;
-            require_slot_if_synced(&client, p, &report).await?;
             if !todo.is_empty() {
                 let existing = slot_info(&client, &cfg.slot).await?;
                 // The pipeline's slot is created once, with the first snapshot. A later snapshot
@@ -212,22 +338,13 @@ async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncRepor
                     }
                 };
                 report.copied = names(&todo);
-                copy_tables(
-                    cfg,
-                    &exported.snapshot_name,
-                    exported.consistent_point,
-                    todo,
-                    &catalog,
-                    &p.name,
-                )
-                .await?;
+                let lsn = exported.consistent_point;
+                mark_copying(&mut state, &todo, lsn, &p.state_file)?;
+                copy_tables(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
                 drop(exported.session);
             }
         }
         CdcMode::CdcOnly => {
-            require_published(&client, p, &report).await?;
-            slot::ensure_publication(&client, cfg).await?;
-            require_slot_if_synced(&client, p, &report).await?;
             let start = match slot_info(&client, &cfg.slot).await? {
                 Some(s) => s.confirmed_flush.unwrap_or_default(),
                 None => {
@@ -236,21 +353,239 @@ async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncRepor
                 }
             };
             // No snapshot: each new table starts empty at the slot's position.
+            mark_copying(&mut state, &todo, start, &p.state_file)?;
             for job in todo {
-                commit::append(
-                    catalog.catalog.as_ref(),
-                    &job.table,
-                    Vec::new(),
-                    start,
-                    "cdc",
-                    &p.name,
-                )
-                .await?;
+                if job.replace {
+                    commit::replace(&catalog, &job.table, Vec::new(), start, "cdc", &p.name)
+                        .await?;
+                } else {
+                    commit::append(
+                        catalog.catalog.as_ref(),
+                        &job.table,
+                        Vec::new(),
+                        start,
+                        "cdc",
+                        &p.name,
+                    )
+                    .await?;
+                }
                 report.copied.push(job.schema.table.to_string());
             }
         }
     }
+    for t in state.tables.values_mut() {
+        if let Some(lsn) = t.copying_at.take() {
+            t.watermark = lsn;
+        }
+    }
+    state.save(&p.state_file)?;
     Ok(report)
+}
+
+fn job(schema: TableSchema, table: iceberg::table::Table, replace: bool) -> Result<TableJob> {
+    let arrow = ice_schema::arrow_schema(&table)?;
+    Ok(TableJob {
+        schema,
+        table,
+        arrow,
+        replace,
+    })
+}
+
+/// Records the tables about to be copied at `lsn` before the copy starts, so that a copy cut
+/// short is found and started over (see [`TableState::copying_at`]).
+fn mark_copying(
+    state: &mut PipelineState,
+    todo: &[TableJob],
+    lsn: Lsn,
+    path: &std::path::Path,
+) -> Result<()> {
+    for j in todo {
+        state.tables.insert(
+            j.schema.table.to_string(),
+            TableState {
+                watermark: Lsn::default(),
+                partitions: j.schema.partitions.clone(),
+                copying_at: Some(lsn),
+            },
+        );
+    }
+    state.save(path)
+}
+
+/// Why a table whose Iceberg table records `lsn` must be copied again, if it must: its
+/// rows may lack changes that no slot or WAL can deliver any more.
+fn copy_again(
+    prior: Option<&PipelineState>,
+    recorded: Option<&TableState>,
+    ts: &TableSchema,
+    lsn: Lsn,
+) -> Option<String> {
+    // Without a state the pipeline predates it: trust the Iceberg table once.
+    let prior = prior?;
+    let Some(recorded) = recorded else {
+        return Some(
+            "the pipeline did not follow it for a while (it was left out of `tables:`), so changes made meanwhile are missing".into(),
+        );
+    };
+    if let Some(at) = recorded.copying_at {
+        if lsn < at {
+            return Some(format!("its copy at {at} was cut short"));
+        }
+        return None;
+    }
+    if recorded.partitions != ts.partitions {
+        return Some(
+            "partitions were attached or detached since it was copied; replication does not carry the rows they bring or take away".into(),
+        );
+    }
+    let complete_through = recorded.watermark.max(lsn);
+    if complete_through < prior.wal_removed_through {
+        return Some(format!(
+            "it is known complete only through {complete_through}, but the pipeline's WAL was already removed through {}",
+            prior.wal_removed_through
+        ));
+    }
+    None
+}
+
+/// Whether the Iceberg table was made from the source's current columns and key, so that a
+/// new copy can replace its rows in place.
+fn same_columns(table: &iceberg::table::Table, ts: &TableSchema) -> bool {
+    let Some(recorded) = crate::sink::iceberg::evolve::recorded_columns(table) else {
+        return false;
+    };
+    let key = table
+        .metadata()
+        .properties()
+        .get(PROP_PRIMARY_KEY)
+        .cloned()
+        .unwrap_or_default();
+    key == ts.primary_key.join(",")
+        && recorded.len() == ts.columns.len()
+        && recorded.iter().zip(&ts.columns).all(|(r, c)| {
+            r.field.is_none() && r.name == c.name && r.oid == c.type_oid && r.typmod == c.typmod
+        })
+}
+
+/// Drops the Iceberg table and creates it again from the source's current shape.
+async fn recreate(
+    catalog: &LocalCatalog,
+    namespace: &iceberg::NamespaceIdent,
+    ts: &TableSchema,
+) -> Result<iceberg::table::Table> {
+    let ident = iceberg::TableIdent::new(namespace.clone(), ts.table.iceberg_name());
+    iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
+        .await
+        .with_context(|| format!("dropping Iceberg table {ident} to copy it again"))?;
+    ice_schema::create_or_load(catalog, namespace, ts).await
+}
+
+/// Refuses an Iceberg table that another pipeline, or another source table, writes: the
+/// two would commit their own rows and LSNs on top of each other's.
+fn check_owner(table: &iceberg::table::Table, ts: &TableSchema, p: &PipelineConfig) -> Result<()> {
+    let ident = table.identifier();
+    if let Some(source) = table.metadata().properties().get(PROP_SOURCE) {
+        if *source != ts.table.to_string() {
+            return Err(Error::source_err(format!(
+                "Iceberg table {ident} holds source table {source} (table property {PROP_SOURCE}), not {}: two source tables map to one Iceberg table; follow only one of them, or drop the Iceberg table and run `skipprd sync --pipeline {}` again",
+                ts.table, p.name
+            )));
+        }
+    }
+    if let Some(other) = commit::committed_pipeline(table) {
+        if other != p.name {
+            return Err(Error::source_err(format!(
+                "Iceberg table {ident} is written by pipeline `{other}` (snapshot summary {SUMMARY_PIPELINE}), not by `{}`: two pipelines must never write one table; remove {} from one pipeline's `tables:` or give it another data sink, or hand the table over with `skipprd sync --pipeline {} --resnapshot`",
+                p.name, ts.table, p.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A partitioned table is followed through its root: an existing publication that publishes
+/// its partitions under their own names would send changes skipprd never applies. Returns
+/// whether a partitioned table is followed.
+async fn require_via_root(
+    client: &Client,
+    p: &PipelineConfig,
+    todo: &[TableJob],
+    synced: &[String],
+) -> Result<bool> {
+    let cfg = &p.source;
+    let partitioned: Vec<String> = todo
+        .iter()
+        .filter(|j| j.schema.partitioned)
+        .map(|j| j.schema.table.to_string())
+        .chain(synced.iter().cloned())
+        .collect();
+    if partitioned.is_empty() {
+        return Ok(false);
+    }
+    if slot::publication_via_root(client, &cfg.publication).await? == Some(false) {
+        let resnapshot = if synced.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", then `skipprd sync --pipeline {} --resnapshot`, since the changes of {} made so far were not applied",
+                p.name,
+                synced.join(", ")
+            )
+        };
+        return Err(Error::source_err(format!(
+            "publication `{}` publishes the changes of partitions under the partitions' own names (publish_via_partition_root is off), so the changes of partitioned table(s) {} would never reach their Iceberg table; run {}{resnapshot}",
+            cfg.publication,
+            partitioned.join(", "),
+            slot::via_root_fix_sql(&cfg.publication),
+        )));
+    }
+    Ok(true)
+}
+
+/// A slot whose confirmed position is beyond everything this pipeline ever acknowledged was
+/// recreated or advanced outside skipprd: the changes in between reached nobody. Tables
+/// known complete through that position (copied since) are not affected.
+async fn require_slot_not_moved(
+    config: &Config,
+    client: &Client,
+    p: &PipelineConfig,
+    report: &SyncReport,
+    had_state: bool,
+    state: &PipelineState,
+) -> Result<()> {
+    if report.skipped.is_empty() || !had_state {
+        return Ok(());
+    }
+    let Some(confirmed) = slot_info(client, &p.source.slot)
+        .await?
+        .and_then(|s| s.confirmed_flush)
+    else {
+        return Ok(());
+    };
+    let acknowledged = wal_store(config, p)?
+        .acknowledged()?
+        .max(state.wal_removed_through);
+    let behind: Vec<String> = report
+        .skipped
+        .iter()
+        .filter(|t| {
+            let watermark = TableRef::parse(t)
+                .and_then(|r| state.table(&r).map(|s| s.watermark))
+                .unwrap_or_default();
+            watermark.max(acknowledged) < confirmed
+        })
+        .cloned()
+        .collect();
+    if behind.is_empty() {
+        return Ok(());
+    }
+    Err(Error::source_err(format!(
+        "replication slot `{}` has confirmed position {confirmed}, beyond everything this pipeline received and acknowledged ({acknowledged}): the slot was recreated or advanced outside skipprd, so changes to {} made before {confirmed} are missing; run `skipprd sync --pipeline {} --resnapshot` to copy the tables again",
+        p.source.slot,
+        behind.join(", "),
+        p.name
+    )))
 }
 
 /// A table already synced that has left the publication has had its changes dropped at

@@ -8,6 +8,7 @@ pub mod connect;
 pub mod emit;
 pub mod locate;
 pub mod model;
+mod overlap;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -182,6 +183,8 @@ pub struct PipelineConfig {
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
+    /// The pipeline's state file in the state folder (tables followed, their watermarks).
+    pub state_file: PathBuf,
 }
 
 /// The loaded, validated configuration.
@@ -748,8 +751,14 @@ impl Validator<'_> {
                     source,
                     sink,
                     schema_sink,
+                    state_file: storage_path
+                        .join("pipelines")
+                        .join(format!("{name}.state.json")),
                 });
             }
+        }
+        for (name, message) in overlap::shared_tables(&workspace, &pipelines) {
+            self.report(keys(&["pipelines", &name]), message);
         }
 
         let query = self.query_config(file, base);

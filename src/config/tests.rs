@@ -155,3 +155,23 @@ fn every_problem_is_reported_at_once() {
         "{errs}"
     );
 }
+
+#[test]
+fn two_pipelines_writing_one_table_are_refused() {
+    let text = GOOD.replace(
+        "pipelines:\n  app:\n    data_source: data_sources.app_db\n    data_sink: data_sinks.lake\n",
+        "pipelines:\n  app:\n    data_source: data_sources.app_db\n    data_sink: data_sinks.lake\n  billing:\n    data_source: data_sources.billing_db\n    data_sink: data_sinks.lake2\n",
+    )
+    .replace(
+        "data_sinks:\n",
+        "  billing_db:\n    Postgres:\n      host: 127.0.0.1\n      user: u\n      database: billing\n      tables: [public.orders, invoices]\n\ndata_sinks:\n  lake2:\n    LocalIceberg:\n      warehouse: ./sub/../warehouse\n",
+    );
+    let p = one_error(&text);
+    assert_eq!(p.path, "pipelines.billing");
+    assert!(p.message.contains("`orders`"), "{}", p.message);
+    assert!(p.message.contains("pipeline `app`"), "{}", p.message);
+
+    // Another warehouse is another table.
+    let apart = text.replace("./sub/../warehouse", "./other");
+    assert!(load(&apart).is_ok());
+}

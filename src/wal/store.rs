@@ -13,6 +13,9 @@ use crate::change::Relation;
 use crate::change::Txn;
 use crate::error::{Context, Error, ErrorKind, Result};
 
+/// File in the WAL folder holding the newest position acknowledged without a segment.
+const ACKNOWLEDGED_FILE: &str = "acknowledged";
+
 /// A complete segment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentInfo {
@@ -182,7 +185,56 @@ impl WalStore {
             std::fs::remove_file(&s.path)
                 .with_context(|| format!("removing WAL segment {}", s.path.display()))?;
         }
-        Ok(())
+        let ack = self.dir.join(ACKNOWLEDGED_FILE);
+        match std::fs::remove_file(&ack) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("removing {}", ack.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Records, durably, that the stream is about to acknowledge `lsn` to the source although
+    /// no segment ends there (a stretch with no change for the pipeline's tables). With the
+    /// segments, this bounds every position the pipeline ever acknowledged: a slot found
+    /// beyond it was moved by someone else.
+    pub fn note_acknowledged(&self, lsn: Lsn) -> Result<()> {
+        if lsn <= self.acknowledged()? {
+            return Ok(());
+        }
+        let path = self.dir.join(ACKNOWLEDGED_FILE);
+        let tmp = self.dir.join(format!("{ACKNOWLEDGED_FILE}.tmp"));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(lsn.to_string().as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&self.dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            Error::new(
+                ErrorKind::Fatal,
+                format!("cannot write {}: {e}", path.display()),
+            )
+        })
+    }
+
+    /// The highest position this WAL may have acknowledged to the source: the end of its
+    /// newest segment, or a later position noted by [`WalStore::note_acknowledged`].
+    pub fn acknowledged(&self) -> Result<Lsn> {
+        let path = self.dir.join(ACKNOWLEDGED_FILE);
+        let noted = match std::fs::read_to_string(&path) {
+            Ok(t) => Lsn::parse(t.trim()).map_err(|e| {
+                Error::fatal(format!(
+                    "{} is damaged ({e}); remove it only after checking the slot with `skipprd discover`",
+                    path.display()
+                ))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Lsn::default(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let last = self.segments()?.last().map(|s| s.last).unwrap_or_default();
+        Ok(noted.max(last))
     }
 }
 

@@ -3,12 +3,13 @@
 
 use std::collections::HashMap;
 
-use iceberg::spec::DataFile;
+use iceberg::spec::{DataFile, SnapshotRef};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::Catalog;
 
 use super::{SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
+use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::error::{Context, Result};
 
@@ -21,11 +22,7 @@ pub async fn append(
     phase: &str,
     pipeline: &str,
 ) -> Result<Table> {
-    let props = HashMap::from([
-        (SUMMARY_LSN.to_string(), lsn.to_string()),
-        (SUMMARY_PHASE.to_string(), phase.to_string()),
-        (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
-    ]);
+    let props = summary(lsn, phase, pipeline);
     let tx = Transaction::new(table);
     let action = tx
         .fast_append()
@@ -38,11 +35,67 @@ pub async fn append(
         .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
 }
 
-/// The source LSN covered by the table's current snapshot, if it has one written by us.
+/// The snapshot summary every skipprd commit carries: the LSN it covers, the phase that
+/// wrote it and the pipeline.
+pub fn summary(lsn: Lsn, phase: &str, pipeline: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (SUMMARY_LSN.to_string(), lsn.to_string()),
+        (SUMMARY_PHASE.to_string(), phase.to_string()),
+        (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
+    ])
+}
+
+/// Replaces every file of the table with `files` in one snapshot (a table copied again):
+/// readers see the old rows or the new ones, never a mix.
+pub async fn replace(
+    catalog: &LocalCatalog,
+    table: &Table,
+    files: Vec<DataFile>,
+    lsn: Lsn,
+    phase: &str,
+    pipeline: &str,
+) -> Result<Table> {
+    super::rowdelta::commit(
+        catalog,
+        table,
+        files,
+        Vec::new(),
+        true,
+        summary(lsn, phase, pipeline),
+    )
+    .await
+}
+
+/// The newest snapshot written by skipprd: the current one, or, when another engine
+/// committed on top (compaction, a manual fix), the nearest ancestor that carries
+/// `skippr.lsn`. The walk follows parent ids and stops at a missing (expired) parent.
+pub fn last_skippr_snapshot(table: &Table) -> Option<&SnapshotRef> {
+    let meta = table.metadata();
+    let mut next = meta.current_snapshot();
+    // Bounded by the number of snapshots, so a malformed parent cycle cannot loop forever.
+    for _ in 0..=meta.snapshots().len() {
+        let s = next?;
+        if s.summary().additional_properties.contains_key(SUMMARY_LSN) {
+            return Some(s);
+        }
+        next = s
+            .parent_snapshot_id()
+            .and_then(|id| meta.snapshot_by_id(id));
+    }
+    None
+}
+
+/// The source LSN covered by the table's newest skipprd snapshot (see
+/// [`last_skippr_snapshot`]), if it has one.
 pub fn committed_lsn(table: &Table) -> Option<Lsn> {
-    table
-        .metadata()
-        .current_snapshot()
-        .and_then(|s| s.summary().additional_properties.get(SUMMARY_LSN).cloned())
-        .and_then(|v| Lsn::parse(&v).ok())
+    last_skippr_snapshot(table)
+        .and_then(|s| s.summary().additional_properties.get(SUMMARY_LSN))
+        .and_then(|v| Lsn::parse(v).ok())
+}
+
+/// The pipeline recorded by the table's newest skipprd snapshot.
+pub fn committed_pipeline(table: &Table) -> Option<&str> {
+    last_skippr_snapshot(table)
+        .and_then(|s| s.summary().additional_properties.get(SUMMARY_PIPELINE))
+        .map(String::as_str)
 }

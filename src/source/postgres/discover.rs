@@ -5,8 +5,10 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::connect::connect;
-use super::schema::{describe, TableSchema};
-use super::slot::{publication_fix_sql, publication_tables, slot_info};
+use super::schema::{check_partition_overlap, describe, TableSchema};
+use super::slot::{
+    publication_fix_sql, publication_tables, publication_via_root, slot_info, via_root_fix_sql,
+};
 use crate::config::{quote_ident, PipelineConfig};
 use crate::error::{Context, Result};
 
@@ -89,6 +91,16 @@ pub async fn discover(p: &PipelineConfig, workspace: &str) -> Result<Report> {
                 )),
             )),
         }
+    }
+    if let Err(e) = check_partition_overlap(&schemas) {
+        checks.push(check(
+            "partitions",
+            false,
+            e.message().to_string(),
+            Some(
+                "list either the partitioned table or its partitions in `tables:`, not both".into(),
+            ),
+        ));
     }
     for ts in &schemas {
         let can_select: bool = client
@@ -252,7 +264,31 @@ async fn replication_checks(
     }
 
     let existing = publication_tables(client, &cfg.publication).await?;
-    let fix = publication_fix_sql(&cfg.publication, existing.as_deref(), &cfg.tables);
+    let partitioned: Vec<String> = schemas
+        .iter()
+        .filter(|s| s.partitioned)
+        .map(|s| s.table.to_string())
+        .collect();
+    if !partitioned.is_empty() {
+        if let Some(false) = publication_via_root(client, &cfg.publication).await? {
+            checks.push(check(
+                "publication of partitions",
+                false,
+                format!(
+                    "publication `{}` publishes the changes of the partitions of {} under the partitions' own names (publish_via_partition_root is off), so skipprd would not receive them as changes of the table it follows",
+                    cfg.publication,
+                    partitioned.join(", ")
+                ),
+                Some(via_root_fix_sql(&cfg.publication)),
+            ));
+        }
+    }
+    let fix = publication_fix_sql(
+        &cfg.publication,
+        existing.as_deref(),
+        &cfg.tables,
+        !partitioned.is_empty(),
+    );
     match (&existing, &fix) {
         (Some(_), None) => checks.push(check(
             "publication",

@@ -36,13 +36,51 @@ pub struct TableSchema {
     pub replica_identity: String,
     pub row_estimate: i64,
     pub blocks: i64,
+    /// A partitioned table: its rows live in its partitions, and the publication must
+    /// publish them under its own name (`publish_via_partition_root`).
+    pub partitioned: bool,
+    /// For a partitioned table, every partition at any level as `schema.name oid xmin
+    /// relfilenode` (`xmin` of its `pg_inherits` row), sorted. ATTACH and DETACH PARTITION
+    /// change this list but send nothing through replication; detaching and re-attaching the
+    /// same partition still changes its `xmin`. A TRUNCATE of one partition, which Postgres
+    /// does not publish through the partitioned table, gives it a new `relfilenode`.
+    pub partitions: Vec<String>,
+    /// For a partition: the partitioned tables above it, nearest first.
+    pub partition_of: Vec<TableRef>,
 }
 
+// A partitioned table has no storage of its own: its size is that of its partitions (the
+// largest one for the blocks, which only decide how the copy is split).
 const TABLE_SQL: &str = "
-SELECT c.oid, c.relkind::text, c.relreplident::text, c.reltuples::bigint,
-       (pg_relation_size(c.oid) / current_setting('block_size')::bigint)::bigint
+SELECT c.oid, c.relkind::text, c.relreplident::text,
+       CASE WHEN c.relkind = 'p' THEN
+         (SELECT coalesce(sum(greatest(p.reltuples, 0)), 0)::bigint
+          FROM pg_partition_tree(c.oid) t JOIN pg_class p ON p.oid = t.relid WHERE t.isleaf)
+       ELSE c.reltuples::bigint END,
+       (CASE WHEN c.relkind = 'p' THEN
+         (SELECT coalesce(max(pg_relation_size(t.relid)), 0)
+          FROM pg_partition_tree(c.oid) t WHERE t.isleaf)
+       ELSE pg_relation_size(c.oid) END / current_setting('block_size')::bigint)::bigint
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2";
+
+const PARTITIONS_SQL: &str = "
+SELECT n.nspname::text || '.' || c.relname::text || ' ' || c.oid::text || ' ' || i.xmin::text
+       || ' ' || c.relfilenode::text
+FROM pg_partition_tree($1::oid::regclass) t
+JOIN pg_class c ON c.oid = t.relid::oid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_inherits i ON i.inhrelid = t.relid::oid
+WHERE t.level > 0
+ORDER BY 1";
+
+const ANCESTORS_SQL: &str = "
+SELECT n.nspname::text, c.relname::text
+FROM pg_partition_ancestors($1::oid::regclass) WITH ORDINALITY AS a(relid, ord)
+JOIN pg_class c ON c.oid = a.relid::oid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE a.relid::oid <> $1::oid
+ORDER BY a.ord";
 
 // Columns with their type resolved through domains; arrays expose their element type.
 const COLUMNS_SQL: &str = "
@@ -131,6 +169,28 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
         .iter()
         .map(|r| r.get::<_, String>(0))
         .collect();
+    let partitioned = relkind == "p";
+    let partitions = if partitioned {
+        client
+            .query(PARTITIONS_SQL, &[&oid])
+            .await
+            .with_context(|| format!("reading the partitions of table {table}"))?
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let partition_of = client
+        .query(ANCESTORS_SQL, &[&oid])
+        .await
+        .with_context(|| format!("reading the partitioned tables above {table}"))?
+        .iter()
+        .map(|r| TableRef {
+            schema: r.get(0),
+            name: r.get(1),
+        })
+        .collect();
     Ok(TableSchema {
         table: table.clone(),
         oid,
@@ -139,7 +199,28 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
         replica_identity,
         row_estimate: row_estimate.max(0),
         blocks,
+        partitioned,
+        partitions,
+        partition_of,
     })
+}
+
+/// Refuses a partition listed in `tables:` together with a partitioned table above it: its
+/// rows are already followed through that table, and would land twice.
+pub fn check_partition_overlap(schemas: &[TableSchema]) -> Result<()> {
+    for ts in schemas {
+        if let Some(parent) = ts
+            .partition_of
+            .iter()
+            .find(|a| schemas.iter().any(|o| &o.table == *a))
+        {
+            return Err(Error::source_err(format!(
+                "table {} is a partition of {parent}, which is also in `tables:`; its rows are already followed (and copied) through {parent}, so they would land twice: remove {} from `tables:` in skippr.yml",
+                ts.table, ts.table
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Resolves a type the change stream names by oid: through domains, and to its element for

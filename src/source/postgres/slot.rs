@@ -71,21 +71,51 @@ pub async fn publication_tables(
     ))
 }
 
-/// The SQL that creates the publication, or adds the missing tables to it.
+/// Whether `publication` publishes the changes of partitions under the name of their
+/// partitioned table (`publish_via_partition_root`); `None` when it does not exist.
+pub async fn publication_via_root(client: &Client, publication: &str) -> Result<Option<bool>> {
+    Ok(client
+        .query_opt(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .context("reading pg_publication")?
+        .map(|r| r.get(0)))
+}
+
+/// The SQL that makes an existing publication publish partitions through their partitioned
+/// table.
+pub fn via_root_fix_sql(publication: &str) -> String {
+    format!(
+        "ALTER PUBLICATION {} SET (publish_via_partition_root = true);",
+        quote_ident(publication)
+    )
+}
+
+/// The SQL that creates the publication, or adds the missing tables to it. With `via_root`
+/// (a partitioned table is followed) a new publication publishes the changes of partitions
+/// under their partitioned table's name, the one table skipprd follows.
 pub fn publication_fix_sql(
     publication: &str,
     existing: Option<&[TableRef]>,
     tables: &[TableRef],
+    via_root: bool,
 ) -> Option<String> {
     match existing {
         None => Some(format!(
-            "CREATE PUBLICATION {} FOR TABLE {};",
+            "CREATE PUBLICATION {} FOR TABLE {}{};",
             quote_ident(publication),
             tables
                 .iter()
                 .map(TableRef::quoted)
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            if via_root {
+                " WITH (publish_via_partition_root = true)"
+            } else {
+                ""
+            }
         )),
         Some(have) => {
             let missing: Vec<_> = tables.iter().filter(|t| !have.contains(t)).collect();
@@ -107,10 +137,18 @@ pub fn publication_fix_sql(
 }
 
 /// Creates the publication or adds missing tables. Without the privilege, the error says
-/// exactly what to run.
-pub async fn ensure_publication(client: &Client, cfg: &PostgresConfig) -> Result<()> {
+/// exactly what to run. `via_root`: a partitioned table is followed (see
+/// [`publication_fix_sql`]); an existing publication must then already publish through the
+/// root, which the caller checks first (see [`publication_via_root`]).
+pub async fn ensure_publication(
+    client: &Client,
+    cfg: &PostgresConfig,
+    via_root: bool,
+) -> Result<()> {
     let existing = publication_tables(client, &cfg.publication).await?;
-    let Some(sql) = publication_fix_sql(&cfg.publication, existing.as_deref(), &cfg.tables) else {
+    let Some(sql) =
+        publication_fix_sql(&cfg.publication, existing.as_deref(), &cfg.tables, via_root)
+    else {
         return Ok(());
     };
     client.batch_execute(&sql).await.map_err(|e| {

@@ -32,6 +32,9 @@ pub struct TableJob {
     pub schema: TableSchema,
     pub table: Table,
     pub arrow: SchemaRef,
+    /// The Iceberg table already holds rows (a table copied again): the copy replaces them
+    /// in one snapshot instead of adding to them.
+    pub replace: bool,
 }
 
 /// One ctid range of one table.
@@ -125,16 +128,21 @@ pub async fn copy_tables(
                     let table_files = files.remove(&job_index).unwrap_or_default();
                     let rows = counters[job_index].load(Ordering::Relaxed);
                     let n_files = table_files.len();
-                    if let Err(e) = commit::append(
-                        catalog.catalog.as_ref(),
-                        &job.table,
-                        table_files,
-                        lsn,
-                        "snapshot",
-                        pipeline,
-                    )
-                    .await
-                    {
+                    let committed = if job.replace {
+                        commit::replace(catalog, &job.table, table_files, lsn, "snapshot", pipeline)
+                            .await
+                    } else {
+                        commit::append(
+                            catalog.catalog.as_ref(),
+                            &job.table,
+                            table_files,
+                            lsn,
+                            "snapshot",
+                            pipeline,
+                        )
+                        .await
+                    };
+                    if let Err(e) = committed {
                         result = Err(e);
                         break;
                     }

@@ -102,6 +102,7 @@ pub async fn stream_to_wal(
                 } else if builder.is_empty() && current.is_none() && last_end > last_durable {
                     // Only transactions without our tables since the last flush: nothing is
                     // pending, so their end can be acknowledged and the slot can advance.
+                    wal.note_acknowledged(last_end)?;
                     client.update_applied_lsn(pgwire_replication::Lsn(last_end.0));
                     last_durable = last_end;
                     let _ = durable.send(last_end);
@@ -263,6 +264,7 @@ pub async fn stream_to_wal(
                     if content.as_ref() == m.as_bytes() {
                         flush(&mut builder, &client, &mut last_durable)?;
                         if builder.is_empty() && last_end > last_durable {
+                            wal.note_acknowledged(last_end)?;
                             client.update_applied_lsn(pgwire_replication::Lsn(last_end.0));
                             last_durable = last_end;
                         }

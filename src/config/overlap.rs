@@ -1,0 +1,49 @@
+//! Validation across pipelines: two pipelines must never write the same Iceberg table. Each
+//! would commit its own rows and LSNs on top of the other's, and neither could tell which
+//! changes the table holds.
+
+use std::collections::BTreeMap;
+
+use super::{PipelineConfig, SinkConfig};
+
+/// Where a sink's tables live: two pipelines with equal targets share one namespace.
+fn target(workspace: &str, sink: &SinkConfig) -> String {
+    match sink {
+        SinkConfig::LocalIceberg { warehouse, .. } => {
+            format!("warehouse {} (namespace {workspace})", warehouse.display())
+        }
+        SinkConfig::AthenaIceberg { sink, .. } => format!(
+            "Glue database {} in {} (warehouse {})",
+            sink.glue_database_name, sink.region, sink.warehouse
+        ),
+    }
+}
+
+/// For every pipeline that would write an Iceberg table an earlier pipeline (in name order)
+/// also writes: the pipeline's name and a message naming both, the table and the fix.
+pub fn shared_tables(workspace: &str, pipelines: &[PipelineConfig]) -> Vec<(String, String)> {
+    // (target, Iceberg table) -> (pipeline, source table) that writes it first.
+    let mut writers: BTreeMap<(String, String), (&str, String)> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for p in pipelines {
+        let where_ = target(workspace, &p.sink);
+        for t in &p.source.tables {
+            let key = (where_.clone(), t.iceberg_name());
+            match writers.get(&key) {
+                Some((other, other_source)) if *other != p.name => problems.push((
+                    p.name.clone(),
+                    format!(
+                        "pipeline `{}` would write Iceberg table `{}` in {where_} (from {t}), which pipeline `{other}` also writes (from {other_source}); two pipelines must never write one table: remove the table from one pipeline's `tables:`, or give one of them another data sink",
+                        p.name,
+                        t.iceberg_name(),
+                    ),
+                )),
+                Some(_) => {}
+                None => {
+                    writers.insert(key, (p.name.as_str(), t.to_string()));
+                }
+            }
+        }
+    }
+    problems
+}

@@ -1,0 +1,228 @@
+//! The pipeline's own bookkeeping, kept in its state folder beside the WAL: which source
+//! tables it follows, the LSN through which each is known complete (its watermark, idle
+//! tables included), the partitions a partitioned table had when it was copied, and the LSN
+//! through which WAL segments have been removed. The snapshot phase reads it to decide which
+//! tables must be copied again; the commit loop advances it before it truncates the WAL.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::change::Lsn;
+use crate::config::TableRef;
+use crate::error::{Context, Error, Result};
+
+/// Version of the file layout; an unknown newer version is refused, never guessed at.
+const STATE_VERSION: u32 = 1;
+
+/// What one pipeline knows about its tables, beyond what the Iceberg tables record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineState {
+    pub version: u32,
+    /// WAL segments whose transactions all end at or before this LSN have been removed: a
+    /// table known complete only through an earlier LSN has lost changes.
+    #[serde(default, with = "lsn_text")]
+    pub wal_removed_through: Lsn,
+    /// Followed source tables by `schema.name`. A table that leaves `tables:` leaves this map:
+    /// nothing follows it from then on, so when it comes back it is copied again.
+    #[serde(default)]
+    pub tables: BTreeMap<String, TableState>,
+}
+
+/// One followed table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableState {
+    /// Every change of the source table up to this LSN is in its Iceberg table, even when it
+    /// had no change for a while (its last commit then records an older LSN).
+    #[serde(with = "lsn_text")]
+    pub watermark: Lsn,
+    /// For a partitioned table: its partitions when it was last copied (see
+    /// `TableSchema::partitions`). Attaching or detaching one changes the rows of the table
+    /// without any change in the replication stream, so a difference means a new copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<String>,
+    /// Set while a copy consistent with this LSN is under way. Found at the next start, the
+    /// copy finished only if the Iceberg table records this LSN (or a later one).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_lsn_text"
+    )]
+    pub copying_at: Option<Lsn>,
+}
+
+/// LSNs are kept as Postgres prints them, so the file reads like `pg_replication_slots`.
+mod lsn_text {
+    use super::Lsn;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(lsn: &Lsn, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&lsn.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Lsn, D::Error> {
+        let text = String::deserialize(d)?;
+        Lsn::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+mod opt_lsn_text {
+    use super::Lsn;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
+        match lsn {
+            Some(l) => s.serialize_some(&l.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Lsn>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| Lsn::parse(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+impl PipelineState {
+    /// Reads the state; `None` when the pipeline has never written one.
+    pub fn load(path: &Path) -> Result<Option<Self>> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(Error::from(e))
+                    .with_context(|| format!("reading the pipeline state {}", path.display()))
+            }
+        };
+        let state: Self = serde_json::from_str(&text).map_err(|e| {
+            Error::fatal(format!(
+                "the pipeline state {} is damaged ({e}); restore it, or run `skipprd sync --resnapshot` to copy every table again",
+                path.display()
+            ))
+        })?;
+        if state.version > STATE_VERSION {
+            return Err(Error::fatal(format!(
+                "the pipeline state {} was written by a newer skipprd (format {}, this one reads up to {STATE_VERSION}); upgrade skipprd",
+                path.display(),
+                state.version
+            )));
+        }
+        Ok(Some(state))
+    }
+
+    /// Writes the state atomically and durably (temporary file, fsync, rename, fsync of the
+    /// folder): a crash leaves the old state or the new one, never half of one.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut state = self.clone();
+        state.version = STATE_VERSION;
+        let text = serde_json::to_vec_pretty(&state)?;
+        let dir = path.parent().unwrap_or_else(|| Path::new("."));
+        let tmp = path.with_extension("json.tmp");
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(dir)?;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&text)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            std::fs::File::open(dir)?.sync_all()
+        };
+        write().with_context(|| format!("writing the pipeline state {}", path.display()))
+    }
+
+    /// Removes the state (a re-snapshot starts from nothing).
+    pub fn remove(path: &Path) -> Result<()> {
+        match std::fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::from(e))
+                .with_context(|| format!("removing the pipeline state {}", path.display())),
+        }
+    }
+
+    pub fn table(&self, t: &TableRef) -> Option<&TableState> {
+        self.tables.get(&t.to_string())
+    }
+
+    /// Raises the watermark of a followed table (never lowers it).
+    pub fn advance(&mut self, t: &TableRef, lsn: Lsn) {
+        if let Some(s) = self.tables.get_mut(&t.to_string()) {
+            s.watermark = s.watermark.max(lsn);
+        }
+    }
+}
+
+/// Records, after a commit and before the WAL is truncated through `removing_through`, the
+/// watermark of every followed table. Written first so that a crash between the two leaves a
+/// state that claims no more than Iceberg holds.
+pub fn record_commit(
+    path: &Path,
+    watermarks: &[(TableRef, Lsn)],
+    removing_through: Lsn,
+) -> Result<()> {
+    // The snapshot phase writes the state first; without one there is nothing to advance
+    // (and an empty one would read as "no table followed").
+    let Some(mut state) = PipelineState::load(path)? else {
+        return Ok(());
+    };
+    let before = state.clone();
+    for (t, lsn) in watermarks {
+        state.advance(t, *lsn);
+    }
+    state.wal_removed_through = state.wal_removed_through.max(removing_through);
+    if state != before {
+        state.save(path)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> TableRef {
+        TableRef {
+            schema: "public".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_advance() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app.state.json");
+        assert_eq!(PipelineState::load(&path).unwrap(), None);
+        let mut s = PipelineState::default();
+        s.tables.insert(
+            "public.a".into(),
+            TableState {
+                watermark: Lsn(10),
+                partitions: vec!["p".into()],
+                copying_at: Some(Lsn(7)),
+            },
+        );
+        s.save(&path).unwrap();
+        record_commit(&path, &[(t("a"), Lsn(30)), (t("gone"), Lsn(40))], Lsn(20)).unwrap();
+        record_commit(&path, &[(t("a"), Lsn(25))], Lsn(5)).unwrap();
+        let back = PipelineState::load(&path).unwrap().unwrap();
+        assert_eq!(back.version, STATE_VERSION);
+        assert_eq!(back.table(&t("a")).unwrap().watermark, Lsn(30));
+        assert_eq!(back.wal_removed_through, Lsn(20));
+        assert_eq!(back.table(&t("a")).unwrap().copying_at, Some(Lsn(7)));
+        // A table not followed is not added by a commit.
+        assert!(back.table(&t("gone")).is_none());
+    }
+
+    #[test]
+    fn damaged_state_is_an_error_that_names_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app.state.json");
+        std::fs::write(&path, "{not json").unwrap();
+        let e = PipelineState::load(&path).unwrap_err();
+        assert!(e.message().contains("--resnapshot"), "{}", e.message());
+    }
+}
