@@ -369,19 +369,16 @@ def small_tmpfs(tmp_path: Path) -> Iterable[Path]:
 def fill(mnt: Path) -> Path:
     """Fills the file system to the last byte."""
     filler = mnt / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
-        try:
-            while True:
-                f.write(b"\0" * 512)
-                f.flush()
-        except OSError:
-            pass
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for chunk in (65536, 4096, 512, 1):
+            try:
+                while os.write(fd, b"\0" * chunk) > 0:
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
     return filler
 
 
