@@ -289,9 +289,7 @@ impl From<sqlx::Error> for Error {
 pub fn sqlstate_kind(code: &str) -> ErrorKind {
     match code {
         c if c.starts_with("08") => ErrorKind::Retryable,
-        "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55006" => {
-            ErrorKind::Retryable
-        }
+        "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55006" => ErrorKind::Retryable,
         _ => ErrorKind::Source,
     }
 }
@@ -376,10 +374,18 @@ mod tests {
             K::UnexpectedEof,
             K::BrokenPipe,
         ] {
-            assert_eq!(Error::from(IoError::from(k)).kind(), ErrorKind::Retryable, "{k:?}");
+            assert_eq!(
+                Error::from(IoError::from(k)).kind(),
+                ErrorKind::Retryable,
+                "{k:?}"
+            );
         }
         for k in [K::NotFound, K::PermissionDenied, K::InvalidData] {
-            assert_eq!(Error::from(IoError::from(k)).kind(), ErrorKind::Fatal, "{k:?}");
+            assert_eq!(
+                Error::from(IoError::from(k)).kind(),
+                ErrorKind::Fatal,
+                "{k:?}"
+            );
         }
         let full = Error::from(IoError::from_raw_os_error(28));
         assert_eq!(full.kind(), ErrorKind::Retryable);
@@ -395,7 +401,9 @@ mod tests {
 
     #[test]
     fn sqlstates_split_into_transient_and_fatal() {
-        for code in ["57P01", "57P02", "57P03", "08006", "08001", "53300", "55006"] {
+        for code in [
+            "57P01", "57P02", "57P03", "08006", "08001", "53300", "55006",
+        ] {
             assert_eq!(sqlstate_kind(code), ErrorKind::Retryable, "{code}");
         }
         // permission denied, undefined object (slot or publication missing), slot
@@ -415,9 +423,9 @@ mod tests {
             "replication slot \"s\" does not exist (SQLSTATE 42704)".into(),
         );
         assert_eq!(Error::from(lost).kind(), ErrorKind::Source);
-        let reset = pgwire_replication::PgWireError::Io(std::sync::Arc::new(
-            std::io::Error::from(std::io::ErrorKind::ConnectionReset),
-        ));
+        let reset = pgwire_replication::PgWireError::Io(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
         assert_eq!(Error::from(reset).kind(), ErrorKind::Retryable);
         let auth = pgwire_replication::PgWireError::Auth("password authentication failed".into());
         assert_eq!(Error::from(auth).kind(), ErrorKind::Source);

@@ -74,7 +74,10 @@ pub async fn run(config: &Config) -> Result<()> {
     // Stopping: pipelines flush, commit and acknowledge; one that cannot (its source is
     // away) is cut off after the grace, which loses nothing (its WAL keeps the changes).
     let stopping = async { while pipelines.join_next().await.is_some() {} };
-    if tokio::time::timeout(PIPELINE_GRACE, stopping).await.is_err() {
+    if tokio::time::timeout(PIPELINE_GRACE, stopping)
+        .await
+        .is_err()
+    {
         tracing::warn!(
             grace_s = PIPELINE_GRACE.as_secs(),
             "pipelines did not stop in time; what they made durable stays in the WAL"

@@ -801,7 +801,9 @@ impl Validator<'_> {
                 _ => {
                     self.report(
                         keys(&["skippr", "reconnect", key]),
-                        format!("`{text}` is not a duration of at least 1s: write e.g. `30s` or `5m`"),
+                        format!(
+                            "`{text}` is not a duration of at least 1s: write e.g. `30s` or `5m`"
+                        ),
                     );
                     parse_duration(default).unwrap_or_default()
                 }

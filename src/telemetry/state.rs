@@ -227,8 +227,11 @@ mod tests {
         assert_eq!(file.reconnects, 1);
         assert_eq!(file.error, None);
         let text = metrics::render();
-        assert!(text.contains("skippr_pipeline_state{pipeline=\"state_test_p\",state=\"streaming\"} 1"));
-        assert!(text.contains("skippr_pipeline_state{pipeline=\"state_test_p\",state=\"reconnecting\"} 0"));
+        assert!(
+            text.contains("skippr_pipeline_state{pipeline=\"state_test_p\",state=\"streaming\"} 1")
+        );
+        assert!(text
+            .contains("skippr_pipeline_state{pipeline=\"state_test_p\",state=\"reconnecting\"} 0"));
         assert!(text.contains("skippr_reconnects_total{pipeline=\"state_test_p\"} 1"));
         // Another process reads the file.
         let other = read(dir.path(), "state_test_p").unwrap();

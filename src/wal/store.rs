@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 
 use super::codec::{decode_all, encode_relation, encode_txn, Record, MAGIC};
-use crate::error::{Context, Error, ErrorKind, Result};
 use crate::change::Lsn;
 use crate::change::{Relation, Txn};
+use crate::error::{Context, Error, ErrorKind, Result};
 
 /// A complete segment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,7 +249,7 @@ impl SegmentBuilder {
 mod tests {
     use super::*;
     use crate::change::Datum;
-    use crate::wal::codec::{Change, Op};
+    use crate::change::{Change, Op};
 
     #[test]
     fn write_read_gc() {
