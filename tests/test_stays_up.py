@@ -7,6 +7,7 @@ equal to Postgres, read by PyIceberg and DuckDB, and by the gateway.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -594,3 +595,33 @@ def test_sigterm_under_load_commits_acknowledges_and_closes_sessions(sk: Skippr,
     proc = sk.sync_once()
     assert_no_panic(proc)
     assert_iceberg_equal(sk)
+
+
+# --------------------------------------------------------------------------------------------
+# `sync` retries too, then gives up with its documented exit code
+# --------------------------------------------------------------------------------------------
+
+
+def test_sync_retries_then_gives_up_with_exit_75(sk: Skippr, sdb: Database) -> None:
+    create_table(sdb)
+    closed_port = free_port()  # nothing listens there: connections are refused
+    sk.write_config([TABLE], port=closed_port)
+    text = sk.config_path.read_text()
+    marker = "  skipprd_el_storage_mode: local\n"
+    sk.config_path.write_text(text.replace(
+        marker, marker + "  reconnect:\n    max_backoff: 1s\n    give_up_after: 4s\n"))
+    started = time.monotonic()
+    proc = sk.run("sync", "--pipeline", "app", "--once", check=False, timeout=120)
+    took = time.monotonic() - started
+    assert_no_panic(proc)
+    assert proc.returncode == 75, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    assert "gave up after" in proc.stderr and "give_up_after" in proc.stderr, proc.stderr[-4000:]
+    retries = [line for line in proc.stderr.splitlines() if "transient fault; retrying" in line]
+    # 4s of tries at 0.25-1s each: several retries, each logged once, with its cause.
+    assert 2 <= len(retries) <= 20, proc.stderr[-4000:]
+    assert all("WARN" in line and "refused" in line.lower() for line in retries), proc.stderr[-4000:]
+    assert 4 <= took < 60, f"took {took:.1f}s"
+    # The state file says why it stopped.
+    status = json.loads((sk.workdir / ".skippr" / "pipelines" / "app.state.json").read_text())
+    assert status["state"] == "failed" and status["reconnects"] == len(retries), status
+    assert "gave up" in status["error"], status
