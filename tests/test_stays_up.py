@@ -504,6 +504,10 @@ def test_network_cut_is_detected_and_healed(sk: Skippr, sdb: Database, own_pg: P
         serve.wait_streaming()
         sdb.execute(f"INSERT INTO {TABLE} VALUES (5001, 'before the cut', 0)")
         serve.wait_equal(sdb)
+        # An idle but healthy stream is not taken for a dead one: the heartbeats answer.
+        time.sleep(12)
+        assert serve.metric("skippr_reconnects_total") == 0, serve.describe()
+        assert serve.state()[0] == "streaming"
         proxy.frozen.set()
         cut_at = time.monotonic()
         sdb.execute(f"INSERT INTO {TABLE} VALUES (5002, 'during the cut', 0)")
