@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 
 use crate::config::PostgresConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Session settings that fix the text format of every value we decode: UTC timestamps, ISO
 /// dates, shortest-exact floats, hex bytea, UTF-8.
@@ -51,10 +51,15 @@ pub async fn connect(cfg: &PostgresConfig) -> Result<Client> {
         ))),
     };
     let (client, connection) = connecting.map_err(|reason| {
+        let hint = if reason.kind() == ErrorKind::Retryable {
+            "the server is restarting or unreachable; if this lasts, check host and port in skippr.yml and that the server accepts connections from here"
+        } else {
+            "check host, port, user, password and database in skippr.yml, and that the server accepts connections from here"
+        };
         Error::new(
             reason.kind(),
             format!(
-                "cannot connect to Postgres at {}:{} (database `{}`, user `{}`) for data source `{}`: {}; check host, port, user, password and database in skippr.yml, and that the server accepts connections from here",
+                "cannot connect to Postgres at {}:{} (database `{}`, user `{}`) for data source `{}`: {}; {hint}",
                 cfg.host,
                 cfg.port,
                 cfg.database,
