@@ -557,6 +557,11 @@ def test_fatal_fault_stops_only_the_pipeline(sk: Skippr, sdb: Database) -> None:
             assert c.execute(f"SELECT v FROM analytics.{TABLE} WHERE id = 7001").fetchone()[0] == "committed"
         assert serve.metric("skippr_pipeline_state") >= 1
         assert re.search(r"ERROR.*pipeline stopped", serve.stderr()), serve.describe()
+        # Another process (the CLI) reads the same state from the pipeline's state file.
+        status = json.loads((serve.storage / "pipelines" / "app.state.json").read_text())
+        assert status["state"] == "failed" and status["pid"] == serve.proc.pid, status
+        proc = sk.run("query", "SELECT pipeline_state, pipeline_error FROM skippr.tables", "--format", "json")
+        assert '"failed"' in proc.stdout and "publication" in proc.stdout, proc.stdout
         assert serve.stop() == 0, serve.describe()
     finally:
         serve.kill()
