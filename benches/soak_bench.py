@@ -151,7 +151,7 @@ def main() -> None:
         c.execute(f"CREATE DATABASE {DB}")
     with pg() as c:
         c.execute("CREATE TABLE events (id bigserial PRIMARY KEY, k int NOT NULL, v text, n int NOT NULL)")
-        c.execute("INSERT INTO events (k, v, n) SELECT g % 1000, md5(g::text), 0 FROM generate_series(1, %s) g",
+        c.execute("INSERT INTO events (k, v, n) SELECT g %% 1000, md5(g::text), 0 FROM generate_series(1, %s) g",
                   (P["ROWS"],))
         c.execute("SELECT setval('events_id_seq', %s)", (P["ROWS"] * 2,))
     gw_port, metrics_port = free_port(), free_port()
