@@ -134,7 +134,7 @@ async fn run_inner(
         };
         state::retry(&p.name, st, e.report());
         if storage_full {
-            tracing::warn!(pipeline = %p.name, error = %e.report(), retry_in_ms = wait.as_millis() as u64, "storage full: ingest paused, nothing more is acknowledged until space is freed; retrying");
+            tracing::warn!(pipeline = %p.name, error = %e.report(), retry_in_ms = wait.as_millis() as u64, "storage full: paused until space is freed (only what is durable is ever acknowledged); retrying");
         } else {
             tracing::warn!(pipeline = %p.name, error = %e.report(), retry_in_ms = wait.as_millis() as u64, "transient fault; retrying");
         }

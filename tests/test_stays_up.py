@@ -434,6 +434,43 @@ def test_full_disk_stops_ingest_and_resumes(sk: Skippr, sdb: Database, small_tmp
     assert_iceberg_equal(sk)
 
 
+@pytest.fixture
+def full_warehouse(sk: Skippr) -> Iterable[Path]:
+    """The warehouse folder is a small tmpfs."""
+    mnt = sk.warehouse
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_full_warehouse_pauses_commits_and_resumes(sk: Skippr, sdb: Database, full_warehouse: Path) -> None:
+    create_table(sdb)
+    serve = Serve(sk)
+    serve.start()
+    try:
+        serve.wait_streaming()
+        fill(full_warehouse)
+        sdb.execute(f"INSERT INTO {TABLE} SELECT g, repeat('y', 300) || g, 2 FROM generate_series(1001, 2000) g")
+        _, error = serve.wait_state(lambda s, _e: s == "storage_full", "the storage_full state", timeout=60)
+        assert error and ("No space left on device" in error or "disk is full" in error), error
+        # The changes are durable in the WAL: live queries see them before any commit.
+        serve.wait_equal(sdb)
+        r = subprocess.run(["mount", "-o", "remount,size=128m", str(full_warehouse)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        serve.wait_streaming(timeout=60)
+        sdb.execute(f"UPDATE {TABLE} SET n = 3 WHERE id BETWEEN 1 AND 50")
+        serve.wait_equal(sdb)
+        assert serve.stop() == 0, serve.describe()
+    finally:
+        serve.kill()
+    assert_iceberg_equal(sk)
+
+
 # --------------------------------------------------------------------------------------------
 # A network cut of the replication connection
 # --------------------------------------------------------------------------------------------
