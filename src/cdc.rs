@@ -287,76 +287,102 @@ pub async fn catch_up_once(
 }
 
 /// Continuous `sync`: streams and commits until `shutdown` turns true, then flushes,
-/// commits and returns.
+/// commits and returns. A transient fault (the stream breaking, the source restarting, a
+/// full disk) commits what is already durable and returns its retryable error: the caller
+/// (`supervise`) waits and runs the pipeline again, which resumes where the WAL ends.
 pub async fn run_continuous(
     p: &PipelineConfig,
     wal: &WalStore,
     catalog: &LocalCatalog,
     namespace: &NamespaceIdent,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let mut sinks = Sinks::load(catalog, namespace, p).await?;
     // Anything already in the WAL (from before a crash) is committed first.
     apply_wal(wal, &mut sinks, catalog, &p.name).await?;
     let (durable_tx, _) = watch::channel(Lsn::default());
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        let start = resume_point(wal)?;
-        let cfg = p.source.clone();
-        let stream_wal = wal.clone();
-        let stream_shutdown = shutdown.clone();
-        let tx = durable_tx.clone();
-        let mut stream = tokio::spawn(async move {
-            stream_to_wal(
-                &cfg,
-                &stream_wal,
-                start,
-                StopAt::Shutdown,
-                stream_shutdown,
-                &tx,
-            )
-            .await
-        });
-        let mut ticker = tokio::time::interval(p.commit_interval);
-        let mut checked = std::time::Instant::now();
-        ticker.tick().await;
-        let outcome = loop {
-            tokio::select! {
-                res = &mut stream => break res,
-                _ = ticker.tick() => {
-                    apply_wal(wal, &mut sinks, catalog, &p.name).await?;
-                    if checked.elapsed() >= SOURCE_CHECK_INTERVAL {
-                        check_source(p).await?;
-                        checked = std::time::Instant::now();
-                    }
-                }
-            }
-        };
-        let stream_result =
-            outcome.map_err(|e| Error::fatal(format!("the replication task failed: {e}")))?;
-        match stream_result {
-            Ok(durable) if *shutdown.borrow() => {
+    let start = resume_point(wal)?;
+    let cfg = p.source.clone();
+    let stream_wal = wal.clone();
+    let stream_shutdown = shutdown.clone();
+    let tx = durable_tx.clone();
+    let stream = tokio::spawn(async move {
+        stream_to_wal(
+            &cfg,
+            &stream_wal,
+            start,
+            StopAt::Shutdown,
+            stream_shutdown,
+            &tx,
+        )
+        .await
+    });
+    // An early return (a failed commit) must not leave the stream running beside the next
+    // try: it would hold the slot and write the same WAL.
+    let mut stream = AbortOnDrop(stream);
+    let mut ticker = tokio::time::interval(p.commit_interval);
+    let mut checked = std::time::Instant::now();
+    ticker.tick().await;
+    let outcome = loop {
+        tokio::select! {
+            res = &mut stream.0 => break res,
+            _ = ticker.tick() => {
                 apply_wal(wal, &mut sinks, catalog, &p.name).await?;
-                let client = crate::source::postgres::connect::connect(&p.source).await?;
-                advance_slot(&client, &p.source.slot, durable).await?;
-                tracing::info!(pipeline = %p.name, "stopped: changes flushed, committed and acknowledged");
-                return Ok(());
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::Retryable => {
-                tracing::warn!(pipeline = %p.name, error = %e.report(), retry_in_ms = backoff.as_millis() as u64, "replication interrupted; reconnecting");
-                apply_wal(wal, &mut sinks, catalog, &p.name).await?;
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = shutdown.changed() => {}
+                if checked.elapsed() >= SOURCE_CHECK_INTERVAL {
+                    bounded(p.source.peer_timeout, "checking the source's tables and publication", check_source(p)).await?;
+                    checked = std::time::Instant::now();
                 }
-                if *shutdown.borrow() {
-                    return Ok(());
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
             }
-            Err(e) => return Err(e),
         }
+    };
+    let stream_result =
+        outcome.map_err(|e| Error::fatal(format!("the replication task failed: {e}")))?;
+    match stream_result {
+        Ok(durable) => {
+            apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+            let ack = async {
+                let client = crate::source::postgres::connect::connect(&p.source).await?;
+                advance_slot(&client, &p.source.slot, durable).await
+            };
+            bounded(p.source.peer_timeout, "acknowledging the slot", ack).await?;
+            tracing::info!(pipeline = %p.name, "stopped: changes flushed, committed and acknowledged");
+            Ok(())
+        }
+        Err(e) => {
+            if e.kind() == ErrorKind::Retryable {
+                // What the stream made durable before the fault goes to Iceberg now; if that
+                // fails too, the next try does it.
+                if let Err(commit) = apply_wal(wal, &mut sinks, catalog, &p.name).await {
+                    tracing::debug!(pipeline = %p.name, error = %commit.report(), "commit after a replication fault failed; the next try commits");
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs `f` for at most `limit`: a source that stopped answering (a cut network) gives a
+/// retryable error instead of a hang.
+pub async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::retryable(format!(
+            "{what}: no answer from the source within {}s (skippr.reconnect.peer_timeout)",
+            limit.as_secs()
+        ))),
     }
 }
 

@@ -78,6 +78,23 @@ impl Error {
         &self.message
     }
 
+    /// Whether the cause is a full disk (or quota): ingest waits for space instead of
+    /// failing, and the pipeline's state says so.
+    pub fn is_storage_full(&self) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(c) = cause {
+            if let Some(io) = c.downcast_ref::<std::io::Error>() {
+                if is_storage_full_io(io) {
+                    return true;
+                }
+            }
+            cause = c.source();
+        }
+        // Some libraries keep only the text of the I/O error.
+        let report = self.report();
+        STORAGE_FULL_TEXT.iter().any(|t| report.contains(t))
+    }
+
     /// The message followed by every cause in the chain, `: `-separated, for the terminal.
     pub fn report(&self) -> String {
         let mut out = self.message.clone();
@@ -96,10 +113,13 @@ impl Error {
         out
     }
 
-    /// Process exit code for this error: 2 for configuration problems, 1 otherwise.
+    /// Process exit code for this error: 2 for configuration problems, 75 (`EX_TEMPFAIL`)
+    /// for a transient fault that outlasted the retries (running again later can succeed),
+    /// 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self.kind {
             ErrorKind::Config => 2,
+            ErrorKind::Retryable => 75,
             _ => 1,
         }
     }
@@ -158,12 +178,121 @@ macro_rules! from_foreign {
     };
 }
 
-from_foreign!(std::io::Error, ErrorKind::Fatal);
-from_foreign!(iceberg::Error, ErrorKind::Fatal);
 from_foreign!(arrow::error::ArrowError, ErrorKind::Fatal);
 from_foreign!(parquet::errors::ParquetError, ErrorKind::Fatal);
 from_foreign!(serde_json::Error, ErrorKind::Fatal);
-from_foreign!(sqlx::Error, ErrorKind::Fatal);
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        let kind = io_kind(&e);
+        Error::new(kind, e.to_string()).with_source(e)
+    }
+}
+
+/// An I/O error that a later try may not meet: the peer went away or is not there yet, the
+/// operation timed out, or the disk is full (space comes back). Everything else (a missing
+/// file, a permission) needs an operator.
+pub fn io_kind(e: &std::io::Error) -> ErrorKind {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionReset
+        | K::ConnectionRefused
+        | K::ConnectionAborted
+        | K::NotConnected
+        | K::BrokenPipe
+        | K::TimedOut
+        | K::UnexpectedEof
+        | K::Interrupted
+        | K::WouldBlock
+        | K::HostUnreachable
+        | K::NetworkUnreachable
+        | K::NetworkDown
+        | K::AddrNotAvailable
+        | K::StorageFull
+        | K::QuotaExceeded
+        | K::ResourceBusy => ErrorKind::Retryable,
+        _ if e.raw_os_error() == Some(ENOSPC) => ErrorKind::Retryable,
+        _ => ErrorKind::Fatal,
+    }
+}
+
+/// A full disk or an exceeded quota.
+pub fn is_storage_full_io(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    ) || e.raw_os_error() == Some(ENOSPC)
+}
+
+/// `ENOSPC` on Linux and the BSDs.
+const ENOSPC: i32 = 28;
+
+/// The kind of a foreign error whose cause may be an I/O error deep in its chain (iceberg,
+/// sqlx, object_store wrap them): the first I/O error decides, else `otherwise`.
+fn kind_from_chain(e: &(dyn std::error::Error + 'static), otherwise: ErrorKind) -> ErrorKind {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return io_kind(io);
+        }
+        // Some storage layers keep only the text of the I/O error.
+        if STORAGE_FULL_TEXT.iter().any(|t| c.to_string().contains(t)) {
+            return ErrorKind::Retryable;
+        }
+        cause = c.source();
+    }
+    otherwise
+}
+
+/// How a full disk reads once an I/O error has been turned into text (the OS's message,
+/// sqlite's SQLITE_FULL).
+const STORAGE_FULL_TEXT: [&str; 2] = ["No space left on device", "database or disk is full"];
+
+impl From<iceberg::Error> for Error {
+    fn from(e: iceberg::Error) -> Self {
+        let kind = if e.retryable() || e.kind() == iceberg::ErrorKind::CatalogCommitConflicts {
+            ErrorKind::Retryable
+        } else {
+            kind_from_chain(&e, ErrorKind::Fatal)
+        };
+        Error::new(kind, e.to_string()).with_source(e)
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        let kind = match &e {
+            sqlx::Error::Io(io) => io_kind(io),
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => ErrorKind::Retryable,
+            // sqlite's primary result codes (the low byte of an extended code): SQLITE_BUSY
+            // (5), SQLITE_LOCKED (6), SQLITE_IOERR (10), SQLITE_FULL (13).
+            sqlx::Error::Database(db)
+                if db
+                    .code()
+                    .and_then(|c| c.parse::<i64>().ok())
+                    .is_some_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13)) =>
+            {
+                ErrorKind::Retryable
+            }
+            _ => kind_from_chain(&e, ErrorKind::Fatal),
+        };
+        Error::new(kind, e.to_string()).with_source(e)
+    }
+}
+
+/// What a Postgres SQLSTATE means for a retry loop. Transient: the connection classes (08),
+/// the server shutting down, crashing or starting up (57P01, 57P02, 57P03), too many
+/// connections (53300), serialization failures and deadlocks (40001, 40P01), and a slot still
+/// held by the previous session of a connection that just broke (55006: its walsender lets
+/// go within `wal_sender_timeout`). Everything else (a lost slot, a missing publication, a
+/// denied permission, a wrong password) needs a person.
+pub fn sqlstate_kind(code: &str) -> ErrorKind {
+    match code {
+        c if c.starts_with("08") => ErrorKind::Retryable,
+        "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55006" => ErrorKind::Retryable,
+        _ => ErrorKind::Source,
+    }
+}
 
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
@@ -181,10 +310,10 @@ impl From<tokio_postgres::Error> for Error {
             }
             None => e.to_string(),
         };
-        let kind = if e.is_closed() || e.as_db_error().is_none() {
-            ErrorKind::Retryable
-        } else {
-            ErrorKind::Source
+        let kind = match e.as_db_error() {
+            Some(db) => sqlstate_kind(db.code().code()),
+            // No answer from the server: the connection closed, broke or timed out.
+            None => ErrorKind::Retryable,
         };
         Error::new(kind, message).with_source(e)
     }
@@ -197,19 +326,108 @@ impl From<datafusion::error::DataFusionError> for Error {
     }
 }
 
+/// The kind of an error of the replication protocol client: I/O by its kind, a server
+/// error by its SQLSTATE, a worker that stopped as transient, the rest (authentication,
+/// protocol, TLS) as a problem of the source's set-up.
+pub fn replication_kind(e: &pgwire_replication::PgWireError) -> ErrorKind {
+    match e {
+        pgwire_replication::PgWireError::Io(io) => io_kind(io),
+        pgwire_replication::PgWireError::Server(text) => match sqlstate_in(text) {
+            Some(code) => sqlstate_kind(code),
+            None => ErrorKind::Source,
+        },
+        e if e.is_transient() => ErrorKind::Retryable,
+        _ => ErrorKind::Source,
+    }
+}
+
 impl From<pgwire_replication::PgWireError> for Error {
     fn from(e: pgwire_replication::PgWireError) -> Self {
-        let kind = if e.is_transient() {
-            ErrorKind::Retryable
-        } else {
-            ErrorKind::Source
-        };
-        Error::new(kind, e.to_string()).with_source(e)
+        Error::new(replication_kind(&e), e.to_string()).with_source(e)
     }
+}
+
+/// The SQLSTATE in a server error rendered as text (`... (SQLSTATE 57P01)`).
+fn sqlstate_in(text: &str) -> Option<&str> {
+    let at = text.find("SQLSTATE ")? + "SQLSTATE ".len();
+    text.get(at..at + 5)
+        .filter(|c| c.chars().all(|ch| ch.is_ascii_alphanumeric()))
 }
 
 impl From<Error> for datafusion::error::DataFusionError {
     fn from(e: Error) -> Self {
         datafusion::error::DataFusionError::External(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_io_errors_are_retryable_and_others_fatal() {
+        use std::io::{Error as IoError, ErrorKind as K};
+        for k in [
+            K::ConnectionReset,
+            K::ConnectionRefused,
+            K::TimedOut,
+            K::UnexpectedEof,
+            K::BrokenPipe,
+        ] {
+            assert_eq!(
+                Error::from(IoError::from(k)).kind(),
+                ErrorKind::Retryable,
+                "{k:?}"
+            );
+        }
+        for k in [K::NotFound, K::PermissionDenied, K::InvalidData] {
+            assert_eq!(
+                Error::from(IoError::from(k)).kind(),
+                ErrorKind::Fatal,
+                "{k:?}"
+            );
+        }
+        let full = Error::from(IoError::from_raw_os_error(28));
+        assert_eq!(full.kind(), ErrorKind::Retryable);
+        assert!(full.is_storage_full());
+        assert!(!Error::from(IoError::from(K::ConnectionReset)).is_storage_full());
+        // Context keeps the kind and the cause.
+        let wrapped: Result<()> = Err(IoError::from_raw_os_error(28)).context("writing a segment");
+        let e = wrapped.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Retryable);
+        assert!(e.is_storage_full());
+        assert_eq!(e.exit_code(), 75);
+    }
+
+    #[test]
+    fn sqlstates_split_into_transient_and_fatal() {
+        for code in [
+            "57P01", "57P02", "57P03", "08006", "08001", "53300", "55006",
+        ] {
+            assert_eq!(sqlstate_kind(code), ErrorKind::Retryable, "{code}");
+        }
+        // permission denied, undefined object (slot or publication missing), slot
+        // invalidated, bad password, unknown database
+        for code in ["42501", "42704", "55000", "28P01", "3D000"] {
+            assert_eq!(sqlstate_kind(code), ErrorKind::Source, "{code}");
+        }
+    }
+
+    #[test]
+    fn replication_server_errors_are_classified_by_their_sqlstate() {
+        let restart = pgwire_replication::PgWireError::Server(
+            "the database system is shutting down (SQLSTATE 57P03)".into(),
+        );
+        assert_eq!(Error::from(restart).kind(), ErrorKind::Retryable);
+        let lost = pgwire_replication::PgWireError::Server(
+            "replication slot \"s\" does not exist (SQLSTATE 42704)".into(),
+        );
+        assert_eq!(Error::from(lost).kind(), ErrorKind::Source);
+        let reset = pgwire_replication::PgWireError::Io(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(Error::from(reset).kind(), ErrorKind::Retryable);
+        let auth = pgwire_replication::PgWireError::Auth("password authentication failed".into());
+        assert_eq!(Error::from(auth).kind(), ErrorKind::Source);
     }
 }

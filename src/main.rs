@@ -1,5 +1,6 @@
 //! `skipprd`: parses the command line, loads the configuration, runs the command and maps
-//! errors to exit codes (0 ok, 1 failure, 2 configuration error).
+//! errors to exit codes (0 ok, 1 failure, 2 configuration error, 75 a transient fault that
+//! outlasted the retries: run again later).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -10,7 +11,7 @@ use skippr::cli::{CdcModeArg, Cli, Command, ConnectCommand, DiscoverFormat, Sink
 use skippr::config::connect::Connect;
 use skippr::config::{Config, PipelineConfig, SinkConfig};
 use skippr::error::{Error, Result};
-use skippr::{config, pipeline, query, source, telemetry};
+use skippr::{config, query, source, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -117,7 +118,8 @@ async fn run(cli: Cli) -> Result<u8> {
             let p = pick(&config, pipeline.as_deref())?;
             let (tx, rx) = tokio::sync::watch::channel(false);
             skippr::cdc::trap_signals(tx);
-            let report = pipeline::sync(&config, p, once, resnapshot, rx).await?;
+            let mode = skippr::supervise::Mode::Sync { once, resnapshot };
+            let report = skippr::supervise::run(&config, p, mode, rx).await?;
             writeln!(
                 stdout,
                 "sync of pipeline {} done: {} table(s) copied, {} already up to date",

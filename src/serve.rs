@@ -17,10 +17,13 @@ use crate::telemetry::metrics;
 
 /// How long a stop waits for statements in flight.
 const QUERY_GRACE: Duration = Duration::from_secs(30);
+/// How long a stop waits for the pipelines to flush, commit and acknowledge.
+const PIPELINE_GRACE: Duration = Duration::from_secs(30);
 /// How often the list of tables is read again (a first snapshot creates tables while serving).
 const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Runs until SIGTERM/SIGINT (exit 0) or until a pipeline fails (its error is returned).
+/// Runs until SIGTERM/SIGINT (exit 0). A pipeline that fails stops alone; the gateway and
+/// the other pipelines keep running.
 pub async fn run(config: &Config) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     crate::cdc::trap_signals(stop_tx.clone());
@@ -47,33 +50,40 @@ pub async fn run(config: &Config) -> Result<()> {
     let mut pipelines = JoinSet::new();
     for p in &config.pipelines {
         let (config, p, rx) = (config.clone(), p.clone(), stop_rx.clone());
+        // A pipeline rides out transient faults by itself (see `supervise`); one that fails
+        // for good is marked `failed` in skippr.tables, and the gateway keeps answering
+        // over what it committed and what its WAL holds.
         pipelines.spawn(async move {
-            let name = p.name.clone();
-            crate::pipeline::sync(&config, &p, false, false, rx)
+            crate::supervise::run(&config, &p, crate::supervise::Mode::Serve, rx)
                 .await
                 .map(|_| ())
-                .map_err(|e| (name, e))
         });
     }
 
-    let mut failure: Option<Error> = None;
-    while let Some(done) = pipelines.join_next().await {
-        let outcome = done.map_err(|e| Error::fatal(format!("a pipeline task failed: {e}")));
-        let err = match outcome {
-            Ok(Ok(())) => continue,
-            Ok(Err((name, e))) => {
-                tracing::error!(pipeline = %name, error = %e.report(), "pipeline stopped; stopping the server");
-                e
+    let mut stop = stop_rx.clone();
+    loop {
+        tokio::select! {
+            done = pipelines.join_next(), if !pipelines.is_empty() => {
+                if let Some(Err(e)) = done {
+                    tracing::error!(error = %e, "a pipeline task failed");
+                }
             }
-            Err(e) => e,
-        };
-        if failure.is_none() {
-            failure = Some(err);
+            _ = stop.wait_for(|s| *s) => break,
         }
-        let _ = stop_tx.send(true);
     }
-    // Pipelines end only on a stop request or a failure: stop the services too.
-    let _ = stop_tx.send(true);
+    // Stopping: pipelines flush, commit and acknowledge; one that cannot (its source is
+    // away) is cut off after the grace, which loses nothing (its WAL keeps the changes).
+    let stopping = async { while pipelines.join_next().await.is_some() {} };
+    if tokio::time::timeout(PIPELINE_GRACE, stopping)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_s = PIPELINE_GRACE.as_secs(),
+            "pipelines did not stop in time; what they made durable stays in the WAL"
+        );
+        pipelines.abort_all();
+    }
     while let Some(done) = services.join_next().await {
         match done {
             Ok(Ok(())) => {}
@@ -81,13 +91,8 @@ pub async fn run(config: &Config) -> Result<()> {
             Err(e) => tracing::warn!(error = %e, "service task failed"),
         }
     }
-    match failure {
-        Some(e) => Err(e),
-        None => {
-            tracing::info!("skipprd serve stopped");
-            Ok(())
-        }
-    }
+    tracing::info!("skipprd serve stopped");
+    Ok(())
 }
 
 async fn refresh_tables(ws: Arc<Workspace>, mut stop: watch::Receiver<bool>) -> Result<()> {

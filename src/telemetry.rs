@@ -2,6 +2,7 @@
 //! are never logged.
 
 pub mod metrics;
+pub mod state;
 
 use std::io::IsTerminal;
 
@@ -9,10 +10,15 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
 
+/// Default levels. The replication client logs a broken stream at ERROR itself; skipprd
+/// reports every such error it gets (a retry at WARN, a fault that needs a person at ERROR),
+/// so the client's own lines are left out.
+const DEFAULT_FILTER: &str = "skippr=info,skipprd=info,pgwire_replication=off,warn";
+
 /// Installs the global subscriber. `RUST_LOG` overrides the default level.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("skippr=info,skipprd=info,warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -14,12 +14,16 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 32] = [
+const KEY_ORDER: [&str; 36] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
     "query",
     "metrics",
+    "reconnect",
+    "max_backoff",
+    "give_up_after",
+    "peer_timeout",
     "listen",
     "users",
     "name",

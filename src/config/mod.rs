@@ -81,6 +81,14 @@ pub struct QueryConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
 }
 
+/// Retries after transient faults, resolved (see [`ReconnectSettings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconnectConfig {
+    pub max_backoff: std::time::Duration,
+    pub give_up_after: std::time::Duration,
+    pub peer_timeout: std::time::Duration,
+}
+
 /// A table to follow, as `schema.name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableRef {
@@ -160,6 +168,8 @@ pub struct PostgresConfig {
     pub snapshot_parallelism: usize,
     pub parquet_target_file_size: u64,
     pub append_only: Vec<TableRef>,
+    /// Silence after which the replication connection counts as dead (`skippr.reconnect`).
+    pub peer_timeout: std::time::Duration,
 }
 
 /// A resolved sink.
@@ -197,6 +207,8 @@ pub struct Config {
     pub query: QueryConfig,
     /// The address of the Prometheus endpoint of `skipprd serve`.
     pub metrics_listen: std::net::SocketAddr,
+    /// Retries after transient faults.
+    pub reconnect: ReconnectConfig,
     pub pipelines: Vec<PipelineConfig>,
     /// The file as written, with `${VAR}` references still literal.
     pub raw: Value,
@@ -621,6 +633,8 @@ impl Validator<'_> {
             ),
         );
 
+        let reconnect = self.reconnect(file);
+
         for (name, def) in &file.data_sources {
             if def.postgres.is_none() && !self.reported_under(&["data_sources", name]) {
                 self.report(
@@ -707,6 +721,10 @@ impl Validator<'_> {
                 s.postgres
                     .as_ref()
                     .and_then(|pg| self.postgres(sname, pg, &workspace, name))
+                    .map(|pg| PostgresConfig {
+                        peer_timeout: reconnect.peer_timeout,
+                        ..pg
+                    })
             });
             let sink_cfg = sink.and_then(|(kname, k)| {
                 if let Some(l) = &k.local_iceberg {
@@ -776,8 +794,46 @@ impl Validator<'_> {
             storage_path,
             query,
             metrics_listen,
+            reconnect,
             pipelines,
             raw,
+        }
+    }
+
+    /// `skippr.reconnect`: every duration at least 1s.
+    fn reconnect(&mut self, file: &SkipprFile) -> ReconnectConfig {
+        let r = file.skippr.reconnect.clone().unwrap_or_default();
+        let mut duration = |key: &str, value: Option<&str>, default: &str| {
+            let text = value.unwrap_or(default);
+            match parse_duration(text) {
+                Some(d) if d >= std::time::Duration::from_secs(1) => d,
+                _ => {
+                    self.report(
+                        keys(&["skippr", "reconnect", key]),
+                        format!(
+                            "`{text}` is not a duration of at least 1s: write e.g. `30s` or `5m`"
+                        ),
+                    );
+                    parse_duration(default).unwrap_or_default()
+                }
+            }
+        };
+        ReconnectConfig {
+            max_backoff: duration(
+                "max_backoff",
+                r.max_backoff.as_deref(),
+                DEFAULT_RECONNECT_MAX_BACKOFF,
+            ),
+            give_up_after: duration(
+                "give_up_after",
+                r.give_up_after.as_deref(),
+                DEFAULT_RECONNECT_GIVE_UP_AFTER,
+            ),
+            peer_timeout: duration(
+                "peer_timeout",
+                r.peer_timeout.as_deref(),
+                DEFAULT_RECONNECT_PEER_TIMEOUT,
+            ),
         }
     }
 
@@ -967,6 +1023,7 @@ impl Validator<'_> {
             snapshot_parallelism: parallelism,
             parquet_target_file_size: file_mb * 1024 * 1024,
             append_only,
+            peer_timeout: parse_duration(DEFAULT_RECONNECT_PEER_TIMEOUT).unwrap_or_default(),
         })
     }
 }

@@ -59,6 +59,34 @@ pub struct Settings {
     /// The Prometheus endpoint of `skipprd serve`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsSettings>,
+    /// How pipelines ride out transient faults (the source restarting, a broken connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect: Option<ReconnectSettings>,
+}
+
+/// Longest wait between two tries after a transient fault.
+pub const DEFAULT_RECONNECT_MAX_BACKOFF: &str = "30s";
+/// How long `sync` keeps retrying one fault before it exits (`serve` never gives up).
+pub const DEFAULT_RECONNECT_GIVE_UP_AFTER: &str = "5m";
+/// How long the replication connection may stay silent before its peer counts as dead.
+pub const DEFAULT_RECONNECT_PEER_TIMEOUT: &str = "30s";
+
+/// `skippr.reconnect`: retries after transient faults.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ReconnectSettings {
+    /// Longest wait between tries (default 30s); waits start at 500ms and double, with
+    /// jitter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_backoff: Option<String>,
+    /// How long `sync` retries before it exits with code 75 (default 5m). `serve` retries
+    /// without limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub give_up_after: Option<String>,
+    /// Silence after which the replication connection counts as dead and is reopened
+    /// (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_timeout: Option<String>,
 }
 
 /// Default address of the Postgres-wire gateway.

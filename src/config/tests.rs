@@ -175,3 +175,27 @@ fn two_pipelines_writing_one_table_are_refused() {
     let apart = text.replace("./sub/../warehouse", "./other");
     assert!(load(&apart).is_ok());
 }
+
+#[test]
+fn reconnect_settings_have_defaults_and_are_checked() {
+    use std::time::Duration;
+    let c = load(GOOD).unwrap();
+    assert_eq!(c.reconnect.max_backoff, Duration::from_secs(30));
+    assert_eq!(c.reconnect.give_up_after, Duration::from_secs(300));
+    assert_eq!(c.reconnect.peer_timeout, Duration::from_secs(30));
+    assert_eq!(c.pipelines[0].source.peer_timeout, Duration::from_secs(30));
+    let text = GOOD.replace(
+        "  skipprd_el_storage_mode: local\n",
+        "  skipprd_el_storage_mode: local\n  reconnect:\n    max_backoff: 5s\n    peer_timeout: 10s\n",
+    );
+    let c = load(&text).unwrap();
+    assert_eq!(c.reconnect.max_backoff, Duration::from_secs(5));
+    assert_eq!(c.pipelines[0].source.peer_timeout, Duration::from_secs(10));
+    let bad = GOOD.replace(
+        "  skipprd_el_storage_mode: local\n",
+        "  skipprd_el_storage_mode: local\n  reconnect:\n    give_up_after: 10ms\n",
+    );
+    let p = one_error(&bad);
+    assert_eq!(p.path, "skippr.reconnect.give_up_after");
+    assert!(p.message.contains("at least 1s"), "{}", p.message);
+}

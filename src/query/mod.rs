@@ -47,6 +47,8 @@ struct TableEntry {
 /// Every replicated table of a workspace, read live. One per process, shared by queries.
 pub struct Workspace {
     pub name: String,
+    /// `skipprd_el_storage_path`: where the pipelines' state files are.
+    pub storage_path: PathBuf,
     sinks: Vec<LocalCatalog>,
     /// For each sink, the pipelines writing to it: (name, WAL folder, tables).
     pipelines: Vec<Vec<(String, PathBuf, Vec<TableRef>)>>,
@@ -104,6 +106,7 @@ impl Workspace {
         }
         let ws = Arc::new(Self {
             name: config.workspace.clone(),
+            storage_path: config.storage_path.clone(),
             sinks,
             pipelines,
             tables: RwLock::new(BTreeMap::new()),

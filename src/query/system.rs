@@ -1,5 +1,6 @@
 //! Queries, system tables: `skippr.tables` shows each replicated table's committed LSN, its
-//! WAL tail, its last commit and its lag, computed when a query reads it.
+//! WAL tail, its last commit, its lag and the state of the pipeline that writes it,
+//! computed when a query reads it.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -52,6 +53,8 @@ pub fn tables_schema() -> SchemaRef {
             true,
         ),
         Field::new("lag_seconds", DataType::Float64, false),
+        Field::new("pipeline_state", DataType::Utf8, true),
+        Field::new("pipeline_error", DataType::Utf8, true),
     ]))
 }
 
@@ -65,7 +68,15 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
     let mut bytes = Vec::new();
     let mut commit = Vec::new();
     let mut lag = Vec::new();
+    let mut pipeline_state = Vec::new();
+    let mut pipeline_error = Vec::new();
     for s in &states {
+        let status = s
+            .pipeline
+            .as_deref()
+            .and_then(|p| crate::telemetry::state::read(&ws.storage_path, p));
+        pipeline_state.push(status.as_ref().map(|st| st.state.as_str().to_string()));
+        pipeline_error.push(status.and_then(|st| st.error));
         cols.0.push(ws.name.clone());
         cols.1.push(s.table.identifier().name().to_string());
         cols.2.push(s.pipeline.clone());
@@ -99,6 +110,8 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
         Arc::new(Int64Array::from(bytes)),
         Arc::new(TimestampMicrosecondArray::from(commit).with_timezone("+00:00")),
         Arc::new(Float64Array::from(lag)),
+        Arc::new(StringArray::from(pipeline_state)),
+        Arc::new(StringArray::from(pipeline_error)),
     ];
     Ok(RecordBatch::try_new(tables_schema(), arrays)?)
 }

@@ -136,6 +136,8 @@ impl Gateway {
     /// Accepts clients until `shutdown` turns true, then waits (up to `grace`) for the
     /// statements in flight to finish.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>, grace: Duration) -> Result<()> {
+        let (closing_tx, closing_rx) = watch::channel(false);
+        let mut sessions = tokio::task::JoinSet::new();
         tracing::info!(address = %self.addr, tls = self.tls.is_some(), auth = if self.shared.users.is_some() { "scram-sha-256" } else { "loopback trust" }, "gateway listening");
         loop {
             tokio::select! {
@@ -156,9 +158,23 @@ impl Gateway {
                     let _ = socket.set_nodelay(true);
                     let handlers = session::ConnHandlers::new(self.shared.clone());
                     let tls = self.tls.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
-                            tracing::debug!(peer = %peer, error = %e, "client connection ended with an error");
+                    let closing = closing_rx.clone();
+                    while sessions.try_join_next().is_some() {}
+                    sessions.spawn(async move {
+                        // A second handle on the socket, to tell the client why it is closed
+                        // once the session itself has been stopped (see `close_sessions`).
+                        let notice = (tls.is_none()).then(|| dup_socket(&socket)).flatten();
+                        tokio::select! {
+                            r = pgwire::tokio::process_socket(socket, tls, handlers) => {
+                                if let Err(e) = r {
+                                    tracing::debug!(peer = %peer, error = %e, "client connection ended with an error");
+                                }
+                            }
+                            _ = wait_true(closing) => {
+                                if let Some(socket) = notice {
+                                    fatal_notice(socket, "57P01", "terminating connection due to administrator command: skipprd is shutting down; reconnect once it is back").await;
+                                }
+                            }
                         }
                     });
                 }
@@ -181,22 +197,57 @@ impl Gateway {
                 break;
             }
         }
+        close_sessions(closing_tx, &mut sessions).await;
         tracing::info!("gateway stopped");
         Ok(())
     }
 }
 
+/// How long the sessions get to tell their clients that the server is going away.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends every client session: each one still open gets an `ErrorResponse` FATAL 57P01
+/// (admin shutdown), as Postgres sends on a fast shutdown, so clients and pools know to
+/// reconnect. Over TLS the session is closed without the notice (it would need the TLS
+/// stream the session owns).
+async fn close_sessions(closing: watch::Sender<bool>, sessions: &mut tokio::task::JoinSet<()>) {
+    let _ = closing.send(true);
+    let all_closed = async { while sessions.join_next().await.is_some() {} };
+    if tokio::time::timeout(CLOSE_GRACE, all_closed).await.is_err() {
+        sessions.abort_all();
+    }
+}
+
+/// Resolves once `rx` holds true (or its sender is gone).
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// A second handle on the same connection.
+fn dup_socket(socket: &tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
+    use std::os::fd::AsFd;
+    let fd = socket.as_fd().try_clone_to_owned().ok()?;
+    tokio::net::TcpStream::from_std(std::net::TcpStream::from(fd)).ok()
+}
+
 /// Tells a client it may not connect, in the protocol's own terms, and closes.
-async fn refuse(mut socket: tokio::net::TcpStream) {
+async fn refuse(socket: tokio::net::TcpStream) {
+    fatal_notice(
+        socket,
+        "28000",
+        "only loopback clients may connect when skippr.query has no users; add users (name and password) to skippr.yml",
+    )
+    .await
+}
+
+/// Sends one `ErrorResponse` of severity FATAL with `code` and `message`, and closes.
+async fn fatal_notice(mut socket: tokio::net::TcpStream, code: &str, message: &str) {
     let mut body = Vec::new();
     for (tag, value) in [
         (b'S', "FATAL"),
         (b'V', "FATAL"),
-        (b'C', "28000"),
-        (
-            b'M',
-            "only loopback clients may connect when skippr.query has no users; add users (name and password) to skippr.yml",
-        ),
+        (b'C', code),
+        (b'M', message),
     ] {
         body.push(tag);
         body.extend_from_slice(value.as_bytes());

@@ -113,15 +113,19 @@ impl WalStore {
             std::fs::File::open(&self.dir)?.sync_all()
         };
         write().map_err(|e| {
-            let hint = if e.raw_os_error() == Some(28) {
-                "; the disk is full: free space or move skipprd_el_storage_path, then restart (nothing was acknowledged, nothing is lost)"
+            // A partial segment is never left behind: its changes were not acknowledged, so
+            // the source sends them again.
+            let _ = std::fs::remove_file(&tmp);
+            let (kind, hint) = if crate::error::is_storage_full_io(&e) {
+                (
+                    ErrorKind::Retryable,
+                    "; storage full: free space under skipprd_el_storage_path and ingest resumes by itself (nothing was acknowledged, nothing is lost)",
+                )
             } else {
-                ""
+                (crate::error::io_kind(&e), "")
             };
-            Error::new(
-                ErrorKind::Fatal,
-                format!("cannot write WAL segment {}: {e}{hint}", path.display()),
-            )
+            let message = format!("cannot write WAL segment {}: {e}{hint}", path.display());
+            Error::new(kind, message).with_source(e)
         })?;
         Ok(SegmentInfo {
             path,

@@ -19,6 +19,7 @@ from ._model import (
     DataSourceRef,
     LocalStorage,
     MetricsSettings,
+    ReconnectSettings,
     Pipeline,
     QuerySettings,
     QueryTls,
@@ -67,6 +68,7 @@ class Config:
         self._storage = LocalStorage()
         self._query: Optional[QuerySettings] = None
         self._metrics: Optional[MetricsSettings] = None
+        self._reconnect: Optional[ReconnectSettings] = None
         self._pipelines: Dict[str, Pipeline] = {}
         self._data_sources: Dict[str, DataSourcePostgres] = {}
         self._data_sinks: Dict[str, DataSinkDef] = {}
@@ -108,6 +110,17 @@ class Config:
                 f"expected MetricsSettings(listen), found {describe(settings)}", "skippr.metrics"
             )
         self._metrics = settings
+        return self
+
+    def reconnect(self, settings: ReconnectSettings) -> Config:
+        """Sets the retries after transient faults (``skippr.reconnect``)."""
+        if not isinstance(settings, ReconnectSettings):
+            raise ConfigError(
+                "expected ReconnectSettings(max_backoff, give_up_after, peer_timeout), "
+                f"found {describe(settings)}",
+                "skippr.reconnect",
+            )
+        self._reconnect = settings
         return self
 
     def data_source(self, name: str, source: DataSourcePostgres) -> DataSourceRef:
@@ -237,6 +250,10 @@ class Config:
         """The metrics endpoint settings, or None (skipprd's defaults)."""
         return self._metrics
 
+    def get_reconnect(self) -> Optional[ReconnectSettings]:
+        """The retry settings, or None (skipprd's defaults)."""
+        return self._reconnect
+
     @property
     def pipelines(self) -> Mapping[str, Pipeline]:
         """Pipelines by name, read-only."""
@@ -266,7 +283,8 @@ class Config:
 
     def _state(self) -> Tuple[Any, ...]:
         return (
-            self._workspace, self._storage, self._query, self._metrics, self._pipelines,
+            self._workspace, self._storage, self._query, self._metrics, self._reconnect,
+            self._pipelines,
             self._data_sources, self._data_sinks, self._schema_sinks,
         )
 
@@ -308,6 +326,13 @@ class Config:
             if self._metrics.listen is not None:
                 metrics["listen"] = self._metrics.listen
             skippr["metrics"] = metrics
+        if self._reconnect is not None:
+            reconnect: Dict[str, Node] = {}
+            for key in ReconnectSettings._fields:
+                value = getattr(self._reconnect, key)
+                if value is not None:
+                    reconnect[key] = value
+            skippr["reconnect"] = reconnect
         pipelines: Dict[str, Node] = {}
         for name, p in self._pipelines.items():
             entry: Dict[str, Node] = {
@@ -496,7 +521,7 @@ class _Reader:
             ("skippr",), settings,
             (
                 "workspace", "skipprd_el_storage_mode", "skipprd_el_storage_path", "query",
-                "metrics",
+                "metrics", "reconnect",
             ),
             ("workspace",),
         )
@@ -541,6 +566,11 @@ class _Reader:
             m = self.mapping(at_m, settings["metrics"], "a mapping (listen)")
             self.keys(at_m, m, ("listen",))
             cfg.metrics(self.build(at_m, MetricsSettings, {"listen": m.get("listen")}))
+        if "reconnect" in settings:
+            at_r: Tuple[Segment, ...] = ("skippr", "reconnect")
+            r = self.mapping(at_r, settings["reconnect"], "a mapping (max_backoff, give_up_after, peer_timeout)")
+            self.keys(at_r, r, ReconnectSettings._fields)
+            cfg.reconnect(self.build(at_r, ReconnectSettings, {k: r.get(k) for k in ReconnectSettings._fields}))
 
         # data_sources
         sources = self.mapping(("data_sources",), top.get("data_sources"), "a mapping of data sources")

@@ -344,6 +344,42 @@ class MetricsSettings(_Value):
         self._set("listen", _Check("MetricsSettings").text("listen", listen, required=False))
 
 
+class ReconnectSettings(_Value):
+    """Retries after transient faults (``skippr.reconnect``): ``max_backoff`` (longest wait
+    between tries, default ``30s``), ``give_up_after`` (how long ``sync`` retries before it
+    exits with code 75, default ``5m``; ``serve`` never gives up) and ``peer_timeout``
+    (silence after which the connection to the source counts as dead, default ``30s``).
+    Each is a duration of at least ``1s``."""
+
+    _fields = ("max_backoff", "give_up_after", "peer_timeout")
+    __slots__ = _fields
+    max_backoff: Optional[str]
+    give_up_after: Optional[str]
+    peer_timeout: Optional[str]
+
+    def __init__(
+        self,
+        max_backoff: Optional[str] = None,
+        give_up_after: Optional[str] = None,
+        peer_timeout: Optional[str] = None,
+    ) -> None:
+        for name, value in (
+            ("max_backoff", max_backoff),
+            ("give_up_after", give_up_after),
+            ("peer_timeout", peer_timeout),
+        ):
+            text = _Check("ReconnectSettings").string(name, value, required=False)
+            if text is not None and not has_reference(text):
+                m = _DURATION.match(text)
+                if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < 1000:
+                    raise field_error(
+                        "ReconnectSettings",
+                        [name],
+                        f"`{text}` is not a duration of at least 1s: write e.g. `30s` or `5m`",
+                    )
+            self._set(name, text)
+
+
 class DataSourcePostgresSourceCdcMode(str, enum.Enum):
     """How the tables of a Postgres source are read (``cdc_mode``)."""
 

@@ -7,7 +7,7 @@ use tokio_postgres::Client;
 use super::connect::replication_config;
 use crate::change::Lsn;
 use crate::config::{quote_ident, PostgresConfig, TableRef};
-use crate::error::{Context, Error, ErrorKind, Result};
+use crate::error::{replication_kind, Context, Error, Result};
 
 /// A slot as `pg_replication_slots` shows it.
 #[derive(Debug, Clone)]
@@ -154,7 +154,7 @@ pub async fn ensure_publication(
     client.batch_execute(&sql).await.map_err(|e| {
         let reason = Error::from(e);
         Error::new(
-            ErrorKind::Source,
+            reason.kind(),
             format!(
                 "cannot set up publication `{}` ({}); ask a table owner or superuser to run: {sql}",
                 cfg.publication,
@@ -184,7 +184,7 @@ pub async fn create_slot_exporting_snapshot(
     let rc = replication_config(cfg, slot);
     let mut session = ReplicationClient::connect_gated(rc).await.map_err(|e| {
         Error::new(
-            ErrorKind::Source,
+            replication_kind(&e),
             format!(
                 "cannot open a replication connection to {}:{} as `{}`: {e}; the user needs the REPLICATION privilege (ALTER ROLE {} WITH REPLICATION;) and pg_hba.conf must allow it",
                 cfg.host, cfg.port, cfg.user, quote_ident(&cfg.user)
@@ -199,7 +199,7 @@ pub async fn create_slot_exporting_snapshot(
     );
     let rows = session.simple_query(&sql).await.map_err(|e| {
         Error::new(
-            ErrorKind::Source,
+            replication_kind(&e),
             format!("cannot create replication slot `{slot}`: {e}; check max_replication_slots and that wal_level = logical"),
         )
     })?;

@@ -32,6 +32,65 @@ pub enum StopAt {
     Shutdown,
 }
 
+/// Prefix of the logical message that proves a silent replication connection alive.
+pub const HEARTBEAT_PREFIX: &str = "skippr.heartbeat";
+
+/// Asks the source for a heartbeat: a non-transactional logical message that comes back
+/// through the slot. It uses its own SQL session, opened when first needed and reopened
+/// after a failure; each try is bounded by the peer timeout.
+struct Heartbeat {
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Heartbeat {
+    fn spawn(cfg: PostgresConfig) -> Self {
+        let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+        let notified = wake.clone();
+        let task = tokio::spawn(async move {
+            let mut session: Option<tokio_postgres::Client> = None;
+            loop {
+                notified.notified().await;
+                let emit = async {
+                    if session.as_ref().is_none_or(|c| c.is_closed()) {
+                        session = Some(super::connect::connect(&cfg).await?);
+                    }
+                    if let Some(c) = &session {
+                        c.execute(
+                            "SELECT pg_logical_emit_message(false, $1, '')",
+                            &[&HEARTBEAT_PREFIX],
+                        )
+                        .await?;
+                    }
+                    Ok::<(), Error>(())
+                };
+                match tokio::time::timeout(cfg.peer_timeout, emit).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(slot = %cfg.slot, error = %e.report(), "heartbeat failed");
+                        session = None;
+                    }
+                    Err(_) => {
+                        tracing::debug!(slot = %cfg.slot, "heartbeat got no answer");
+                        session = None;
+                    }
+                }
+            }
+        });
+        Self { wake, task }
+    }
+
+    fn ping(&self) {
+        self.wake.notify_one();
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Streams from the slot into `wal`, from `start` (the slot's confirmed position when
 /// zero). Publishes each durable LSN on `durable`. Returns the last durable LSN.
 pub async fn stream_to_wal(
@@ -42,18 +101,41 @@ pub async fn stream_to_wal(
     mut shutdown: watch::Receiver<bool>,
     durable: &watch::Sender<Lsn>,
 ) -> Result<Lsn> {
+    let peer_timeout = cfg.peer_timeout;
+    // Status updates at least every third of the peer timeout: the server's
+    // `wal_sender_timeout` (60s by default) is then never reached while we are alive.
     let rc = replication_config(cfg, &cfg.slot)
         .with_start_lsn(pgwire_replication::Lsn(start.0))
-        .with_status_interval(Duration::from_secs(1));
-    let mut client = ReplicationClient::connect(rc).await.map_err(|e| {
-        Error::new(
-            ErrorKind::Source,
-            format!(
-                "cannot start replication from slot `{}`: {e}; run `skipprd discover` to check the slot and publication",
-                cfg.slot
-            ),
-        )
-    })?;
+        .with_status_interval(Duration::from_secs(1))
+        .with_wakeup_interval((peer_timeout / 3).max(Duration::from_secs(1)));
+    let connecting = tokio::time::timeout(peer_timeout, ReplicationClient::connect(rc)).await;
+    let mut client = match connecting {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            let cause = Error::from(e);
+            let hint = if cause.kind() == ErrorKind::Retryable {
+                "the source is unreachable or restarting; retrying"
+            } else {
+                "run `skipprd discover` to check the slot and publication"
+            };
+            return Err(Error::new(
+                cause.kind(),
+                format!(
+                    "cannot start replication from slot `{}`: {}; {hint}",
+                    cfg.slot,
+                    cause.message()
+                ),
+            )
+            .with_source(cause));
+        }
+        Err(_) => {
+            return Err(Error::retryable(format!(
+                "cannot start replication from slot `{}`: no answer within {}s (skippr.reconnect.peer_timeout)",
+                cfg.slot,
+                peer_timeout.as_secs()
+            )))
+        }
+    };
     let mut builder = SegmentBuilder::default();
     let mut current: Option<Txn> = None;
     let mut last_end = start;
@@ -66,6 +148,13 @@ pub async fn stream_to_wal(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut server_end = start;
+    crate::telemetry::state::set(&pipeline, crate::telemetry::state::State::Streaming, None);
+    // Liveness: anything from the server proves the connection is alive. After half the
+    // peer timeout of silence a heartbeat (a logical message) is asked for; after the whole
+    // timeout the peer counts as dead and the stream ends with a retryable error.
+    let heartbeat = Heartbeat::spawn(cfg.clone());
+    let mut last_heard = Instant::now();
+    let mut pinged = false;
 
     let flush = |builder: &mut SegmentBuilder,
                  client: &ReplicationClient,
@@ -94,8 +183,28 @@ pub async fn stream_to_wal(
 
     loop {
         let event = tokio::select! {
-            ev = client.recv() => ev.map_err(|e| Error::new(ErrorKind::Retryable, format!("replication stream from slot `{}` failed: {e}", cfg.slot)))?,
+            ev = client.recv() => {
+                last_heard = Instant::now();
+                pinged = false;
+                ev.map_err(|e| {
+                    let cause = Error::from(e);
+                    Error::new(cause.kind(), format!("replication stream from slot `{}` failed: {}", cfg.slot, cause.message())).with_source(cause)
+                })?
+            }
             _ = tick.tick() => {
+                let silent = last_heard.elapsed();
+                if silent >= peer_timeout {
+                    client.abort();
+                    return Err(Error::retryable(format!(
+                        "the replication connection of slot `{}` sent nothing for {}s, not even a heartbeat: the source or the network is down (skippr.reconnect.peer_timeout)",
+                        cfg.slot,
+                        silent.as_secs()
+                    )));
+                }
+                if !pinged && silent >= peer_timeout / 2 {
+                    heartbeat.ping();
+                    pinged = true;
+                }
                 if !builder.is_empty() && last_flush.elapsed() >= FLUSH_INTERVAL / 2 {
                     flush(&mut builder, &client, &mut last_durable)?;
                     last_flush = Instant::now();
