@@ -8,14 +8,15 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use crate::cdc;
+use crate::storage::{Location, Store};
 use crate::wal::WalStore;
 
 use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
 use crate::config::{CdcMode, Config, PipelineConfig, SinkConfig};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::sink::iceberg::{commit, schema as ice_schema};
 use crate::source::postgres::connect::connect;
-use crate::change::Lsn;
 use crate::source::postgres::schema::{describe, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
 use crate::source::postgres::snapshot::{copy_tables, TableJob};
@@ -68,15 +69,19 @@ impl PipelineLock {
 pub async fn open_sink(p: &PipelineConfig) -> Result<LocalCatalog> {
     match &p.sink {
         SinkConfig::LocalIceberg { warehouse, .. } => LocalCatalog::open(warehouse).await,
-        SinkConfig::AthenaIceberg { name, .. } => Err(Error::config(format!(
-            "data sink `{name}` is AthenaIceberg, which this version of skipprd can validate but not yet write to; use a LocalIceberg sink for now"
-        ))),
+        SinkConfig::AthenaIceberg { sink, .. } => LocalCatalog::open_glue(sink),
     }
 }
 
 /// The WAL of a pipeline.
 pub fn wal_store(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
-    WalStore::open(&config.storage_path.join("wal").join(&p.name))
+    match &config.storage {
+        Location::Local(_) => WalStore::open(&config.storage_path.join("wal").join(&p.name)),
+        s3 => Ok(WalStore::on_objects(
+            Store::open(s3, None)?,
+            &format!("wal/{}", p.name),
+        )),
+    }
 }
 
 /// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change

@@ -19,7 +19,7 @@ use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use iceberg::table::Table;
-use iceberg::{Catalog, NamespaceIdent, TableIdent};
+use iceberg::{NamespaceIdent, TableIdent};
 
 use crate::catalog::LocalCatalog;
 use crate::config::{Config, SinkConfig, TableRef};

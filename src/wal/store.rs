@@ -7,10 +7,13 @@ use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 
-use super::codec::{decode_all, encode_relation, encode_txn, Record, Txn, MAGIC};
-use crate::error::{Context, Error, ErrorKind, Result};
+use super::codec::{decode_all, encode_relation, encode_txn, Record, MAGIC};
+use super::objects::ObjectWal;
 use crate::change::Lsn;
 use crate::change::Relation;
+use crate::change::Txn;
+use crate::error::{Context, Error, ErrorKind, Result};
+use crate::storage::Store;
 
 /// A complete segment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,9 +30,11 @@ pub struct SegmentInfo {
 #[derive(Debug, Clone)]
 pub struct WalStore {
     dir: PathBuf,
+    /// Set when the WAL lives in object storage (S3 mode); `dir` is then its key prefix.
+    objects: Option<ObjectWal>,
 }
 
-fn parse_name(name: &str) -> Option<(Lsn, Lsn)> {
+pub(super) fn parse_name(name: &str) -> Option<(Lsn, Lsn)> {
     let stem = name.strip_suffix(".seg")?;
     let (a, b) = stem.split_once('-')?;
     Some((
@@ -57,7 +62,17 @@ impl WalStore {
         }
         Ok(Self {
             dir: dir.to_path_buf(),
+            objects: None,
         })
+    }
+
+    /// The WAL under `prefix` in an object store (S3 mode). Opening reads and writes
+    /// nothing: a segment PUT is atomic, so no partial segment can be left behind.
+    pub fn on_objects(store: Store, prefix: &str) -> Self {
+        Self {
+            dir: PathBuf::from(prefix.trim_matches('/')),
+            objects: Some(ObjectWal::new(store, prefix)),
+        }
     }
 
     /// Opens an existing WAL for reading only: nothing is created or cleaned up, so a reader
@@ -65,6 +80,7 @@ impl WalStore {
     pub fn reader(dir: &Path) -> Option<Self> {
         dir.is_dir().then(|| Self {
             dir: dir.to_path_buf(),
+            objects: None,
         })
     }
 
@@ -74,6 +90,9 @@ impl WalStore {
 
     /// Complete segments, oldest first.
     pub fn segments(&self) -> Result<Vec<SegmentInfo>> {
+        if let Some(objects) = &self.objects {
+            return objects.segments();
+        }
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&self.dir)
             .with_context(|| format!("listing {}", self.dir.display()))?
@@ -97,6 +116,9 @@ impl WalStore {
 
     /// Writes `data` (records, without header) as a complete segment, durably.
     pub fn write_segment(&self, first: Lsn, last: Lsn, data: &[u8]) -> Result<SegmentInfo> {
+        if let Some(objects) = &self.objects {
+            return objects.write_segment(first, last, data);
+        }
         let name = format!("{:016X}-{:016X}.seg", first.0, last.0);
         let path = self.dir.join(&name);
         let tmp = self.dir.join(format!("{name}.tmp"));
@@ -129,6 +151,15 @@ impl WalStore {
 
     /// Reads every record of a segment. A damaged segment is an error, never skipped.
     pub fn read(&self, seg: &SegmentInfo) -> Result<Vec<Record>> {
+        if let Some(objects) = &self.objects {
+            return match objects.get(seg)? {
+                Some(data) => Self::decode(seg, data.to_vec()),
+                None => Err(Error::fatal(format!(
+                    "WAL segment {} disappeared while it was still needed; was the state prefix changed by hand? Run `skipprd sync --resnapshot`",
+                    objects.describe(seg)
+                ))),
+            };
+        }
         let data = std::fs::read(&seg.path)
             .with_context(|| format!("reading WAL segment {}", seg.path.display()))?;
         Self::decode(seg, data)
@@ -137,6 +168,12 @@ impl WalStore {
     /// Like [`WalStore::read`], but a segment removed since it was listed (because Iceberg
     /// now holds its changes) reads as `None`.
     pub fn read_if_present(&self, seg: &SegmentInfo) -> Result<Option<Vec<Record>>> {
+        if let Some(objects) = &self.objects {
+            return objects
+                .get(seg)?
+                .map(|data| Self::decode(seg, data.to_vec()))
+                .transpose();
+        }
         match std::fs::read(&seg.path) {
             Ok(data) => Self::decode(seg, data).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -167,6 +204,11 @@ impl WalStore {
         let mut n = 0;
         for s in self.segments()? {
             if s.last <= lsn {
+                if let Some(objects) = &self.objects {
+                    objects.remove(&s)?;
+                    n += 1;
+                    continue;
+                }
                 std::fs::remove_file(&s.path)
                     .with_context(|| format!("removing WAL segment {}", s.path.display()))?;
                 n += 1;
@@ -178,6 +220,10 @@ impl WalStore {
     /// Deletes every segment (used by a re-snapshot).
     pub fn clear(&self) -> Result<()> {
         for s in self.segments()? {
+            if let Some(objects) = &self.objects {
+                objects.remove(&s)?;
+                continue;
+            }
             std::fs::remove_file(&s.path)
                 .with_context(|| format!("removing WAL segment {}", s.path.display()))?;
         }
