@@ -198,6 +198,7 @@ impl GlueCatalog {
             .metadata_location(location)
             .identifier(ident)
             .metadata(metadata)
+            .runtime(iceberg::Runtime::try_current()?)
             .build()
     }
 
@@ -385,6 +386,7 @@ impl Catalog for GlueCatalog {
             .metadata_location(metadata_location)
             .identifier(ident)
             .metadata(metadata)
+            .runtime(iceberg::Runtime::try_current()?)
             .build()
     }
 

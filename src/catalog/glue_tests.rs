@@ -124,14 +124,12 @@ async fn a_concurrent_writer_is_detected_never_overwritten() -> iceberg::Result<
     let ident = table.identifier().clone();
     let old = table.metadata_location_result()?.to_string();
     // Two next metadata files, as two writers would stage them from the same table.
-    let next = |tag: &str| old.replace(".metadata.json", &format!("-{tag}.metadata.json"));
-    let (a, b) = (next("a"), next("b"));
+    let current = MetadataLocation::from_str(&old)?;
+    let (a, b) = (current.with_next_version(), current.with_next_version());
     for path in [&a, &b] {
-        table
-            .metadata()
-            .write_to(&catalog.file_io, &MetadataLocation::from_str(path)?)
-            .await?;
+        table.metadata().write_to(&catalog.file_io, path).await?;
     }
+    let (a, b) = (a.to_string(), b.to_string());
 
     // Writer B wins; A still believes the table is at `old`.
     catalog.swap(&ident, &old, &b).await?;
@@ -188,12 +186,10 @@ async fn a_swap_between_read_and_update_is_refused_by_version() -> iceberg::Resu
     let table = create(&catalog).await?;
     let ident = table.identifier().clone();
     let old = table.metadata_location_result()?.to_string();
-    let mine = old.replace(".metadata.json", "-mine.metadata.json");
-    let theirs = old.replace(".metadata.json", "-theirs.metadata.json");
-    table
-        .metadata()
-        .write_to(&catalog.file_io, &MetadataLocation::from_str(&mine)?)
-        .await?;
+    let current = MetadataLocation::from_str(&old)?;
+    let (mine, theirs) = (current.with_next_version(), current.with_next_version());
+    table.metadata().write_to(&catalog.file_io, &mine).await?;
+    let (mine, theirs) = (mine.to_string(), theirs.to_string());
     *racing.raced.lock().unwrap_or_else(|e| e.into_inner()) = Some(theirs.clone());
 
     let err = catalog.swap(&ident, &old, &mine).await.err();
