@@ -65,7 +65,7 @@ class Config:
 
     def __init__(self) -> None:
         self._workspace: Optional[str] = None
-        self._storage = LocalStorage()
+        self._storage: Union[LocalStorage, S3Storage] = LocalStorage()
         self._query: Optional[QuerySettings] = None
         self._metrics: Optional[MetricsSettings] = None
         self._pipelines: Dict[str, Pipeline] = {}
