@@ -84,6 +84,35 @@ pub fn wal_store(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
     }
 }
 
+/// Where a reader (`query`, `serve`) finds a pipeline's WAL without disturbing its writer.
+#[derive(Debug, Clone)]
+pub enum WalReader {
+    /// A local folder, which may not exist until the first segment is written.
+    Dir(std::path::PathBuf),
+    /// Objects under a prefix (S3 mode).
+    Objects(WalStore),
+}
+
+impl WalReader {
+    pub fn open(&self) -> Option<WalStore> {
+        match self {
+            Self::Dir(dir) => WalStore::reader(dir),
+            Self::Objects(store) => Some(store.clone()),
+        }
+    }
+}
+
+/// The WAL of a pipeline, for reading only.
+pub fn wal_reader(config: &Config, p: &PipelineConfig) -> Result<WalReader> {
+    Ok(match &config.storage {
+        Location::Local(_) => WalReader::Dir(config.storage_path.join("wal").join(&p.name)),
+        s3 => WalReader::Objects(WalStore::on_objects(
+            Store::open(s3, None)?,
+            &format!("wal/{}", p.name),
+        )),
+    })
+}
+
 /// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change
 /// stream: up to the server's position at the start of the call with `once`, or until
 /// `shutdown` otherwise.

@@ -211,6 +211,7 @@ def read_glue_duckdb(moto: Moto, table: str, order_by: list[str]) -> list[dict]:
 def assert_matches(skippr: Skippr, moto: Moto, table: str) -> None:
     spec = pg_table_spec(skippr.db, table)
     expected = expected_rows(skippr.db, spec)
+    assert_rows_equal(expected, skippr.read_query(spec), spec, "skipprd query (Glue + S3)")
     assert_rows_equal(expected, read_glue_pyiceberg(moto, spec.iceberg_name, spec.primary_key), spec, "pyiceberg (Glue)")
     assert_rows_equal(expected, read_glue_duckdb(moto, spec.iceberg_name, spec.primary_key), spec, "duckdb (httpfs)")
 
@@ -306,9 +307,17 @@ def test_wal_is_in_s3_and_survives_a_restart(skippr: Skippr, moto: Moto) -> None
             segments = [k for k in moto.keys(STATE_BUCKET, "skippr/wal/app/") if k.endswith(".seg")]
             time.sleep(0.3)
         assert segments, "no WAL segment appeared in S3 within 60 s:\n" + (skippr.workdir / "bg.stderr").read_text()[-4000:]
-        # Not committed yet: Iceberg still shows the snapshot.
+        # Not committed yet: Iceberg still shows the snapshot, while `skipprd query` sees
+        # the changes from the WAL tail in S3.
         spec = pg_table_spec(db, "orders")
         assert len(read_glue_pyiceberg(moto, "orders", spec.primary_key)) == 2000
+        expected = expected_rows(db, spec)
+        deadline = time.monotonic() + 60
+        live = skippr.read_query(spec)
+        while len(live) != len(expected) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            live = skippr.read_query(spec)
+        assert_rows_equal(expected, live, spec, "skipprd query (WAL tail in S3)")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
