@@ -27,6 +27,11 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, value_name = "MODE")]
     pub storage_mode: Option<StorageModeArg>,
 
+    /// Where the WAL and state go, to write into the config file (`connect` only): a folder
+    /// in mode `local`, `s3://bucket/prefix` in mode `s3`.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub storage_path: Option<String>,
+
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -44,6 +49,7 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StorageModeArg {
     Local,
+    S3,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

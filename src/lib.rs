@@ -9,6 +9,8 @@ pub mod error;
 
 pub mod change;
 
+pub mod storage;
+
 pub mod catalog;
 pub mod config;
 pub mod query;

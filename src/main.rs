@@ -60,8 +60,17 @@ fn pick<'c>(config: &'c Config, name: Option<&str>) -> Result<&'c PipelineConfig
 async fn run(cli: Cli) -> Result<u8> {
     if let Command::Connect { what } = &cli.command {
         let change = connect_change(what)?;
-        let storage = cli.storage_mode.map(|_| "local");
-        config::connect::apply(&cli.config, cli.workspace.as_deref(), storage, Some(change))?;
+        let storage = cli.storage_mode.map(|m| match m {
+            skippr::cli::StorageModeArg::Local => "local",
+            skippr::cli::StorageModeArg::S3 => "s3",
+        });
+        config::connect::apply(
+            &cli.config,
+            cli.workspace.as_deref(),
+            storage,
+            cli.storage_path.as_deref(),
+            Some(change),
+        )?;
         println!("wrote {}", cli.config.display());
         return Ok(0);
     }

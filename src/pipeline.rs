@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use crate::cdc;
+use crate::storage::{Location, Store};
 use crate::wal::WalStore;
 
 pub mod state;
@@ -74,15 +75,48 @@ impl PipelineLock {
 pub async fn open_sink(p: &PipelineConfig) -> Result<LocalCatalog> {
     match &p.sink {
         SinkConfig::LocalIceberg { warehouse, .. } => LocalCatalog::open(warehouse).await,
-        SinkConfig::AthenaIceberg { name, .. } => Err(Error::config(format!(
-            "data sink `{name}` is AthenaIceberg, which this version of skipprd can validate but not yet write to; use a LocalIceberg sink for now"
-        ))),
+        SinkConfig::AthenaIceberg { sink, .. } => LocalCatalog::open_glue(sink),
     }
 }
 
 /// The WAL of a pipeline.
 pub fn wal_store(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
-    WalStore::open(&config.storage_path.join("wal").join(&p.name))
+    match &config.storage {
+        Location::Local(_) => WalStore::open(&config.storage_path.join("wal").join(&p.name)),
+        s3 => Ok(WalStore::on_objects(
+            Store::open(s3, None)?,
+            &format!("wal/{}", p.name),
+        )),
+    }
+}
+
+/// Where a reader (`query`, `serve`) finds a pipeline's WAL without disturbing its writer.
+#[derive(Debug, Clone)]
+pub enum WalReader {
+    /// A local folder, which may not exist until the first segment is written.
+    Dir(std::path::PathBuf),
+    /// Objects under a prefix (S3 mode).
+    Objects(WalStore),
+}
+
+impl WalReader {
+    pub fn open(&self) -> Option<WalStore> {
+        match self {
+            Self::Dir(dir) => WalStore::reader(dir),
+            Self::Objects(store) => Some(store.clone()),
+        }
+    }
+}
+
+/// The WAL of a pipeline, for reading only.
+pub fn wal_reader(config: &Config, p: &PipelineConfig) -> Result<WalReader> {
+    Ok(match &config.storage {
+        Location::Local(_) => WalReader::Dir(config.storage_path.join("wal").join(&p.name)),
+        s3 => WalReader::Objects(WalStore::on_objects(
+            Store::open(s3, None)?,
+            &format!("wal/{}", p.name),
+        )),
+    })
 }
 
 /// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change

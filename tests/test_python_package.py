@@ -32,6 +32,7 @@ from skippr import (
     QuerySettings,
     QueryTls,
     QueryUser,
+    S3Storage,
 )
 
 from conftest import REPO, skipprd_bin
@@ -275,6 +276,49 @@ def test_connect_quotes_what_yaml_would_not_read_back_as_a_string(tmp_path: Path
     rust_line = [line for line in rust_text.splitlines() if line.startswith("      user:")]
     python_line = [line for line in python_text.splitlines() if line.startswith("      user:")]
     assert rust_line == python_line, f"skipprd connect wrote:\n{rust_text}\nPython wrote:\n{python_text}"
+
+
+S3_EXPECTED = """\
+skippr:
+  workspace: analytics
+  skipprd_el_storage_mode: s3
+  skipprd_el_storage_path: s3://my-state-bucket/skippr/state
+"""
+
+
+def test_s3_storage_writes_the_same_bytes_as_connect_and_validates(tmp_path: Path) -> None:
+    """`S3Storage(...)` and `--storage-mode s3 --storage-path ...` write the same file, which
+    loads back as S3Storage and passes `skipprd validate`."""
+    cfg = snippet_config().storage(S3Storage(path="s3://my-state-bucket/skippr/state"))
+    text = cfg.to_yaml()
+    assert text.startswith(S3_EXPECTED), text
+    assert Config.from_yaml(text).get_storage() == S3Storage("s3://my-state-bucket/skippr/state")
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    first = ["--storage-path", "s3://my-state-bucket/skippr/state", *CONNECT_COMMANDS[0]]
+    first[first.index("local")] = "s3"
+    for args in [first, *CONNECT_COMMANDS[1:]]:
+        proc = run_binary(["--config", str(config), *args], cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path, env={"APP_DB_PASSWORD": "x"})
+    assert proc.returncode == 0, describe(proc)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--storage-mode", "s3"], "--storage-mode s3 needs --storage-path s3://bucket/prefix"),
+    (["--storage-mode", "s3", "--storage-path", "/var/skippr"], "is not an S3 location"),
+    (["--storage-path", "s3://b1b/x"], "add --storage-mode s3"),
+])
+def test_connect_refuses_inconsistent_storage_flags(tmp_path: Path, args: list[str], message: str) -> None:
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    proc = run_binary(["--config", str(config), "--workspace", "w", *args, *CONNECT_COMMANDS[0][4:]], cwd=tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert message in proc.stderr, describe(proc)
+    assert not config.exists()
 
 
 def test_written_files_pass_skipprd_validate(tmp_path: Path) -> None:
@@ -565,6 +609,9 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("local warehouse", lambda: DataSinkLocalIceberg(warehouse=3), "DataSinkLocalIceberg.warehouse", "expected a string"),  # type: ignore[arg-type]
     ("storage path", lambda: LocalStorage(path=""), "LocalStorage.path", "must not be empty"),
     ("storage type", lambda: Config().storage("local"), "skippr.storage", "expected LocalStorage"),  # type: ignore[arg-type]
+    ("s3 storage path", lambda: S3Storage(path="/var/skippr"), "S3Storage.path", "`/var/skippr` is not an S3 location: write it as s3://bucket/prefix"),
+    ("s3 storage bucket", lambda: S3Storage(path="s3://My_Bucket/x"), "S3Storage.path", "is not a valid S3 bucket name"),
+    ("local storage with s3", lambda: LocalStorage(path="s3://b1/x"), "LocalStorage.path", "needs S3Storage"),
     ("env name", lambda: EnvRef("1PASSWORD"), "EnvRef.name", "not a valid environment variable name"),
     ("commit interval", lambda: Pipeline("data_sources.a", "data_sinks.b", commit_interval="10 parsecs"), "Pipeline.commit_interval", "not a duration of at least 100ms"),
     ("commit interval short", lambda: Pipeline("data_sources.a", "data_sinks.b", commit_interval="50ms"), "Pipeline.commit_interval", "at least 100ms"),
@@ -638,7 +685,9 @@ BAD_FILES: list[tuple[str, str, int, str, str]] = [
     ("user int", replaced(14, "      user: 1234"), 14, "data_sources.app_db.Postgres.user", "found an integer (1234)"),
     ("cdc mode", replaced(18, "      cdc_mode: always"), 18, "data_sources.app_db.Postgres.cdc_mode", "unknown value `always`; allowed"),
     ("workspace", replaced(2, "  workspace: my-workspace"), 2, "skippr.workspace", "not a valid workspace name"),
-    ("storage mode", replaced(3, "  skipprd_el_storage_mode: s3"), 3, "skippr.skipprd_el_storage_mode", "unknown value `s3`; allowed: local"),
+    ("storage mode", replaced(3, "  skipprd_el_storage_mode: gcs"), 3, "skippr.skipprd_el_storage_mode", "unknown value `gcs`; allowed: local, s3"),
+    ("s3 storage without path", replaced(3, "  skipprd_el_storage_mode: s3"), 1, "skippr", "skipprd_el_storage_path is required"),
+    ("s3 storage path", replaced(3, "  skipprd_el_storage_mode: s3\n  skipprd_el_storage_path: /var/skippr"), 4, "skippr.skipprd_el_storage_path", "`/var/skippr` is not an S3 location"),
     ("pipeline name", replaced(6, "  my-orders:"), 6, "pipelines.my-orders", "not a valid pipeline name"),
     ("dangling source", replaced(7, "    data_source: data_sources.nope"), 7, "pipelines.orders.data_source", "`data_sources.nope` refers to nothing; defined: data_sources.app_db"),
     ("malformed reference", replaced(8, "    data_sink: lake"), 8, "pipelines.orders.data_sink", "not a reference of the form `data_sinks.<name>`"),

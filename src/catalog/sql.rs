@@ -4,103 +4,65 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use iceberg::io::LocalFsStorageFactory;
-use iceberg::table::Table;
-use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableIdent};
+use iceberg::{Catalog, CatalogBuilder, TableIdent};
 use iceberg_catalog_sql::{SqlCatalog, SqlCatalogBuilder};
 
 use super::CATALOG_NAME;
 use crate::error::{Context, Error, ErrorKind, Result};
 
-/// The local warehouse folder and its catalog.
+/// The sqlite side of a commit: where a table's metadata pointer is read and swapped.
 #[derive(Clone, Debug)]
-pub struct LocalCatalog {
-    pub warehouse: PathBuf,
-    pub catalog: Arc<SqlCatalog>,
+pub struct SqlPointer {
     db: PathBuf,
-    /// Tables as last loaded for queries, reused while their metadata file is current:
-    /// a reused table keeps Iceberg's cache of parsed manifest lists and manifests, which
-    /// otherwise every query would read and decode again.
-    loaded: Arc<Mutex<HashMap<TableIdent, Table>>>,
-    /// Read-only connections for the metadata-location lookups of [`Self::load_current`].
+    /// Read-only connections for the metadata-location lookups of queries.
     reader: Arc<tokio::sync::OnceCell<sqlx::SqlitePool>>,
 }
 
-impl LocalCatalog {
-    /// Opens (creating when missing) the warehouse folder and its catalog.
-    pub async fn open(warehouse: &Path) -> Result<Self> {
-        std::fs::create_dir_all(warehouse).with_context(|| {
-            format!(
-                "cannot create the warehouse folder {}; check the `warehouse` path and its permissions",
-                warehouse.display()
-            )
-        })?;
-        let warehouse = std::fs::canonicalize(warehouse).with_context(|| {
-            format!(
-                "cannot resolve the warehouse folder {}",
-                warehouse.display()
-            )
-        })?;
-        let db = warehouse.join("catalog.db");
-        let props = HashMap::from([
-            (
-                "uri".to_string(),
-                format!("sqlite:{}?mode=rwc", db.display()),
-            ),
-            (
-                "warehouse".to_string(),
-                format!("file://{}", warehouse.display()),
-            ),
-        ]);
-        let catalog = SqlCatalogBuilder::default()
-            .with_storage_factory(Arc::new(LocalFsStorageFactory))
-            .load(CATALOG_NAME, props)
-            .await
-            .with_context(|| format!("cannot open the Iceberg catalog {}", db.display()))?;
-        Ok(Self {
-            warehouse,
-            catalog: Arc::new(catalog),
+/// Opens (creating when missing) the warehouse folder and its catalog.
+pub(super) async fn open(warehouse: &Path) -> Result<(Arc<dyn Catalog>, SqlPointer)> {
+    std::fs::create_dir_all(warehouse).with_context(|| {
+        format!(
+            "cannot create the warehouse folder {}; check the `warehouse` path and its permissions",
+            warehouse.display()
+        )
+    })?;
+    let warehouse = std::fs::canonicalize(warehouse).with_context(|| {
+        format!(
+            "cannot resolve the warehouse folder {}",
+            warehouse.display()
+        )
+    })?;
+    let db = warehouse.join("catalog.db");
+    let props = HashMap::from([
+        (
+            "uri".to_string(),
+            format!("sqlite:{}?mode=rwc", db.display()),
+        ),
+        (
+            "warehouse".to_string(),
+            format!("file://{}", warehouse.display()),
+        ),
+    ]);
+    let catalog: SqlCatalog = SqlCatalogBuilder::default()
+        .with_storage_factory(Arc::new(LocalFsStorageFactory))
+        .load(CATALOG_NAME, props)
+        .await
+        .with_context(|| format!("cannot open the Iceberg catalog {}", db.display()))?;
+    Ok((
+        Arc::new(catalog),
+        SqlPointer {
             db,
-            loaded: Arc::default(),
             reader: Arc::default(),
-        })
-    }
+        },
+    ))
+}
 
-    /// The table's current state for a query. While its metadata file has not changed,
-    /// the table loaded before is returned (one indexed catalog lookup instead of reading
-    /// and parsing the metadata, the manifest list and every manifest again).
-    pub async fn load_current(&self, ident: &TableIdent) -> Result<Table> {
-        let location = match self.metadata_location(ident).await {
-            Ok(location) => location,
-            Err(e) => {
-                tracing::debug!(table = %ident, error = %e, "metadata location lookup failed; loading the table");
-                None
-            }
-        };
-        if let Some(location) = &location {
-            let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(table) = loaded.get(ident) {
-                if table.metadata_location() == Some(location.as_str()) {
-                    return Ok(table.clone());
-                }
-            }
-        }
-        let table = self
-            .catalog
-            .load_table(ident)
-            .await
-            .with_context(|| format!("loading Iceberg table {ident}"))?;
-        self.loaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ident.clone(), table.clone());
-        Ok(table)
-    }
-
+impl SqlPointer {
     /// Where the catalog points `ident` now, or `None` when it has no such table.
-    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+    pub(super) async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
         use sqlx::Row;
         let pool = self
             .reader
@@ -132,26 +94,9 @@ impl LocalCatalog {
             .map(Option::flatten)
     }
 
-    /// Creates the namespace (the workspace) when missing.
-    pub async fn ensure_namespace(&self, namespace: &str) -> Result<NamespaceIdent> {
-        let ns = NamespaceIdent::new(namespace.to_string());
-        if !self
-            .catalog
-            .namespace_exists(&ns)
-            .await
-            .context("checking the workspace namespace")?
-        {
-            self.catalog
-                .create_namespace(&ns, HashMap::new())
-                .await
-                .with_context(|| format!("creating namespace `{namespace}` in the catalog"))?;
-        }
-        Ok(ns)
-    }
-
     /// Points `ident` at `new` if it still points at `old`: the atomic step of a commit,
     /// the same compare-and-swap PyIceberg and the SQL catalog perform.
-    pub async fn swap_metadata(&self, ident: &TableIdent, old: &str, new: &str) -> Result<()> {
+    pub(super) async fn swap(&self, ident: &TableIdent, old: &str, new: &str) -> Result<()> {
         use sqlx::ConnectOptions;
         let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(&self.db)
@@ -185,6 +130,7 @@ impl LocalCatalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::LocalCatalog;
     use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
     use iceberg::TableCreation;
 

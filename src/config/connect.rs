@@ -127,11 +127,56 @@ fn define(
     Ok(())
 }
 
+/// Applies `--storage-mode` and `--storage-path`: an S3 mode needs an `s3://` path, and
+/// switching back to `local` drops an S3 path that no longer applies.
+fn storage(skippr: &mut Mapping, mode: Option<&str>, path: Option<&str>) -> Result<()> {
+    let current_path = skippr
+        .get("skipprd_el_storage_path")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let mode_now = mode.map(str::to_string).or_else(|| {
+        skippr
+            .get("skipprd_el_storage_mode")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    });
+    let path_now = path.map(str::to_string).or(current_path.clone());
+    match (mode_now.as_deref(), path_now.as_deref()) {
+        (Some("s3"), None) => {
+            return Err(Error::config(
+                "--storage-mode s3 needs --storage-path s3://bucket/prefix (where the WAL and state go)",
+            ))
+        }
+        (Some("s3"), Some(p)) => {
+            crate::storage::Location::parse_s3(p)
+                .map_err(|e| Error::config(format!("--storage-path: {e}")))?;
+        }
+        (_, Some(p)) if p.starts_with("s3://") => {
+            if path.is_some() {
+                return Err(Error::config(format!(
+                    "--storage-path `{p}` is an S3 location: add --storage-mode s3"
+                )));
+            }
+            // Back to local: the S3 prefix no longer applies.
+            skippr.remove("skipprd_el_storage_path");
+        }
+        _ => {}
+    }
+    if let Some(m) = mode {
+        skippr.insert(key("skipprd_el_storage_mode"), key(m));
+    }
+    if let Some(p) = path {
+        skippr.insert(key("skipprd_el_storage_path"), key(p));
+    }
+    Ok(())
+}
+
 /// Applies global settings and one `connect` to the file at `path` (created if missing).
 pub fn apply(
     path: &Path,
     workspace: Option<&str>,
     storage_mode: Option<&str>,
+    storage_path: Option<&str>,
     what: Option<Connect>,
 ) -> Result<String> {
     let mut doc = if path.exists() {
@@ -163,9 +208,7 @@ pub fn apply(
             valid_name("workspace", w)?;
             skippr.insert(key("workspace"), key(w));
         }
-        if let Some(m) = storage_mode {
-            skippr.insert(key("skipprd_el_storage_mode"), key(m));
-        }
+        storage(skippr, storage_mode, storage_path)?;
         if !skippr.contains_key("workspace") {
             return Err(Error::config(format!(
                 "{} has no workspace yet: pass --workspace NAME (e.g. `skipprd --workspace analytics connect ...`)",

@@ -202,7 +202,11 @@ pub struct PipelineConfig {
 pub struct Config {
     pub file: PathBuf,
     pub workspace: String,
+    /// The local folder of the WAL and state (mode `local`); in mode `s3`, a folder under the
+    /// temporary directory that holds only this machine's process lock.
     pub storage_path: PathBuf,
+    /// Where the WAL and state live: the folder above, or the S3 prefix.
+    pub storage: crate::storage::Location,
     /// The gateway of `skipprd serve`.
     pub query: QueryConfig,
     /// The address of the Prometheus endpoint of `skipprd serve`.
@@ -624,14 +628,7 @@ impl Validator<'_> {
                 format!("`{workspace}` is not a valid workspace name: use letters, digits and `_`, starting with a letter or `_` (it becomes the Iceberg namespace and SQL schema)"),
             );
         }
-        let storage_path = normalize(
-            &base.join(
-                file.skippr
-                    .skipprd_el_storage_path
-                    .as_deref()
-                    .unwrap_or(DEFAULT_STORAGE_PATH),
-            ),
-        );
+        let (storage_path, storage) = self.storage(&file.skippr, base);
 
         let reconnect = self.reconnect(file);
 
@@ -679,6 +676,20 @@ impl Validator<'_> {
                         self.report(
                             keys(&["data_sinks", name, "schema_sink"]),
                             format!("a LocalIceberg sink registers its schemas in its own warehouse's catalog: `{r}` must be a LocalIceberg schema sink with the same warehouse ({})", local.warehouse),
+                        );
+                    }
+                }
+                // Likewise an AthenaIceberg sink registers its schemas in its own Glue database.
+                if let (Some(athena), Some((_, schema_sink))) = (&def.athena_iceberg, found) {
+                    let same = schema_sink.athena_iceberg.as_ref().is_some_and(|s| {
+                        s.warehouse.trim_end_matches('/') == athena.warehouse.trim_end_matches('/')
+                            && s.glue_database_name == athena.glue_database_name
+                            && s.region == athena.region
+                    });
+                    if !same {
+                        self.report(
+                            keys(&["data_sinks", name, "schema_sink"]),
+                            format!("an AthenaIceberg sink registers its schemas in its own Glue database: `{r}` must be an AthenaIceberg schema sink with the same warehouse, glue_database_name and region ({}, {}, {})", athena.warehouse, athena.glue_database_name, athena.region),
                         );
                     }
                 }
@@ -792,6 +803,7 @@ impl Validator<'_> {
             file: cfg_path.to_path_buf(),
             workspace,
             storage_path,
+            storage,
             query,
             metrics_listen,
             reconnect,
@@ -896,17 +908,46 @@ impl Validator<'_> {
         }
     }
 
+    /// The WAL and state location of `skipprd_el_storage_mode` and `_path`.
+    fn storage(&mut self, s: &Settings, base: &Path) -> (PathBuf, crate::storage::Location) {
+        use crate::storage::Location;
+        let path = s.skipprd_el_storage_path.as_deref();
+        let at = || keys(&["skippr", "skipprd_el_storage_path"]);
+        match s.skipprd_el_storage_mode {
+            StorageMode::Local => {
+                if path.is_some_and(|p| p.starts_with("s3://")) {
+                    self.report(at(), "an s3:// location needs `skipprd_el_storage_mode: s3`; with mode `local` this is a folder");
+                }
+                let dir = normalize(&base.join(path.unwrap_or(DEFAULT_STORAGE_PATH)));
+                (dir.clone(), Location::Local(dir))
+            }
+            StorageMode::S3 => {
+                let parsed = match path {
+                    None => Err(
+                        "is required with `skipprd_el_storage_mode: s3`: write s3://bucket/prefix"
+                            .to_string(),
+                    ),
+                    Some(p) => Location::parse_s3(p),
+                };
+                let location = parsed.unwrap_or_else(|e| {
+                    self.report(at(), e);
+                    Location::Local(PathBuf::new())
+                });
+                let lock_dir = std::env::temp_dir().join("skippr").join(
+                    location
+                        .display()
+                        .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"),
+                );
+                (lock_dir, location)
+            }
+        }
+    }
+
     fn check_athena(&mut self, at: &[&str], a: &AthenaIcebergSink) {
-        if !a.warehouse.starts_with("s3://") {
+        if let Err(e) = crate::storage::Location::parse_s3(&a.warehouse) {
             let mut p = keys(at);
             p.push(Segment::Key("warehouse".into()));
-            self.report(
-                p,
-                format!(
-                    "`{}` is not an S3 location: write `s3://bucket/prefix/`",
-                    a.warehouse
-                ),
-            );
+            self.report(p, e);
         }
         for (field, value) in [
             ("glue_database_name", &a.glue_database_name),

@@ -49,8 +49,8 @@ pub struct Settings {
     /// Where Skippr keeps its WAL and state.
     #[serde(default)]
     pub skipprd_el_storage_mode: StorageMode,
-    /// Folder for the WAL and state when the storage mode is `local`
-    /// (default `.skippr` beside `skippr.yml`).
+    /// Folder for the WAL and state when the storage mode is `local` (default `.skippr`
+    /// beside `skippr.yml`); `s3://bucket/prefix` when it is `s3` (required then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipprd_el_storage_path: Option<String>,
     /// The Postgres-wire gateway of `skipprd serve`.
@@ -144,6 +144,8 @@ pub enum StorageMode {
     /// A folder on the local file system.
     #[default]
     Local,
+    /// A prefix in an S3 bucket (`s3://bucket/prefix`), with the standard AWS credentials.
+    S3,
 }
 
 /// A pipeline: one data source flowing into one data sink.

@@ -64,7 +64,7 @@ fn loads_the_embedded_default() {
 fn loads_athena_with_schema_sink() {
     let text = GOOD.replace(
         "    LocalIceberg:\n      warehouse: ./warehouse\n",
-        "    AthenaIceberg:\n      warehouse: s3://w/\n      glue_database_name: analytics\n      athena_workgroup_name: primary\n      athena_results_s3_bucket: r\n      region: us-east-1\n    schema_sink: schema_sinks.s\nschema_sinks:\n  s:\n    AthenaIceberg: {warehouse: s3://w/, glue_database_name: analytics, athena_workgroup_name: primary, athena_results_s3_bucket: r, region: us-east-1}\n",
+        "    AthenaIceberg:\n      warehouse: s3://wh-bucket/\n      glue_database_name: analytics\n      athena_workgroup_name: primary\n      athena_results_s3_bucket: r\n      region: us-east-1\n    schema_sink: schema_sinks.s\nschema_sinks:\n  s:\n    AthenaIceberg: {warehouse: s3://wh-bucket/, glue_database_name: analytics, athena_workgroup_name: primary, athena_results_s3_bucket: r, region: us-east-1}\n",
     );
     let c = load(&text).unwrap();
     assert_eq!(c.pipelines[0].schema_sink.as_deref(), Some("s"));

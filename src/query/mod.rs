@@ -8,9 +8,9 @@ pub mod system;
 pub mod tail;
 pub mod tail_schema;
 
+use crate::pipeline::WalReader;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
@@ -19,7 +19,7 @@ use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use iceberg::table::Table;
-use iceberg::{Catalog, NamespaceIdent, TableIdent};
+use iceberg::{NamespaceIdent, TableIdent};
 
 use crate::catalog::LocalCatalog;
 use crate::config::{Config, SinkConfig, TableRef};
@@ -41,7 +41,7 @@ struct TableEntry {
     sink: usize,
     ident: TableIdent,
     /// The pipeline writing it (and the folder of its WAL), when one still does.
-    pipeline: Option<(String, PathBuf, TableRef)>,
+    pipeline: Option<(String, WalReader, TableRef)>,
 }
 
 /// Every replicated table of a workspace, read live. One per process, shared by queries.
@@ -51,7 +51,7 @@ pub struct Workspace {
     pub storage_path: PathBuf,
     sinks: Vec<LocalCatalog>,
     /// For each sink, the pipelines writing to it: (name, WAL folder, tables).
-    pipelines: Vec<Vec<(String, PathBuf, Vec<TableRef>)>>,
+    pipelines: Vec<Vec<(String, WalReader, Vec<TableRef>)>>,
     tables: RwLock<BTreeMap<String, TableEntry>>,
     tail: TailCache,
     reduced: ReducedCache,
@@ -82,14 +82,20 @@ impl Workspace {
     /// Opens every sink of the configuration and lists the workspace's tables.
     pub async fn open(config: &Config) -> Result<Arc<Self>> {
         let mut sinks = Vec::new();
-        let mut pipelines: Vec<Vec<(String, PathBuf, Vec<TableRef>)>> = Vec::new();
-        let mut warehouses: Vec<PathBuf> = Vec::new();
+        let mut pipelines: Vec<Vec<(String, WalReader, Vec<TableRef>)>> = Vec::new();
+        let mut warehouses: Vec<String> = Vec::new();
         for p in &config.pipelines {
-            let SinkConfig::LocalIceberg { warehouse, .. } = &p.sink else {
-                crate::pipeline::open_sink(p).await?;
-                continue;
+            // Pipelines writing to the same catalog share one sink.
+            let warehouse = match &p.sink {
+                SinkConfig::LocalIceberg { warehouse, .. } => warehouse.display().to_string(),
+                SinkConfig::AthenaIceberg { sink, .. } => {
+                    format!(
+                        "glue:{}:{}:{}",
+                        sink.region, sink.glue_database_name, sink.warehouse
+                    )
+                }
             };
-            let i = match warehouses.iter().position(|w| w == warehouse) {
+            let i = match warehouses.iter().position(|w| *w == warehouse) {
                 Some(i) => i,
                 None => {
                     warehouses.push(warehouse.clone());
@@ -100,7 +106,7 @@ impl Workspace {
             };
             pipelines[i].push((
                 p.name.clone(),
-                config.storage_path.join("wal").join(&p.name),
+                crate::pipeline::wal_reader(config, p)?,
                 p.source.tables.clone(),
             ));
         }
@@ -188,7 +194,7 @@ impl Workspace {
         };
         for _ in 0..8 {
             let read = match &entry.pipeline {
-                Some((_, dir, _)) => self.tail.read(dir)?,
+                Some((_, wal, _)) => self.tail.read_store(wal.open())?,
                 None => WalRead::default(),
             };
             let table = self.sinks[entry.sink].load_current(&entry.ident).await?;

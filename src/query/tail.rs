@@ -56,7 +56,13 @@ impl TailCache {
     /// Lists and decodes the WAL of the pipeline whose segments live in `dir`. Reading never
     /// writes, creates or removes anything.
     pub fn read(&self, dir: &Path) -> Result<WalRead> {
-        let Some(store) = WalStore::reader(dir) else {
+        self.read_store(WalStore::reader(dir))
+    }
+
+    /// Like [`TailCache::read`], for a WAL already opened for reading (S3 mode); `None`
+    /// reads as an empty WAL.
+    pub fn read_store(&self, store: Option<WalStore>) -> Result<WalRead> {
+        let Some(store) = store else {
             return Ok(WalRead::default());
         };
         let listed = store.segments()?;
@@ -85,7 +91,7 @@ impl TailCache {
         // Forget segments of this WAL that are gone.
         let keep: HashSet<&PathBuf> = listed.iter().map(|s| &s.path).collect();
         self.lock()
-            .retain(|p, _| !p.starts_with(dir) || keep.contains(p));
+            .retain(|p, _| !p.starts_with(store.dir()) || keep.contains(p));
         Ok(out)
     }
 

@@ -8,6 +8,7 @@
 //! pipeline (fail closed) instead of being misread.
 
 pub mod codec;
+mod objects;
 pub mod store;
 
 pub use crate::change::{Change, Op, Txn};

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 
 use super::codec::{decode_all, encode_relation, encode_txn, Record, MAGIC};
+use super::objects::ObjectWal;
 use crate::change::Lsn;
 use crate::change::Relation;
 use crate::change::Txn;
@@ -15,6 +16,7 @@ use crate::error::{Context, Error, ErrorKind, Result};
 
 /// File in the WAL folder holding the newest position acknowledged without a segment.
 const ACKNOWLEDGED_FILE: &str = "acknowledged";
+use crate::storage::Store;
 
 /// A complete segment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,9 +33,11 @@ pub struct SegmentInfo {
 #[derive(Debug, Clone)]
 pub struct WalStore {
     dir: PathBuf,
+    /// Set when the WAL lives in object storage (S3 mode); `dir` is then its key prefix.
+    objects: Option<ObjectWal>,
 }
 
-fn parse_name(name: &str) -> Option<(Lsn, Lsn)> {
+pub(super) fn parse_name(name: &str) -> Option<(Lsn, Lsn)> {
     let stem = name.strip_suffix(".seg")?;
     let (a, b) = stem.split_once('-')?;
     Some((
@@ -61,7 +65,17 @@ impl WalStore {
         }
         Ok(Self {
             dir: dir.to_path_buf(),
+            objects: None,
         })
+    }
+
+    /// The WAL under `prefix` in an object store (S3 mode). Opening reads and writes
+    /// nothing: a segment PUT is atomic, so no partial segment can be left behind.
+    pub fn on_objects(store: Store, prefix: &str) -> Self {
+        Self {
+            dir: PathBuf::from(prefix.trim_matches('/')),
+            objects: Some(ObjectWal::new(store, prefix)),
+        }
     }
 
     /// Opens an existing WAL for reading only: nothing is created or cleaned up, so a reader
@@ -69,6 +83,7 @@ impl WalStore {
     pub fn reader(dir: &Path) -> Option<Self> {
         dir.is_dir().then(|| Self {
             dir: dir.to_path_buf(),
+            objects: None,
         })
     }
 
@@ -78,6 +93,9 @@ impl WalStore {
 
     /// Complete segments, oldest first.
     pub fn segments(&self) -> Result<Vec<SegmentInfo>> {
+        if let Some(objects) = &self.objects {
+            return objects.segments();
+        }
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&self.dir)
             .with_context(|| format!("listing {}", self.dir.display()))?
@@ -101,6 +119,9 @@ impl WalStore {
 
     /// Writes `data` (records, without header) as a complete segment, durably.
     pub fn write_segment(&self, first: Lsn, last: Lsn, data: &[u8]) -> Result<SegmentInfo> {
+        if let Some(objects) = &self.objects {
+            return objects.write_segment(first, last, data);
+        }
         let name = format!("{:016X}-{:016X}.seg", first.0, last.0);
         let path = self.dir.join(&name);
         let tmp = self.dir.join(format!("{name}.tmp"));
@@ -137,6 +158,15 @@ impl WalStore {
 
     /// Reads every record of a segment. A damaged segment is an error, never skipped.
     pub fn read(&self, seg: &SegmentInfo) -> Result<Vec<Record>> {
+        if let Some(objects) = &self.objects {
+            return match objects.get(seg)? {
+                Some(data) => Self::decode(seg, data.to_vec()),
+                None => Err(Error::fatal(format!(
+                    "WAL segment {} disappeared while it was still needed; was the state prefix changed by hand? Run `skipprd sync --resnapshot`",
+                    objects.describe(seg)
+                ))),
+            };
+        }
         let data = std::fs::read(&seg.path)
             .with_context(|| format!("reading WAL segment {}", seg.path.display()))?;
         Self::decode(seg, data)
@@ -145,6 +175,12 @@ impl WalStore {
     /// Like [`WalStore::read`], but a segment removed since it was listed (because Iceberg
     /// now holds its changes) reads as `None`.
     pub fn read_if_present(&self, seg: &SegmentInfo) -> Result<Option<Vec<Record>>> {
+        if let Some(objects) = &self.objects {
+            return objects
+                .get(seg)?
+                .map(|data| Self::decode(seg, data.to_vec()))
+                .transpose();
+        }
         match std::fs::read(&seg.path) {
             Ok(data) => Self::decode(seg, data).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -175,6 +211,11 @@ impl WalStore {
         let mut n = 0;
         for s in self.segments()? {
             if s.last <= lsn {
+                if let Some(objects) = &self.objects {
+                    objects.remove(&s)?;
+                    n += 1;
+                    continue;
+                }
                 std::fs::remove_file(&s.path)
                     .with_context(|| format!("removing WAL segment {}", s.path.display()))?;
                 n += 1;
@@ -186,8 +227,15 @@ impl WalStore {
     /// Deletes every segment (used by a re-snapshot).
     pub fn clear(&self) -> Result<()> {
         for s in self.segments()? {
+            if let Some(objects) = &self.objects {
+                objects.remove(&s)?;
+                continue;
+            }
             std::fs::remove_file(&s.path)
                 .with_context(|| format!("removing WAL segment {}", s.path.display()))?;
+        }
+        if let Some(objects) = &self.objects {
+            return objects.remove_marker(ACKNOWLEDGED_FILE);
         }
         let ack = self.dir.join(ACKNOWLEDGED_FILE);
         match std::fs::remove_file(&ack) {
@@ -205,6 +253,9 @@ impl WalStore {
     pub fn note_acknowledged(&self, lsn: Lsn) -> Result<()> {
         if lsn <= self.acknowledged()? {
             return Ok(());
+        }
+        if let Some(objects) = &self.objects {
+            return objects.put_marker(ACKNOWLEDGED_FILE, lsn.to_string().into_bytes().into());
         }
         let path = self.dir.join(ACKNOWLEDGED_FILE);
         let tmp = self.dir.join(format!("{ACKNOWLEDGED_FILE}.tmp"));
@@ -227,7 +278,14 @@ impl WalStore {
     /// newest segment, or a later position noted by [`WalStore::note_acknowledged`].
     pub fn acknowledged(&self) -> Result<Lsn> {
         let path = self.dir.join(ACKNOWLEDGED_FILE);
-        let noted = match std::fs::read_to_string(&path) {
+        let text = match &self.objects {
+            Some(objects) => match objects.get_marker(ACKNOWLEDGED_FILE)? {
+                Some(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+                None => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+            },
+            None => std::fs::read_to_string(&path),
+        };
+        let noted = match text {
             Ok(t) => Lsn::parse(t.trim()).map_err(|e| {
                 Error::fatal(format!(
                     "{} is damaged ({e}); remove it only after checking the slot with `skipprd discover`",

@@ -18,6 +18,7 @@ from ._model import (
     DataSourcePostgres,
     DataSourceRef,
     LocalStorage,
+    S3Storage,
     MetricsSettings,
     ReconnectSettings,
     Pipeline,
@@ -65,7 +66,7 @@ class Config:
 
     def __init__(self) -> None:
         self._workspace: Optional[str] = None
-        self._storage = LocalStorage()
+        self._storage: Union[LocalStorage, S3Storage] = LocalStorage()
         self._query: Optional[QuerySettings] = None
         self._metrics: Optional[MetricsSettings] = None
         self._reconnect: Optional[ReconnectSettings] = None
@@ -84,11 +85,12 @@ class Config:
             self._workspace = check_simple_name("skippr.workspace", "workspace", name)
         return self
 
-    def storage(self, storage: LocalStorage) -> Config:
+    def storage(self, storage: Union[LocalStorage, S3Storage]) -> Config:
         """Sets where skipprd keeps its WAL and state."""
-        if not isinstance(storage, LocalStorage):
+        if not isinstance(storage, (LocalStorage, S3Storage)):
             raise ConfigError(
-                f"expected LocalStorage(path=None), found {describe(storage)}", "skippr.storage"
+                f"expected LocalStorage(path=None) or S3Storage(path='s3://bucket/prefix'), found {describe(storage)}",
+                "skippr.storage",
             )
         self._storage = storage
         return self
@@ -238,7 +240,7 @@ class Config:
         """The workspace, or None when not set yet."""
         return self._workspace
 
-    def get_storage(self) -> LocalStorage:
+    def get_storage(self) -> Union[LocalStorage, S3Storage]:
         """Where skipprd keeps its WAL and state (``LocalStorage()`` unless set)."""
         return self._storage
 
@@ -530,13 +532,21 @@ class _Reader:
         except ConfigError as e:
             raise self.fail(("skippr", "workspace"), e.message) from None
         mode = settings.get("skipprd_el_storage_mode")
-        if mode is not None and mode != "local":
+        if mode is not None and mode not in ("local", "s3"):
             raise self.fail(
-                ("skippr", "skipprd_el_storage_mode"), f"unknown value `{mode}`; allowed: local"
+                ("skippr", "skipprd_el_storage_mode"),
+                f"unknown value `{mode}`; allowed: local, s3",
+            )
+        path = settings.get("skipprd_el_storage_path")
+        if mode == "s3" and path is None:
+            raise self.fail(
+                ("skippr",),
+                "skipprd_el_storage_path is required with `skipprd_el_storage_mode: s3`: "
+                "write s3://bucket/prefix",
             )
         cfg.storage(
             self.build(
-                ("skippr",), LocalStorage, {"path": settings.get("skipprd_el_storage_path")},
+                ("skippr",), S3Storage if mode == "s3" else LocalStorage, {"path": path},
                 {"path": "skipprd_el_storage_path"},
             )
         )

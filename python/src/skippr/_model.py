@@ -263,7 +263,60 @@ class LocalStorage(_Value):
             raise field_error(
                 "LocalStorage", ["path"], "must not be empty: give a folder, or None for `.skippr`"
             )
+        if isinstance(value, str) and value.startswith("s3://"):
+            raise field_error(
+                "LocalStorage", ["path"],
+                "an s3:// location needs S3Storage (`skipprd_el_storage_mode: s3`); "
+                "LocalStorage takes a folder",
+            )
         self._set("path", value)
+
+
+class S3Storage(_Value):
+    """Skippr keeps its WAL and state in S3: ``skipprd_el_storage_mode: s3``.
+
+    ``path`` is ``s3://bucket/prefix`` (``skipprd_el_storage_path``). skipprd finds AWS
+    credentials, region and endpoint the way the AWS CLI does (environment, ``AWS_PROFILE``
+    and the shared files, web identity, instance and task roles).
+    """
+
+    __slots__ = ("path",)
+    _fields = ("path",)
+    path: Text
+    #: The value of ``skipprd_el_storage_mode``.
+    mode = "s3"
+
+    def __init__(self, path: Text) -> None:
+        c = _Check("S3Storage")
+        value = c.text("path", path, required=True)
+        if isinstance(value, str) and not has_reference(value):
+            problem = s3_location_problem(value)
+            if problem is not None:
+                c.fail(["path"], problem)
+        self._set("path", value)
+
+
+def s3_location_problem(url: str) -> Optional[str]:
+    """What is wrong with ``url`` as ``s3://bucket/prefix``, as skipprd reports it, or None."""
+    if not url.startswith("s3://"):
+        return f"`{url}` is not an S3 location: write it as s3://bucket/prefix"
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    ok = (
+        3 <= len(bucket) <= 63
+        and all(ch.islower() or ch.isdigit() or ch in ".-" for ch in bucket)
+        and bucket[0].isalnum() and bucket[-1].isalnum()
+    )
+    if not ok:
+        return (
+            f"`{bucket}` in `{url}` is not a valid S3 bucket name: 3-63 lowercase letters, "
+            "digits, `.` and `-`, starting and ending with a letter or digit"
+        )
+    prefix = prefix.strip("/")
+    if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
+        return (
+            f"`{url}` has an empty, `.` or `..` path segment; write the prefix as s3://{bucket}/a/b"
+        )
+    return None
 
 
 class QueryUser(_Value):
@@ -707,6 +760,7 @@ __all__ = [
     "DataSourceRef",
     "EnvRef",
     "LocalStorage",
+    "S3Storage",
     "Pipeline",
     "SchemaSinkRef",
     "SinkConnector",

@@ -15,7 +15,7 @@ use iceberg::spec::{
     Summary, TableMetadataBuilder, MAIN_BRANCH,
 };
 use iceberg::table::Table;
-use iceberg::{Catalog, MetadataLocation};
+use iceberg::MetadataLocation;
 use parquet::arrow::{AsyncArrowWriter, PARQUET_FIELD_ID_META_KEY};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use iceberg::table::Table;
-use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
+use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
 use super::{SourceColumn, PROP_COLUMNS, PROP_PRIMARY_KEY, PROP_SOURCE};
 use crate::catalog::LocalCatalog;

@@ -1,0 +1,230 @@
+//! Iceberg's file I/O on the storage layer: the sink writes Parquet, manifests and metadata
+//! through this, so an `s3://` warehouse uses the same S3 client (credentials, endpoint,
+//! runtime) as the WAL. `file://` paths (and bare paths) go to iceberg's local storage.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use iceberg::io::{
+    FileMetadata, FileRead, FileWrite, InputFile, LocalFsStorage, OutputFile, Storage,
+    StorageConfig, StorageFactory,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{Location, Store};
+
+/// Builds [`ObjectStorage`] for a table's FileIO.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ObjectStorageFactory {
+    /// The sink's region, for the S3 client (the AWS chain fills in otherwise).
+    pub region: Option<String>,
+}
+
+#[typetag::serde]
+impl StorageFactory for ObjectStorageFactory {
+    fn build(&self, _config: &StorageConfig) -> iceberg::Result<Arc<dyn Storage>> {
+        Ok(Arc::new(ObjectStorage {
+            region: self.region.clone(),
+            stores: Arc::default(),
+        }))
+    }
+}
+
+/// Iceberg `Storage` over [`Store`]: one S3 store per bucket, opened on first use.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ObjectStorage {
+    region: Option<String>,
+    #[serde(skip)]
+    stores: Arc<Mutex<HashMap<String, Store>>>,
+}
+
+fn io_error(e: crate::error::Error) -> iceberg::Error {
+    let retryable = e.kind() == crate::error::ErrorKind::Retryable;
+    iceberg::Error::new(iceberg::ErrorKind::Unexpected, e.report()).with_retryable(retryable)
+}
+
+/// Where a path lives: on S3 (a store and a key) or on local disk.
+enum Target {
+    S3(Store, String),
+    Local,
+}
+
+impl ObjectStorage {
+    fn target(&self, path: &str) -> iceberg::Result<Target> {
+        let Some(rest) = path
+            .strip_prefix("s3://")
+            .or_else(|| path.strip_prefix("s3a://"))
+        else {
+            if path.contains("://") && !path.starts_with("file://") {
+                return Err(iceberg::Error::new(
+                    iceberg::ErrorKind::FeatureUnsupported,
+                    format!("`{path}` is neither an s3:// nor a local path; skipprd warehouses live on S3 or local disk"),
+                ));
+            }
+            return Ok(Target::Local);
+        };
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        let store = match stores.get(bucket) {
+            Some(s) => s.clone(),
+            None => {
+                let location = Location::S3 {
+                    bucket: bucket.to_string(),
+                    prefix: String::new(),
+                };
+                let store = Store::open(&location, self.region.as_deref()).map_err(io_error)?;
+                stores.insert(bucket.to_string(), store.clone());
+                store
+            }
+        };
+        Ok(Target::S3(store, key.to_string()))
+    }
+}
+
+#[async_trait]
+#[typetag::serde]
+impl Storage for ObjectStorage {
+    async fn exists(&self, path: &str) -> iceberg::Result<bool> {
+        match self.target(path)? {
+            Target::S3(store, key) => Ok(store.size(&key).await.map_err(io_error)?.is_some()),
+            Target::Local => LocalFsStorage::new().exists(path).await,
+        }
+    }
+
+    async fn metadata(&self, path: &str) -> iceberg::Result<FileMetadata> {
+        match self.target(path)? {
+            Target::S3(store, key) => match store.size(&key).await.map_err(io_error)? {
+                Some(size) => Ok(FileMetadata { size }),
+                None => Err(iceberg::Error::new(
+                    iceberg::ErrorKind::DataInvalid,
+                    format!("{path} does not exist"),
+                )),
+            },
+            Target::Local => LocalFsStorage::new().metadata(path).await,
+        }
+    }
+
+    async fn read(&self, path: &str) -> iceberg::Result<Bytes> {
+        match self.target(path)? {
+            Target::S3(store, key) => match store.get(&key).await.map_err(io_error)? {
+                Some((bytes, _)) => Ok(bytes),
+                None => Err(iceberg::Error::new(
+                    iceberg::ErrorKind::DataInvalid,
+                    format!("{path} does not exist"),
+                )),
+            },
+            Target::Local => LocalFsStorage::new().read(path).await,
+        }
+    }
+
+    async fn reader(&self, path: &str) -> iceberg::Result<Box<dyn FileRead>> {
+        match self.target(path)? {
+            Target::S3(store, key) => Ok(Box::new(ObjectRead { store, key })),
+            Target::Local => LocalFsStorage::new().reader(path).await,
+        }
+    }
+
+    async fn write(&self, path: &str, bs: Bytes) -> iceberg::Result<()> {
+        match self.target(path)? {
+            Target::S3(store, key) => store.put(&key, bs).await.map(|_| ()).map_err(io_error),
+            Target::Local => LocalFsStorage::new().write(path, bs).await,
+        }
+    }
+
+    async fn writer(&self, path: &str) -> iceberg::Result<Box<dyn FileWrite>> {
+        match self.target(path)? {
+            Target::S3(store, key) => Ok(Box::new(ObjectWrite {
+                store,
+                key,
+                buf: Some(BytesMut::new()),
+            })),
+            Target::Local => LocalFsStorage::new().writer(path).await,
+        }
+    }
+
+    async fn delete(&self, path: &str) -> iceberg::Result<()> {
+        match self.target(path)? {
+            Target::S3(store, key) => store.delete(&key).await.map_err(io_error),
+            Target::Local => LocalFsStorage::new().delete(path).await,
+        }
+    }
+
+    async fn delete_prefix(&self, path: &str) -> iceberg::Result<()> {
+        match self.target(path)? {
+            Target::S3(store, key) => {
+                let prefix = format!("{}/", key.trim_end_matches('/'));
+                for entry in store.list(&prefix).await.map_err(io_error)? {
+                    store.delete(&entry.key).await.map_err(io_error)?;
+                }
+                Ok(())
+            }
+            Target::Local => LocalFsStorage::new().delete_prefix(path).await,
+        }
+    }
+
+    async fn delete_stream(&self, mut paths: BoxStream<'static, String>) -> iceberg::Result<()> {
+        while let Some(path) = paths.next().await {
+            self.delete(&path).await?;
+        }
+        Ok(())
+    }
+
+    fn new_input(&self, path: &str) -> iceberg::Result<InputFile> {
+        Ok(InputFile::new(Arc::new(self.clone()), path.to_string()))
+    }
+
+    fn new_output(&self, path: &str) -> iceberg::Result<OutputFile> {
+        Ok(OutputFile::new(Arc::new(self.clone()), path.to_string()))
+    }
+}
+
+/// Ranged reads of one S3 object (Parquet footers and column chunks).
+struct ObjectRead {
+    store: Store,
+    key: String,
+}
+
+#[async_trait]
+impl FileRead for ObjectRead {
+    async fn read(&self, range: Range<u64>) -> iceberg::Result<Bytes> {
+        self.store
+            .get_range(&self.key, range)
+            .await
+            .map_err(io_error)
+    }
+}
+
+/// A file written to S3: buffered, then stored with one PUT on close, so a file is either
+/// whole or absent (a data file is at most the configured target size).
+struct ObjectWrite {
+    store: Store,
+    key: String,
+    buf: Option<BytesMut>,
+}
+
+#[async_trait]
+impl FileWrite for ObjectWrite {
+    async fn write(&mut self, bs: Bytes) -> iceberg::Result<()> {
+        let buf = self.buf.as_mut().ok_or_else(|| {
+            iceberg::Error::new(iceberg::ErrorKind::Unexpected, "write after close")
+        })?;
+        buf.extend_from_slice(&bs);
+        Ok(())
+    }
+
+    async fn close(&mut self) -> iceberg::Result<()> {
+        let buf = self.buf.take().ok_or_else(|| {
+            iceberg::Error::new(iceberg::ErrorKind::Unexpected, "file closed twice")
+        })?;
+        self.store
+            .put(&self.key, buf.freeze())
+            .await
+            .map(|_| ())
+            .map_err(io_error)
+    }
+}
