@@ -5,16 +5,16 @@ use std::collections::HashMap;
 
 use iceberg::spec::DataFile;
 use iceberg::table::Table;
-use iceberg::transaction::{ApplyTransactionAction, Transaction};
-use iceberg::Catalog;
 
-use super::{SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
+use super::{rowdelta, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
+use crate::catalog::LocalCatalog;
 use crate::error::{Context, Result};
 use crate::change::Lsn;
 
-/// Appends `files` in one snapshot whose summary records `lsn` and the writing phase.
+/// Appends `files` in one snapshot whose summary records `lsn` and the writing phase. The
+/// files and the new metadata are fsynced before the catalog swap (see [`rowdelta::commit`]).
 pub async fn append(
-    catalog: &dyn Catalog,
+    catalog: &LocalCatalog,
     table: &Table,
     files: Vec<DataFile>,
     lsn: Lsn,
@@ -26,14 +26,7 @@ pub async fn append(
         (SUMMARY_PHASE.to_string(), phase.to_string()),
         (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
     ]);
-    let tx = Transaction::new(table);
-    let action = tx
-        .fast_append()
-        .with_check_duplicate(false)
-        .set_snapshot_properties(props)
-        .add_data_files(files);
-    let tx = action.apply(tx)?;
-    tx.commit(catalog)
+    rowdelta::commit(catalog, table, files, Vec::new(), false, props)
         .await
         .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
 }

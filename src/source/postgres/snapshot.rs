@@ -126,7 +126,7 @@ pub async fn copy_tables(
                     let rows = counters[job_index].load(Ordering::Relaxed);
                     let n_files = table_files.len();
                     if let Err(e) = commit::append(
-                        catalog.catalog.as_ref(),
+                        catalog,
                         &job.table,
                         table_files,
                         lsn,
