@@ -8,8 +8,8 @@ use iceberg::table::Table;
 
 use super::{rowdelta, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
 use crate::catalog::LocalCatalog;
-use crate::error::{Context, Result};
 use crate::change::Lsn;
+use crate::error::{Context, Result};
 
 /// Appends `files` in one snapshot whose summary records `lsn` and the writing phase. The
 /// files and the new metadata are fsynced before the catalog swap (see [`rowdelta::commit`]).
