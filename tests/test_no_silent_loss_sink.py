@@ -137,21 +137,6 @@ def test_identity_changed_behind_the_pipeline_stops_at_the_first_garbled_delete(
     assert_synced(skippr, db, ["members"])
 
 
-def test_delete_of_a_row_iceberg_does_not_hold_is_an_error(skippr: Skippr, db: Database):
-    db.execute(IDENTITY_SETUP)
-    skippr.write_config(["members"])
-    skippr.sync_once()
-    # another engine removes a row from the Iceberg table
-    from pyiceberg.expressions import EqualTo
-    skippr.table("members").delete(EqualTo("id", 9))
-    assert 9 not in [r["id"] for r in skippr.read_pyiceberg("members", ["id"])]
-    db.execute("DELETE FROM members WHERE id = 9")
-    proc = assert_fails(skippr, must_name=["members", "--resnapshot"], what="a DELETE whose row is not in Iceberg")
-    assert "does not hold" in proc.stderr, describe_run(proc)
-    db.execute("UPDATE members SET name = 'x' WHERE id = 10")
-    assert_fails(skippr, must_name=["members"], what="second run after the miss (must not skip it)")
-
-
 # --------------------------------------------------------------------------------------------
 # 4. Unchanged TOAST values after a rename
 # --------------------------------------------------------------------------------------------

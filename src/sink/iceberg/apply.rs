@@ -20,8 +20,8 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
-use crate::error::{Context, Error, Result};
-use crate::source::postgres::types::{ColumnBuilder, PgType};
+use crate::error::{Error, Result};
+use crate::source::postgres::types::PgType;
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 

@@ -228,7 +228,7 @@ impl TableSink {
         for (file, wanted) in by_file {
             let bytes = self.read_file(&self.files[file as usize]).await?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
-            let file_schema = reader.schema();
+            let file_schema = arrow::array::RecordBatchReader::schema(&reader);
             let batches: Vec<RecordBatch> = reader.collect::<std::result::Result<_, _>>()?;
             let all = concat_batches(&file_schema, &batches)?;
             let idx = UInt32Array::from_iter_values(wanted.iter().map(|(_, p)| *p as u32));
