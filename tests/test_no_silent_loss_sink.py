@@ -180,13 +180,20 @@ def test_unchanged_toast_value_survives_a_rename(skippr: Skippr, db: Database):
 
 
 def test_live_query_fills_unchanged_toast_value_after_a_rename(skippr: Skippr, db: Database):
-    """The rename and the update are only in the WAL tail: `skipprd query` fills the value from
-    the committed row, matched by field id."""
+    """The column was renamed (committed: the Iceberg field keeps its id, the snapshot's file
+    keeps the old name); updates that leave it untouched are only in the WAL tail, and
+    `skipprd query` fills the value from the committed row, matched by field id."""
     db.execute(DOCS_SETUP)
+    skippr.write_config(["docs"])
+    skippr.sync_once()
+    db.execute("ALTER TABLE docs RENAME COLUMN body TO content")
+    db.execute("UPDATE docs SET version = 1 WHERE id = 12")
+    skippr.sync_once()
+    assert skippr.table("docs").schema().find_field("content").field_id == 3
     proc = start_live(skippr, ["docs"])
     try:
-        db.execute("ALTER TABLE docs RENAME COLUMN body TO content")
         db.execute("UPDATE docs SET title = 'live' WHERE id IN (1, 2)")
+        tx(db, "UPDATE docs SET version = 5 WHERE id = 3", "UPDATE docs SET title = 't' WHERE id = 3")
         wait_live(skippr, ["docs"], proc)
     finally:
         assert stop(proc) == 0, bg_log(skippr)
@@ -226,13 +233,13 @@ def kill_at(skippr: Skippr, point: str, timeout: float = 120.0) -> None:
         proc.wait()
 
 
-def crash_round(db: Database) -> None:
-    tx(db, "INSERT INTO ledger SELECT i, i, 'new' FROM generate_series(1001, 1100) i",
+def crash_round(db: Database, n: int = 1) -> None:
+    tx(db, f"INSERT INTO ledger SELECT i, i, 'new' FROM generate_series({n * 1000 + 1}, {n * 1000 + 100}) i",
            "UPDATE ledger SET amount = amount + 1, note = 'upd' WHERE id % 7 = 0",
            "DELETE FROM ledger WHERE id % 11 = 0")
-    tx(db, "UPDATE ledger SET id = id + 5000 WHERE id BETWEEN 20 AND 30",
-           "DELETE FROM tags WHERE a = 1", "UPDATE tags SET v = 'w' WHERE b = 2",
-           "INSERT INTO tags VALUES (50, 50, 'x')")
+    tx(db, f"UPDATE ledger SET id = id + {n * 10000} WHERE id BETWEEN {n * 20} AND {n * 20 + 10}",
+           f"DELETE FROM tags WHERE a = {n}", "UPDATE tags SET v = 'w' WHERE b = 2",
+           f"INSERT INTO tags VALUES ({n * 50}, 50, 'x')")
 
 
 @pytest.mark.parametrize("point", ["before-catalog-swap", "before-wal-removal"])
@@ -269,7 +276,7 @@ def test_killed_between_the_steps_of_a_commit(skippr: Skippr, db: Database, poin
 
     # and the pipeline goes on normally
     before = insert_lsn(db)
-    crash_round(db)
+    crash_round(db, 2)
     skippr.sync_once()
     assert_synced(skippr, db, ["ledger", "tags"], changed_since=before, changed=["ledger", "tags"])
 
