@@ -195,8 +195,10 @@ pub async fn apply_wal(
     }
     sinks.commit(catalog, pipeline).await?;
     // Only what every table has durably committed goes (the commits fsynced their files).
-    crate::sink::iceberg::durable::pause_point(crate::sink::iceberg::durable::PAUSE_BEFORE_WAL_REMOVAL)
-        .await;
+    crate::sink::iceberg::durable::pause_point(
+        crate::sink::iceberg::durable::PAUSE_BEFORE_WAL_REMOVAL,
+    )
+    .await;
     let removed = wal.remove_through(sinks.covered())?;
     if removed > 0 {
         tracing::debug!(

@@ -237,15 +237,7 @@ async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncRepor
             };
             // No snapshot: each new table starts empty at the slot's position.
             for job in todo {
-                commit::append(
-                    &catalog,
-                    &job.table,
-                    Vec::new(),
-                    start,
-                    "cdc",
-                    &p.name,
-                )
-                .await?;
+                commit::append(&catalog, &job.table, Vec::new(), start, "cdc", &p.name).await?;
                 report.copied.push(job.schema.table.to_string());
             }
         }

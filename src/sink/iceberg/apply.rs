@@ -681,7 +681,6 @@ impl TableSink {
         self.pending_bytes = 0;
         Ok(())
     }
-
 }
 
 /// The columns that make up the key of a table without a primary key: every field the

@@ -125,15 +125,9 @@ pub async fn copy_tables(
                     let table_files = files.remove(&job_index).unwrap_or_default();
                     let rows = counters[job_index].load(Ordering::Relaxed);
                     let n_files = table_files.len();
-                    if let Err(e) = commit::append(
-                        catalog,
-                        &job.table,
-                        table_files,
-                        lsn,
-                        "snapshot",
-                        pipeline,
-                    )
-                    .await
+                    if let Err(e) =
+                        commit::append(catalog, &job.table, table_files, lsn, "snapshot", pipeline)
+                            .await
                     {
                         result = Err(e);
                         break;
