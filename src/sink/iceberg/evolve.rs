@@ -283,12 +283,7 @@ pub async fn plan(
             ));
         }
     }
-    let schema = Schema::builder()
-        .with_schema_id(meta.current_schema_id() + 1)
-        .with_fields(fields.into_iter().map(Arc::new))
-        .with_identifier_field_ids(identifier)
-        .build()
-        .with_context(|| format!("building the new schema of {}", table.identifier()))?;
+    let schema = next_schema(table, fields, identifier)?;
     Ok(Some(Evolution {
         schema,
         columns,
@@ -325,9 +320,9 @@ pub async fn relax_not_null(
 ) -> Result<Option<(Schema, Vec<String>)>> {
     let rows = client
         .query(
-            "SELECT a.attname::text, a.attnotnull FROM pg_attribute a
-             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+            "SELECT attname::text, attnotnull FROM pg_attribute
+             WHERE attrelid = format('%I.%I', $1::text, $2::text)::regclass
+               AND attnum > 0 AND NOT attisdropped",
             &[&source.schema, &source.name],
         )
         .await
@@ -378,11 +373,20 @@ pub fn make_optional(
     if relaxed.is_empty() {
         return Ok(None);
     }
-    let schema = Schema::builder()
-        .with_schema_id(meta.current_schema_id() + 1)
+    let schema = next_schema(table, fields, identifier)?;
+    Ok(Some((schema, relaxed)))
+}
+
+/// The table's next schema: `fields` with the given identifier fields, one id past the current.
+fn next_schema(
+    table: &iceberg::table::Table,
+    fields: Vec<NestedField>,
+    identifier: Vec<i32>,
+) -> Result<Schema> {
+    Schema::builder()
+        .with_schema_id(table.metadata().current_schema_id() + 1)
         .with_fields(fields.into_iter().map(Arc::new))
         .with_identifier_field_ids(identifier)
         .build()
-        .with_context(|| format!("building the new schema of {}", table.identifier()))?;
-    Ok(Some((schema, relaxed)))
+        .with_context(|| format!("building the new schema of {}", table.identifier()))
 }
