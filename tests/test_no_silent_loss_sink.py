@@ -42,6 +42,15 @@ def wal_segments(skippr: Skippr) -> list[Path]:
     return sorted((skippr.workdir / ".skippr" / "wal" / "app").glob("*.seg"))
 
 
+def synced_round(skippr: Skippr, db: Database, table: str, *statements: str) -> None:
+    """Runs `statements`, one `sync --once`, and checks every reader against Postgres."""
+    before = insert_lsn(db)
+    for st in statements:
+        db.execute(st)
+    skippr.sync_once()
+    assert_synced(skippr, db, [table], changed_since=before, changed=[table])
+
+
 def fails_twice(skippr: Skippr, must_name: list[str], what: str) -> list[subprocess.CompletedProcess]:
     """`sync --once` fails naming `must_name`, and fails again when run again: the change
     that stopped it is not skipped."""
@@ -96,13 +105,11 @@ def test_replica_identity_without_the_key_is_refused_with_the_fix(skippr: Skippr
     # the fix the message names works, and deletes and key changes then arrive keyed
     db.execute(FIX_SQL)
     skippr.sync_once()
-    before = insert_lsn(db)
-    db.execute("DELETE FROM members WHERE id IN (1, 2)")
-    db.execute("UPDATE members SET id = 100 WHERE id = 3")
-    db.execute("UPDATE members SET email = 'changed@example.com' WHERE id = 4")
-    db.execute("INSERT INTO members VALUES (5000, 'new@example.com', NULL)")
-    skippr.sync_once()
-    assert_synced(skippr, db, ["members"], changed_since=before, changed=["members"])
+    synced_round(skippr, db, "members",
+                 "DELETE FROM members WHERE id IN (1, 2)",
+                 "UPDATE members SET id = 100 WHERE id = 3",
+                 "UPDATE members SET email = 'changed@example.com' WHERE id = 4",
+                 "INSERT INTO members VALUES (5000, 'new@example.com', NULL)")
 
 
 def test_identity_index_that_includes_the_key_is_accepted(skippr: Skippr, db: Database):
@@ -112,13 +119,11 @@ def test_identity_index_that_includes_the_key_is_accepted(skippr: Skippr, db: Da
     discover = skippr.run("discover", "--pipeline", "app")
     assert "change identity of public.members: primary key (id)" in discover.stdout, discover.stdout
     skippr.sync_once()
-    before = insert_lsn(db)
-    db.execute("DELETE FROM members WHERE id IN (1, 2)")
-    db.execute("UPDATE members SET id = 100 WHERE id = 3")
-    db.execute("UPDATE members SET email = 'changed@example.com' WHERE id = 4")
-    db.execute("UPDATE members SET name = 'renamed' WHERE id = 5")
-    skippr.sync_once()
-    assert_synced(skippr, db, ["members"], changed_since=before, changed=["members"])
+    synced_round(skippr, db, "members",
+                 "DELETE FROM members WHERE id IN (1, 2)",
+                 "UPDATE members SET id = 100 WHERE id = 3",
+                 "UPDATE members SET email = 'changed@example.com' WHERE id = 4",
+                 "UPDATE members SET name = 'renamed' WHERE id = 5")
     rows = skippr.read_pyiceberg("members", ["id"])
     assert not primary_key_dups(rows, ["id"])
 
@@ -360,11 +365,9 @@ def test_dropping_not_null_makes_the_field_optional(skippr: Skippr, db: Database
     assert not skippr.table("prices").schema().find_field("label").required
     assert_synced(skippr, db, ["prices"])
 
-    before = insert_lsn(db)
-    db.execute("INSERT INTO prices VALUES (20, 1, NULL)")
-    db.execute("UPDATE prices SET label = NULL WHERE id = 2")
-    skippr.sync_once()
-    assert_synced(skippr, db, ["prices"], changed_since=before, changed=["prices"])
+    synced_round(skippr, db, "prices",
+                 "INSERT INTO prices VALUES (20, 1, NULL)",
+                 "UPDATE prices SET label = NULL WHERE id = 2")
 
 
 def test_not_null_dropped_and_null_written_in_one_window(skippr: Skippr, db: Database):
