@@ -206,9 +206,14 @@ pub async fn apply_wal(
         }
     }
     sinks.commit(catalog, pipeline).await?;
-    // The watermarks are recorded before the WAL that backs them goes.
+    // The watermarks are recorded before the WAL that backs them goes, and only what every
+    // table has durably committed goes (the commits fsynced their files).
     let covered = sinks.covered();
     crate::pipeline::state::record_commit(&sinks.state_file, &sinks.watermarks(), covered)?;
+    crate::sink::iceberg::durable::pause_point(
+        crate::sink::iceberg::durable::PAUSE_BEFORE_WAL_REMOVAL,
+    )
+    .await;
     let removed = wal.remove_through(covered)?;
     if removed > 0 {
         tracing::debug!(
@@ -298,8 +303,16 @@ pub async fn run_continuous(
     shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let mut sinks = Sinks::load(catalog, namespace, p).await?;
-    // Anything already in the WAL (from before a crash) is committed first.
-    apply_wal(wal, &mut sinks, catalog, &p.name).await?;
+    // Anything already in the WAL (from before a crash) is committed first. When a value
+    // there cannot be stored, the change that fixes it (the row updated or deleted at the
+    // source) may still be in the slot: stream first, and let the next apply of both decide.
+    if let Err(e) = apply_wal(wal, &mut sinks, catalog, &p.name).await {
+        if e.kind() != ErrorKind::Unrepresentable {
+            return Err(e);
+        }
+        tracing::warn!(pipeline = %p.name, error = %e.report(), "the WAL holds a change that cannot be applied yet; streaming first, in case a later change replaces it");
+        sinks = Sinks::load(catalog, namespace, p).await?;
+    }
     let (durable_tx, _) = watch::channel(Lsn::default());
     let start = resume_point(wal)?;
     let cfg = p.source.clone();

@@ -393,15 +393,7 @@ async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncRepor
                     commit::replace(&catalog, &job.table, Vec::new(), start, "cdc", &p.name)
                         .await?;
                 } else {
-                    commit::append(
-                        catalog.catalog.as_ref(),
-                        &job.table,
-                        Vec::new(),
-                        start,
-                        "cdc",
-                        &p.name,
-                    )
-                    .await?;
+                    commit::append(&catalog, &job.table, Vec::new(), start, "cdc", &p.name).await?;
                 }
                 report.copied.push(job.schema.table.to_string());
             }
@@ -701,17 +693,10 @@ async fn check_replication_ready(
         }
     }
     for ts in schemas {
-        if ts.primary_key.is_empty()
-            && ts.replica_identity != "full"
-            && !cfg.append_only.contains(&ts.table)
+        if let Some((detail, fix)) =
+            crate::source::postgres::discover::identity_problem(client, p, ts).await?
         {
-            return Err(Error::source_err(format!(
-                "table {} has no primary key and replica identity {}, so its updates and deletes cannot be applied; add a primary key, run ALTER TABLE {} REPLICA IDENTITY FULL;, or list it under `append_only:` if it only ever receives inserts; if its primary key was dropped after it was synced, also run `skipprd sync --pipeline {} --resnapshot`",
-                ts.table,
-                ts.replica_identity,
-                ts.table.quoted(),
-                p.name
-            )));
+            return Err(Error::source_err(format!("{detail}; fix: {fix}")));
         }
     }
     Ok(())

@@ -3,19 +3,12 @@
 //! table, and the commit records the LSN it covers, so a restart neither loses nor repeats
 //! a change.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+mod read;
 
-use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, UInt32Array};
-use arrow::compute::{cast, concat_batches, interleave, take};
-use arrow::datatypes::DataType;
+use std::collections::HashMap;
+
 use arrow::datatypes::SchemaRef;
-use bytes::Bytes;
-use iceberg::spec::{DataContentType, ManifestStatus};
 use iceberg::table::Table;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ProjectionMask;
-use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
 use super::keys::{Key, KeyEncoder};
 use super::writer::TableWriter;
@@ -27,8 +20,8 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
-use crate::error::{Context, Error, Result};
-use crate::source::postgres::types::{ColumnBuilder, PgType};
+use crate::error::{Error, Result};
+use crate::source::postgres::types::PgType;
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 
@@ -76,6 +69,9 @@ pub struct TableSink {
     pending_bytes: u64,
     /// Relation id -> for each table column, the relation column it comes from.
     rel_maps: HashMap<u32, Vec<Option<usize>>>,
+    /// Relation id -> whether its replica identity carries every key column, so that the old
+    /// row of an UPDATE or DELETE can be found by key.
+    rel_identity: HashMap<u32, bool>,
 }
 
 impl TableSink {
@@ -143,158 +139,10 @@ impl TableSink {
             pending_changes: 0,
             pending_bytes: 0,
             rel_maps: HashMap::new(),
+            rel_identity: HashMap::new(),
         };
         sink.build_index().await?;
         Ok(sink)
-    }
-
-    /// Rebuilds key -> (file, position) from the live data files and their position deletes.
-    async fn build_index(&mut self) -> Result<()> {
-        self.index.clear();
-        self.extra.clear();
-        self.files.clear();
-        let meta = self.table.metadata();
-        let Some(snapshot) = meta.current_snapshot() else {
-            return Ok(());
-        };
-        let file_io = self.table.file_io();
-        let list = self
-            .table
-            .manifest_list_reader(snapshot)
-            .load()
-            .await
-            .context("reading the manifest list")?;
-        let mut data_files = Vec::new();
-        let mut delete_files = Vec::new();
-        for mf in list.entries() {
-            let manifest = mf
-                .load_manifest(file_io)
-                .await
-                .context("reading a manifest")?;
-            for entry in manifest.entries() {
-                if entry.status() == ManifestStatus::Deleted {
-                    continue;
-                }
-                let df = entry.data_file();
-                match df.content_type() {
-                    DataContentType::Data => data_files.push(df.file_path().to_string()),
-                    DataContentType::PositionDeletes => delete_files.push(df.file_path().to_string()),
-                    DataContentType::EqualityDeletes => {
-                        return Err(Error::unrepresentable(format!(
-                            "Iceberg table {} has equality deletes, which skipprd does not write or apply; it must only be written by skipprd",
-                            self.table.identifier()
-                        )))
-                    }
-                }
-            }
-        }
-        let mut deleted: HashSet<(String, i64)> = HashSet::new();
-        for path in &delete_files {
-            let bytes = self.read_file(path).await?;
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
-            for batch in reader {
-                let batch = batch?;
-                let paths = batch
-                    .column(0)
-                    .as_any()
-                    .downcast_ref::<arrow::array::StringArray>();
-                let pos = batch
-                    .column(1)
-                    .as_any()
-                    .downcast_ref::<arrow::array::Int64Array>();
-                if let (Some(paths), Some(pos)) = (paths, pos) {
-                    for i in 0..batch.num_rows() {
-                        deleted.insert((paths.value(i).to_string(), pos.value(i)));
-                    }
-                }
-            }
-        }
-        for path in data_files.into_iter() {
-            let path: String = path;
-            let file_no = self.files.len() as u32;
-            let bytes = self.read_file(&path).await?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
-            // Match key columns by field id, not position: the file may predate columns
-            // added, renamed or widened since. Missing columns read NULL; older types are
-            // cast to the current one.
-            let file_ids: Vec<Option<i32>> = builder
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| {
-                    f.metadata()
-                        .get(PARQUET_FIELD_ID_META_KEY)
-                        .and_then(|v| v.parse().ok())
-                })
-                .collect();
-            let wanted: Vec<(Option<usize>, DataType)> = self
-                .key_idx
-                .iter()
-                .map(|k| {
-                    let field = self.arrow.field(*k);
-                    let id: Option<i32> = field
-                        .metadata()
-                        .get(PARQUET_FIELD_ID_META_KEY)
-                        .and_then(|v| v.parse().ok());
-                    (
-                        id.and_then(|id| file_ids.iter().position(|f| *f == Some(id))),
-                        field.data_type().clone(),
-                    )
-                })
-                .collect();
-            let mut roots: Vec<usize> = wanted.iter().filter_map(|(i, _)| *i).collect();
-            roots.sort();
-            roots.dedup();
-            let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-            let reader = builder.with_projection(mask).build()?;
-            let mut pos: u64 = 0;
-            for batch in reader {
-                let batch = batch?;
-                let mut cols: Vec<ArrayRef> = Vec::with_capacity(wanted.len());
-                for (file_col, dt) in &wanted {
-                    let col = match file_col.and_then(|i| roots.iter().position(|r| *r == i)) {
-                        Some(j) => {
-                            let c = batch.column(j);
-                            if c.data_type() == dt {
-                                c.clone()
-                            } else {
-                                cast(c.as_ref(), dt)?
-                            }
-                        }
-                        None => new_null_array(dt, batch.num_rows()),
-                    };
-                    cols.push(col);
-                }
-                for row in 0..batch.num_rows() {
-                    let p = pos + row as u64;
-                    if deleted.contains(&(path.clone(), p as i64)) {
-                        continue;
-                    }
-                    if let Some(key) = self.keys.from_arrays(&cols, row) {
-                        self.index_insert(
-                            key,
-                            Loc {
-                                file: file_no,
-                                pos: p,
-                            },
-                        );
-                    }
-                }
-                pos += batch.num_rows() as u64;
-            }
-            self.files.push(path);
-        }
-        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), files = self.files.len(), "key index loaded");
-        Ok(())
-    }
-
-    async fn read_file(&self, path: &str) -> Result<Bytes> {
-        self.table
-            .file_io()
-            .new_input(path)?
-            .read()
-            .await
-            .with_context(|| format!("reading {path}"))
     }
 
     /// Learns how a relation's columns map to the table's columns, first evolving the
@@ -357,6 +205,8 @@ impl TableSink {
                 }
             }
         }
+        let relaxed = evolve::relax_not_null(&self.source, &self.table, client).await?;
+        self.take_optional(relaxed, catalog).await?;
         let columns = evolve::recorded_columns(&self.table);
         let mut map = vec![None; self.names.len()];
         for (ri, c) in r.columns.iter().enumerate() {
@@ -377,8 +227,79 @@ impl TableSink {
                 }
             }
         }
+        // Replica identity full sends the whole old row; otherwise the old row carries only
+        // the identity columns, which must include every column of the key.
+        let identity = r.replica_identity == b'f'
+            || (self.keyed
+                && self
+                    .key_idx
+                    .iter()
+                    .all(|k| map[*k].is_some_and(|ri| r.columns[ri].is_key)));
+        self.rel_identity.insert(r.id, identity);
         self.rel_maps.insert(r.id, map);
         Ok(())
+    }
+
+    /// Commits a schema whose fields were made optional (NOT NULL dropped at the source).
+    async fn take_optional(
+        &mut self,
+        relaxed: Option<(iceberg::spec::Schema, Vec<String>)>,
+        catalog: &LocalCatalog,
+    ) -> Result<()> {
+        let Some((schema, relaxed)) = relaxed else {
+            return Ok(());
+        };
+        let props = self.table.metadata().properties().clone();
+        self.table = rowdelta::evolve_schema(catalog, &self.table, schema, props).await?;
+        for column in &relaxed {
+            tracing::info!(table = %self.table.identifier(), column = %column, "NOT NULL dropped at the source: the field is optional now");
+        }
+        // Fields keep their places: how relations map onto them is unchanged.
+        let maps = std::mem::take(&mut self.rel_maps);
+        let identity = std::mem::take(&mut self.rel_identity);
+        self.refresh_schema()?;
+        self.rel_maps = maps;
+        self.rel_identity = identity;
+        Ok(())
+    }
+
+    /// Refuses an UPDATE or DELETE of a relation whose replica identity does not carry the
+    /// key: its old row could not be found, and applying it would lose or duplicate rows.
+    fn require_identity(&self, change: &Change) -> Result<()> {
+        if self.rel_identity.get(&change.rel).copied().unwrap_or(false) {
+            return Ok(());
+        }
+        let fix = if self.keyed {
+            format!(
+                "ALTER TABLE {} REPLICA IDENTITY DEFAULT;",
+                self.source.quoted()
+            )
+        } else {
+            format!(
+                "ALTER TABLE {} REPLICA IDENTITY FULL; (or add a primary key)",
+                self.source.quoted()
+            )
+        };
+        Err(Error::unrepresentable(format!(
+            "table {}: an {} arrived whose old row is identified by the table's replica identity, which does not include its key ({}), so the row it changes cannot be found; run {fix} then `skipprd sync --resnapshot` (the change is already in the stream)",
+            self.source,
+            if change.op == Op::Update { "UPDATE" } else { "DELETE" },
+            if self.keyed {
+                self.primary_key().join(", ")
+            } else {
+                "the whole row".to_string()
+            }
+        )))
+    }
+
+    /// The error for an UPDATE or DELETE whose old row is not in the table.
+    fn missing_row(&self, op: Op) -> Error {
+        Error::fatal(format!(
+            "table {}: an {} names a row that Iceberg table {} does not hold, so the two have diverged (the table was changed by another writer, or changes were missed); run `skipprd sync --resnapshot` to copy it again",
+            self.source,
+            if op == Op::Update { "UPDATE" } else { "DELETE" },
+            self.table.identifier()
+        ))
     }
 
     fn primary_key(&self) -> Vec<String> {
@@ -430,6 +351,7 @@ impl TableSink {
                 .collect(),
         );
         self.rel_maps.clear();
+        self.rel_identity.clear();
         Ok(())
     }
 
@@ -534,11 +456,15 @@ impl TableSink {
                 self.push(key, row, None);
             }
             Op::Delete => {
+                self.require_identity(change)?;
                 let old = self.to_row(change.rel, change.old.as_deref().unwrap_or_default())?;
                 let key = self.key_of(&old)?;
-                self.remove(&key);
+                if self.remove(&key).is_none() {
+                    return Err(self.missing_row(Op::Delete));
+                }
             }
             Op::Update => {
+                self.require_identity(change)?;
                 let mut row = self.to_row(change.rel, change.new.as_deref().unwrap_or_default())?;
                 let old_row = match &change.old {
                     Some(o) => Some(self.to_row(change.rel, o)?),
@@ -558,7 +484,9 @@ impl TableSink {
                     Some(o) => self.key_of(o)?,
                     None => new_key.clone(),
                 };
-                let previous = self.remove(&old_key);
+                let Some(previous) = self.remove(&old_key) else {
+                    return Err(self.missing_row(Op::Update));
+                };
                 // With a primary key, a row already holding the new key is replaced; rows
                 // keyed by their whole content may be equal and all stay.
                 if self.keyed && old_key != new_key {
@@ -567,7 +495,7 @@ impl TableSink {
                 let mut previous_loc = None;
                 if row.iter().any(|d| matches!(d, Datum::Unchanged)) {
                     match previous {
-                        Some(PendingOrLoc::Pending(p)) => {
+                        PendingOrLoc::Pending(p) => {
                             for (i, d) in row.iter_mut().enumerate() {
                                 if matches!(d, Datum::Unchanged) {
                                     *d = p.values[i].clone();
@@ -575,13 +503,7 @@ impl TableSink {
                             }
                             previous_loc = p.previous;
                         }
-                        Some(PendingOrLoc::Loc(loc)) => previous_loc = Some(loc),
-                        None => {
-                            return Err(Error::fatal(format!(
-                                "table {}: an update left a large (TOAST) value unchanged, but the previous version of the row is not in Iceberg; run `skipprd sync --resnapshot`",
-                                self.source
-                            )))
-                        }
+                        PendingOrLoc::Loc(loc) => previous_loc = Some(loc),
                     }
                 }
                 self.push(new_key, row, previous_loc);
@@ -655,6 +577,24 @@ impl TableSink {
             .into_iter()
             .flatten()
             .collect();
+        // A NULL in a required field: the source allowed it when the change was made (its
+        // NOT NULL was dropped, perhaps set again before the catalog was read), so the field
+        // becomes optional rather than the change being refused or lost.
+        let nulls: Vec<String> = self
+            .arrow
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(i, f)| {
+                !f.is_nullable() && live.iter().any(|r| matches!(r.values[*i], Datum::Null))
+            })
+            .map(|(_, f)| f.name().clone())
+            .collect();
+        if !nulls.is_empty() {
+            let names: Vec<&str> = nulls.iter().map(String::as_str).collect();
+            let relaxed = evolve::make_optional(&self.table, &names)?;
+            self.take_optional(relaxed, catalog).await?;
+        }
         let batch = self.build_batch(&live).await?;
         let commit_id = uuid::Uuid::now_v7().simple().to_string();
         let mut data_files = Vec::new();
@@ -740,119 +680,6 @@ impl TableSink {
         self.pending_changes = 0;
         self.pending_bytes = 0;
         Ok(())
-    }
-
-    /// Decodes pending rows into a batch, filling values an update left unchanged from the
-    /// previous version of the row in Iceberg.
-    async fn build_batch(&self, live: &[PendingRow]) -> Result<RecordBatch> {
-        let mut builders: Vec<ColumnBuilder> = self
-            .arrow
-            .fields()
-            .iter()
-            .zip(&self.pg)
-            .map(|(f, pg)| ColumnBuilder::new(pg, f.data_type(), live.len()))
-            .collect();
-        for row in live {
-            for (i, (b, d)) in builders.iter_mut().zip(&row.values).enumerate() {
-                match d {
-                    Datum::Null | Datum::Unchanged => b.append_null(),
-                    Datum::Text(v) => {
-                        let s = std::str::from_utf8(v).map_err(|_| {
-                            Error::unrepresentable(format!(
-                                "table {}, column `{}`: the value is not UTF-8",
-                                self.source, self.names[i]
-                            ))
-                        })?;
-                        b.append_text(s).map_err(|e| {
-                            Error::unrepresentable(format!(
-                                "table {}, column `{}`: {}",
-                                self.source, self.names[i], e.0
-                            ))
-                        })?;
-                    }
-                }
-            }
-        }
-        let mut columns: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
-
-        // Values left unchanged by an update: read the previous versions and interleave them.
-        let needs: Vec<(usize, Loc)> = live
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.values.iter().any(|d| matches!(d, Datum::Unchanged)))
-            .filter_map(|(i, r)| r.previous.map(|l| (i, l)))
-            .collect();
-        if !needs.is_empty() {
-            let previous = self
-                .read_rows(&needs.iter().map(|(_, l)| *l).collect::<Vec<_>>())
-                .await?;
-            for (c, col) in columns.iter_mut().enumerate() {
-                let mut indices: Vec<(usize, usize)> = (0..live.len()).map(|r| (0, r)).collect();
-                let mut any = false;
-                for (k, (r, _)) in needs.iter().enumerate() {
-                    if matches!(live[*r].values[c], Datum::Unchanged) {
-                        indices[*r] = (1, k);
-                        any = true;
-                    }
-                }
-                if any {
-                    *col = interleave(&[col.as_ref(), previous.column(c).as_ref()], &indices)?;
-                }
-            }
-        }
-        Ok(RecordBatch::try_new(self.arrow.clone(), columns)?)
-    }
-
-    /// Reads whole rows at `locs`, in that order.
-    async fn read_rows(&self, locs: &[Loc]) -> Result<RecordBatch> {
-        let mut by_file: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
-        for (i, l) in locs.iter().enumerate() {
-            by_file.entry(l.file).or_default().push((i, l.pos));
-        }
-        let mut parts: Vec<RecordBatch> = Vec::new();
-        let mut order: Vec<usize> = Vec::new();
-        for (file, wanted) in by_file {
-            let bytes = self.read_file(&self.files[file as usize]).await?;
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
-            let batches: Vec<RecordBatch> = reader.collect::<std::result::Result<_, _>>()?;
-            let all = concat_batches(&self.arrow_file_schema(&batches), &batches)?;
-            let idx = UInt32Array::from_iter_values(wanted.iter().map(|(_, p)| *p as u32));
-            let cols = all
-                .columns()
-                .iter()
-                .map(|c| take(c.as_ref(), &idx, None))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            parts.push(RecordBatch::try_new(all.schema(), cols)?);
-            order.extend(wanted.iter().map(|(i, _)| *i));
-        }
-        let schema = parts
-            .first()
-            .map(|p| p.schema())
-            .unwrap_or_else(|| self.arrow.clone());
-        let merged = concat_batches(&schema, &parts)?;
-        // Put rows back in the order asked for; columns follow the table schema by name.
-        let mut inverse = vec![0u32; order.len()];
-        for (pos, i) in order.iter().enumerate() {
-            inverse[*i] = pos as u32;
-        }
-        let idx = UInt32Array::from(inverse);
-        let cols = self
-            .arrow
-            .fields()
-            .iter()
-            .map(|f| match merged.schema().index_of(f.name()) {
-                Ok(i) => take(merged.column(i).as_ref(), &idx, None).map_err(Error::from),
-                Err(_) => Ok(new_null_array(f.data_type(), locs.len())),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(RecordBatch::try_new(self.arrow.clone(), cols)?)
-    }
-
-    fn arrow_file_schema(&self, batches: &[RecordBatch]) -> SchemaRef {
-        batches
-            .first()
-            .map(|b| b.schema())
-            .unwrap_or_else(|| Arc::clone(&self.arrow))
     }
 }
 

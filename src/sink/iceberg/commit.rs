@@ -5,34 +5,32 @@ use std::collections::HashMap;
 
 use iceberg::spec::{DataFile, SnapshotRef};
 use iceberg::table::Table;
-use iceberg::transaction::{ApplyTransactionAction, Transaction};
-use iceberg::Catalog;
 
-use super::{SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
+use super::{rowdelta, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
 use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::error::{Context, Result};
 
-/// Appends `files` in one snapshot whose summary records `lsn` and the writing phase.
+/// Appends `files` in one snapshot whose summary records `lsn` and the writing phase. The
+/// files and the new metadata are fsynced before the catalog swap (see [`rowdelta::commit`]).
 pub async fn append(
-    catalog: &dyn Catalog,
+    catalog: &LocalCatalog,
     table: &Table,
     files: Vec<DataFile>,
     lsn: Lsn,
     phase: &str,
     pipeline: &str,
 ) -> Result<Table> {
-    let props = summary(lsn, phase, pipeline);
-    let tx = Transaction::new(table);
-    let action = tx
-        .fast_append()
-        .with_check_duplicate(false)
-        .set_snapshot_properties(props)
-        .add_data_files(files);
-    let tx = action.apply(tx)?;
-    tx.commit(catalog)
-        .await
-        .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
+    rowdelta::commit(
+        catalog,
+        table,
+        files,
+        Vec::new(),
+        false,
+        summary(lsn, phase, pipeline),
+    )
+    .await
+    .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
 }
 
 /// The snapshot summary every skipprd commit carries: the LSN it covers, the phase that

@@ -283,12 +283,7 @@ pub async fn plan(
             ));
         }
     }
-    let schema = Schema::builder()
-        .with_schema_id(meta.current_schema_id() + 1)
-        .with_fields(fields.into_iter().map(Arc::new))
-        .with_identifier_field_ids(identifier)
-        .build()
-        .with_context(|| format!("building the new schema of {}", table.identifier()))?;
+    let schema = next_schema(table, fields, identifier)?;
     Ok(Some(Evolution {
         schema,
         columns,
@@ -312,4 +307,86 @@ pub async fn has_default(client: &Client, table: &TableRef, column: &str) -> boo
         .flatten()
         .map(|r| r.get::<_, bool>(0))
         .unwrap_or(false)
+}
+
+/// The schema with every field made optional whose source column no longer has NOT NULL,
+/// or `None` when there is none. Relation messages carry no nullability, so the catalog is
+/// read when one arrives; making a field optional is always safe (an optional field holds
+/// everything a required one does), so reading a catalog newer than the message is harmless.
+pub async fn relax_not_null(
+    source: &TableRef,
+    table: &iceberg::table::Table,
+    client: &Client,
+) -> Result<Option<(Schema, Vec<String>)>> {
+    let rows = client
+        .query(
+            "SELECT attname::text, attnotnull FROM pg_attribute
+             WHERE attrelid = format('%I.%I', $1::text, $2::text)::regclass
+               AND attnum > 0 AND NOT attisdropped",
+            &[&source.schema, &source.name],
+        )
+        .await
+        .with_context(|| format!("reading the NOT NULL constraints of {source}"))?;
+    let nullable: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.get::<_, bool>(1))
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    let recorded = recorded_columns(table).unwrap_or_default();
+    // The Iceberg field each nullable source column writes to.
+    let targets: Vec<&str> = nullable
+        .iter()
+        .map(|n| {
+            recorded
+                .iter()
+                .find(|c| &c.name == n)
+                .map(|c| c.target())
+                .unwrap_or(n.as_str())
+        })
+        .collect();
+    make_optional(table, &targets)
+}
+
+/// The schema with the required fields named in `fields` made optional (identifier fields
+/// stay required), and the names of those changed; `None` when none changes.
+pub fn make_optional(
+    table: &iceberg::table::Table,
+    names: &[&str],
+) -> Result<Option<(Schema, Vec<String>)>> {
+    let meta = table.metadata();
+    let schema = meta.current_schema();
+    let identifier: Vec<i32> = schema.identifier_field_ids().collect();
+    let mut relaxed = Vec::new();
+    let fields: Vec<NestedField> = schema
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut f = (**f).clone();
+            if f.required && !identifier.contains(&f.id) && names.contains(&f.name.as_str()) {
+                f.required = false;
+                relaxed.push(f.name.clone());
+            }
+            f
+        })
+        .collect();
+    if relaxed.is_empty() {
+        return Ok(None);
+    }
+    let schema = next_schema(table, fields, identifier)?;
+    Ok(Some((schema, relaxed)))
+}
+
+/// The table's next schema: `fields` with the given identifier fields, one id past the current.
+fn next_schema(
+    table: &iceberg::table::Table,
+    fields: Vec<NestedField>,
+    identifier: Vec<i32>,
+) -> Result<Schema> {
+    Schema::builder()
+        .with_schema_id(table.metadata().current_schema_id() + 1)
+        .with_fields(fields.into_iter().map(Arc::new))
+        .with_identifier_field_ids(identifier)
+        .build()
+        .with_context(|| format!("building the new schema of {}", table.identifier()))
 }

@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod commit;
+pub mod durable;
 pub mod evolve;
 pub mod keys;
 pub mod rowdelta;

@@ -19,6 +19,7 @@ use iceberg::MetadataLocation;
 use parquet::arrow::{AsyncArrowWriter, PARQUET_FIELD_ID_META_KEY};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
+use super::durable;
 use crate::catalog::LocalCatalog;
 use crate::error::{Context, Error, Result};
 
@@ -172,6 +173,12 @@ pub async fn commit(
             w.write_manifest_file().await
         }
     };
+    // Every file the snapshot adds, made durable before the catalog points at it.
+    let mut new_files: Vec<String> = data
+        .iter()
+        .chain(&deletes)
+        .map(|f| f.file_path().to_string())
+        .collect();
     let added_records: u64 = data.iter().map(|f| f.record_count()).sum();
     let added_size: u64 = data
         .iter()
@@ -181,18 +188,18 @@ pub async fn commit(
     let added_pos_deletes: u64 = deletes.iter().map(|f| f.record_count()).sum();
     let (n_data, n_deletes) = (data.len() as u64, deletes.len() as u64);
     if !data.is_empty() {
-        manifests.push(
-            write_manifest(data, false)
-                .await
-                .context("writing a data manifest")?,
-        );
+        let manifest = write_manifest(data, false)
+            .await
+            .context("writing a data manifest")?;
+        new_files.push(manifest.manifest_path.clone());
+        manifests.push(manifest);
     }
     if !deletes.is_empty() {
-        manifests.push(
-            write_manifest(deletes, true)
-                .await
-                .context("writing a delete manifest")?,
-        );
+        let manifest = write_manifest(deletes, true)
+            .await
+            .context("writing a delete manifest")?;
+        new_files.push(manifest.manifest_path.clone());
+        manifests.push(manifest);
     }
 
     let list_path = format!("{location}/metadata/snap-{snapshot_id}-1-{commit_id}.avro");
@@ -204,6 +211,7 @@ pub async fn commit(
     );
     list.add_manifests(manifests.into_iter())?;
     list.close().await.context("writing the manifest list")?;
+    new_files.push(list_path.clone());
 
     // Every total-* key is carried forward and kept numeric, or readers stop trusting them.
     let prev: HashMap<&str, u64> = TOTALS
@@ -260,7 +268,7 @@ pub async fn commit(
         .with_schema_id(meta.current_schema_id())
         .build();
 
-    commit_metadata(catalog, table, |b| {
+    commit_metadata(catalog, table, &new_files, |b| {
         b.add_snapshot(snapshot)?.set_ref(
             MAIN_BRANCH,
             SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
@@ -276,17 +284,19 @@ pub async fn evolve_schema(
     schema: iceberg::spec::Schema,
     properties: HashMap<String, String>,
 ) -> Result<Table> {
-    commit_metadata(catalog, table, |b| {
+    commit_metadata(catalog, table, &[], |b| {
         b.add_current_schema(schema)?.set_properties(properties)
     })
     .await
 }
 
-/// Applies `change` to the table's metadata, writes the next metadata file and swaps the
-/// catalog pointer to it (compare-and-swap), then returns the reloaded table.
+/// Applies `change` to the table's metadata, writes the next metadata file, makes it and
+/// `new_files` durable, and swaps the catalog pointer to it (compare-and-swap), then returns
+/// the reloaded table.
 async fn commit_metadata(
     catalog: &LocalCatalog,
     table: &Table,
+    new_files: &[String],
     change: impl FnOnce(TableMetadataBuilder) -> iceberg::Result<TableMetadataBuilder>,
 ) -> Result<Table> {
     let old_location = table
@@ -311,6 +321,15 @@ async fn commit_metadata(
         .await
         .context("writing table metadata")?;
     let new_location = new_location.to_string();
+    // A crash (or power loss) after the swap must never leave the catalog naming a file
+    // that is not on disk.
+    durable::sync_files(
+        new_files
+            .iter()
+            .map(String::as_str)
+            .chain(std::iter::once(new_location.as_str())),
+    )?;
+    durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
     catalog
         .swap_metadata(table.identifier(), &old_location, &new_location)
         .await?;

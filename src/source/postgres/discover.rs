@@ -357,29 +357,97 @@ async fn replication_checks(
     }
 
     for ts in schemas {
+        let problem = identity_problem(client, p, ts).await?;
         let append_only = cfg.append_only.contains(&ts.table);
-        let keyed = !ts.primary_key.is_empty() || ts.replica_identity == "full" || append_only;
+        let detail = match &problem {
+            Some((detail, _)) => detail.clone(),
+            None if append_only && ts.primary_key.is_empty() && ts.replica_identity != "full" => {
+                "append_only: inserts only (an UPDATE or DELETE stops the sync)".to_string()
+            }
+            None if ts.primary_key.is_empty() => "replica identity full".to_string(),
+            None => format!("primary key ({})", ts.primary_key.join(", ")),
+        };
         checks.push(check(
             &format!("change identity of {}", ts.table),
-            keyed,
-            if keyed {
-                if append_only && ts.primary_key.is_empty() && ts.replica_identity != "full" {
-                    "append_only: inserts only (an UPDATE or DELETE stops the sync)".to_string()
-                } else if ts.primary_key.is_empty() {
-                    "replica identity full".to_string()
-                } else {
-                    format!("primary key ({})", ts.primary_key.join(", "))
-                }
-            } else {
-                format!("{} has no primary key and replica identity {}: updates and deletes cannot be applied", ts.table, ts.replica_identity)
-            },
-            Some(format!(
-                "add a primary key, or run: ALTER TABLE {} REPLICA IDENTITY FULL;",
-                ts.table.quoted()
-            )),
+            problem.is_none(),
+            detail,
+            problem.map(|(_, fix)| fix),
         ));
     }
     Ok(())
+}
+
+const IDENTITY_INDEX_SQL: &str = "
+SELECT c.relname::text, array_agg(a.attname::text ORDER BY k.ord)
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND i.indisreplident
+GROUP BY c.relname";
+
+/// Why the updates and deletes of a table could not be applied by key, and the SQL that
+/// fixes it; `None` when they can. Rows are keyed by the primary key (or by the whole row
+/// with REPLICA IDENTITY FULL), so the old row Postgres sends with an UPDATE or DELETE must
+/// carry every key column: a replica identity on another index, or NOTHING, would make
+/// deletes and key changes unmatchable. The sync refuses such a table before it starts.
+pub async fn identity_problem(
+    client: &Client,
+    p: &PipelineConfig,
+    ts: &TableSchema,
+) -> Result<Option<(String, String)>> {
+    let table = &ts.table;
+    if ts.replica_identity == "full" || p.source.append_only.contains(table) {
+        return Ok(None);
+    }
+    let index = client
+        .query_opt(IDENTITY_INDEX_SQL, &[&ts.oid])
+        .await
+        .with_context(|| format!("reading the replica identity index of table {table}"))?
+        .map(|r| (r.get::<_, String>(0), r.get::<_, Vec<String>>(1)));
+    if ts.primary_key.is_empty() {
+        let promote = match &index {
+            Some((name, _)) => format!(
+                "ALTER TABLE {} ADD PRIMARY KEY USING INDEX {};, ",
+                table.quoted(),
+                quote_ident(name)
+            ),
+            None => String::new(),
+        };
+        return Ok(Some((
+            format!(
+                "table {table} has no primary key and replica identity {}, so its updates and deletes cannot be applied",
+                ts.replica_identity
+            ),
+            format!(
+                "add a primary key ({promote}for instance), run ALTER TABLE {} REPLICA IDENTITY FULL;, or list it under `append_only:` if it only ever receives inserts; if its primary key was dropped after it was synced, also run `skipprd sync --pipeline {} --resnapshot`",
+                table.quoted(),
+                p.name
+            ),
+        )));
+    }
+    let fix = format!("ALTER TABLE {} REPLICA IDENTITY DEFAULT;", table.quoted());
+    match (ts.replica_identity.as_str(), index) {
+        ("nothing", _) => Ok(Some((
+            format!(
+                "table {table} has replica identity NOTHING: Postgres sends no old row with its updates and deletes (and refuses them while the table is published), so they cannot be applied"
+            ),
+            fix,
+        ))),
+        (_, Some((name, columns)))
+            if !ts.primary_key.iter().all(|k| columns.contains(k)) =>
+        {
+            Ok(Some((
+                format!(
+                    "table {table} has replica identity USING INDEX {name} ({}), which does not include its primary key ({}): its deletes and key changes would arrive without the key and could not be applied",
+                    columns.join(", "),
+                    ts.primary_key.join(", ")
+                ),
+                fix,
+            )))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Prints the report for a person.

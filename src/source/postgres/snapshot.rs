@@ -132,15 +132,8 @@ pub async fn copy_tables(
                         commit::replace(catalog, &job.table, table_files, lsn, "snapshot", pipeline)
                             .await
                     } else {
-                        commit::append(
-                            catalog.catalog.as_ref(),
-                            &job.table,
-                            table_files,
-                            lsn,
-                            "snapshot",
-                            pipeline,
-                        )
-                        .await
+                        commit::append(catalog, &job.table, table_files, lsn, "snapshot", pipeline)
+                            .await
                     };
                     if let Err(e) = committed {
                         result = Err(e);

@@ -1,0 +1,288 @@
+//! Reading a table's committed files for the sink: the key index rebuilt from the live data
+//! files and their position deletes, and the previous versions of rows whose large (TOAST)
+//! values an update left unchanged; columns are matched by Iceberg field id, never by name.
+
+use std::collections::{HashMap, HashSet};
+
+use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow::compute::{cast, concat_batches, interleave, take};
+use arrow::datatypes::DataType;
+use bytes::Bytes;
+use iceberg::spec::{DataContentType, ManifestStatus};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
+
+use super::{Loc, PendingRow, TableSink};
+use crate::change::Datum;
+use crate::error::{Context, Error, Result};
+use crate::source::postgres::types::ColumnBuilder;
+
+impl TableSink {
+    /// Rebuilds key -> (file, position) from the live data files and their position deletes.
+    pub(super) async fn build_index(&mut self) -> Result<()> {
+        self.index.clear();
+        self.extra.clear();
+        self.files.clear();
+        let meta = self.table.metadata();
+        let Some(snapshot) = meta.current_snapshot() else {
+            return Ok(());
+        };
+        let file_io = self.table.file_io();
+        let list = self
+            .table
+            .manifest_list_reader(snapshot)
+            .load()
+            .await
+            .context("reading the manifest list")?;
+        let mut data_files = Vec::new();
+        let mut delete_files = Vec::new();
+        for mf in list.entries() {
+            let manifest = mf
+                .load_manifest(file_io)
+                .await
+                .context("reading a manifest")?;
+            for entry in manifest.entries() {
+                if entry.status() == ManifestStatus::Deleted {
+                    continue;
+                }
+                let df = entry.data_file();
+                match df.content_type() {
+                    DataContentType::Data => data_files.push(df.file_path().to_string()),
+                    DataContentType::PositionDeletes => delete_files.push(df.file_path().to_string()),
+                    DataContentType::EqualityDeletes => {
+                        return Err(Error::unrepresentable(format!(
+                            "Iceberg table {} has equality deletes, which skipprd does not write or apply; it must only be written by skipprd",
+                            self.table.identifier()
+                        )))
+                    }
+                }
+            }
+        }
+        let mut deleted: HashSet<(String, i64)> = HashSet::new();
+        for path in &delete_files {
+            let bytes = self.read_file(path).await?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+            for batch in reader {
+                let batch = batch?;
+                let paths = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::StringArray>();
+                let pos = batch
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>();
+                if let (Some(paths), Some(pos)) = (paths, pos) {
+                    for i in 0..batch.num_rows() {
+                        deleted.insert((paths.value(i).to_string(), pos.value(i)));
+                    }
+                }
+            }
+        }
+        for path in data_files.into_iter() {
+            let path: String = path;
+            let file_no = self.files.len() as u32;
+            let bytes = self.read_file(&path).await?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+            // Match key columns by field id, not position: the file may predate columns
+            // added, renamed or widened since. Missing columns read NULL; older types are
+            // cast to the current one.
+            let file_ids: Vec<Option<i32>> =
+                builder.schema().fields().iter().map(field_id).collect();
+            let wanted: Vec<(Option<usize>, DataType)> = self
+                .key_idx
+                .iter()
+                .map(|k| {
+                    let field = &self.arrow.fields()[*k];
+                    (
+                        field_id(field).and_then(|id| file_ids.iter().position(|f| *f == Some(id))),
+                        field.data_type().clone(),
+                    )
+                })
+                .collect();
+            let mut roots: Vec<usize> = wanted.iter().filter_map(|(i, _)| *i).collect();
+            roots.sort();
+            roots.dedup();
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+            let reader = builder.with_projection(mask).build()?;
+            let mut pos: u64 = 0;
+            for batch in reader {
+                let batch = batch?;
+                let mut cols: Vec<ArrayRef> = Vec::with_capacity(wanted.len());
+                for (file_col, dt) in &wanted {
+                    let col = match file_col.and_then(|i| roots.iter().position(|r| *r == i)) {
+                        Some(j) => {
+                            let c = batch.column(j);
+                            if c.data_type() == dt {
+                                c.clone()
+                            } else {
+                                cast(c.as_ref(), dt)?
+                            }
+                        }
+                        None => new_null_array(dt, batch.num_rows()),
+                    };
+                    cols.push(col);
+                }
+                for row in 0..batch.num_rows() {
+                    let p = pos + row as u64;
+                    if deleted.contains(&(path.clone(), p as i64)) {
+                        continue;
+                    }
+                    if let Some(key) = self.keys.from_arrays(&cols, row) {
+                        self.index_insert(
+                            key,
+                            Loc {
+                                file: file_no,
+                                pos: p,
+                            },
+                        );
+                    }
+                }
+                pos += batch.num_rows() as u64;
+            }
+            self.files.push(path);
+        }
+        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), files = self.files.len(), "key index loaded");
+        Ok(())
+    }
+
+    async fn read_file(&self, path: &str) -> Result<Bytes> {
+        self.table
+            .file_io()
+            .new_input(path)?
+            .read()
+            .await
+            .with_context(|| format!("reading {path}"))
+    }
+
+    /// Decodes pending rows into a batch, filling values an update left unchanged from the
+    /// previous version of the row in Iceberg.
+    pub(super) async fn build_batch(&self, live: &[PendingRow]) -> Result<RecordBatch> {
+        let mut builders: Vec<ColumnBuilder> = self
+            .arrow
+            .fields()
+            .iter()
+            .zip(&self.pg)
+            .map(|(f, pg)| ColumnBuilder::new(pg, f.data_type(), live.len()))
+            .collect();
+        for row in live {
+            for (i, (b, d)) in builders.iter_mut().zip(&row.values).enumerate() {
+                match d {
+                    Datum::Null | Datum::Unchanged => b.append_null(),
+                    Datum::Text(v) => {
+                        let s = std::str::from_utf8(v).map_err(|_| {
+                            Error::unrepresentable(format!(
+                                "table {}, column `{}`: the value is not UTF-8",
+                                self.source, self.names[i]
+                            ))
+                        })?;
+                        b.append_text(s).map_err(|e| {
+                            Error::unrepresentable(format!(
+                                "table {}, column `{}`: {}; nothing of it was committed: update or delete the row at the source, then run `skipprd sync` again (the row's later version replaces this value before anything is written)",
+                                self.source, self.names[i], e.0
+                            ))
+                        })?;
+                    }
+                }
+            }
+        }
+        let mut columns: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
+
+        // Values left unchanged by an update: read the previous versions and interleave them.
+        let needs: Vec<(usize, Loc)> = live
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.values.iter().any(|d| matches!(d, Datum::Unchanged)))
+            .filter_map(|(i, r)| r.previous.map(|l| (i, l)))
+            .collect();
+        if !needs.is_empty() {
+            let previous = self
+                .read_rows(&needs.iter().map(|(_, l)| *l).collect::<Vec<_>>())
+                .await?;
+            for (c, col) in columns.iter_mut().enumerate() {
+                let mut indices: Vec<(usize, usize)> = (0..live.len()).map(|r| (0, r)).collect();
+                let mut any = false;
+                for (k, (r, _)) in needs.iter().enumerate() {
+                    if matches!(live[*r].values[c], Datum::Unchanged) {
+                        indices[*r] = (1, k);
+                        any = true;
+                    }
+                }
+                if any {
+                    *col = interleave(&[col.as_ref(), previous.column(c).as_ref()], &indices)?;
+                }
+            }
+        }
+        Ok(RecordBatch::try_new(self.arrow.clone(), columns)?)
+    }
+
+    /// Reads whole rows at `locs`, in that order, shaped like the table's current schema.
+    async fn read_rows(&self, locs: &[Loc]) -> Result<RecordBatch> {
+        let mut by_file: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+        for (i, l) in locs.iter().enumerate() {
+            by_file.entry(l.file).or_default().push((i, l.pos));
+        }
+        let mut parts: Vec<RecordBatch> = Vec::new();
+        let mut order: Vec<usize> = Vec::new();
+        for (file, wanted) in by_file {
+            let bytes = self.read_file(&self.files[file as usize]).await?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+            let file_schema = arrow::array::RecordBatchReader::schema(&reader);
+            let batches: Vec<RecordBatch> = reader.collect::<std::result::Result<_, _>>()?;
+            let all = concat_batches(&file_schema, &batches)?;
+            let idx = UInt32Array::from_iter_values(wanted.iter().map(|(_, p)| *p as u32));
+            let cols = all
+                .columns()
+                .iter()
+                .map(|c| take(c.as_ref(), &idx, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let rows = RecordBatch::try_new(all.schema(), cols)?;
+            parts.push(self.by_field_id(&rows)?);
+            order.extend(wanted.iter().map(|(i, _)| *i));
+        }
+        let merged = concat_batches(&self.arrow, &parts)?;
+        // Put rows back in the order asked for.
+        let mut inverse = vec![0u32; order.len()];
+        for (pos, i) in order.iter().enumerate() {
+            inverse[*i] = pos as u32;
+        }
+        let idx = UInt32Array::from(inverse);
+        let cols = merged
+            .columns()
+            .iter()
+            .map(|c| take(c.as_ref(), &idx, None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(RecordBatch::try_new(self.arrow.clone(), cols)?)
+    }
+
+    /// Reshapes rows read from a data file to the table's current schema, matching columns by
+    /// Iceberg field id (a renamed column keeps its id, never its name): older types are cast
+    /// to the current one, fields the file predates read NULL.
+    fn by_field_id(&self, rows: &RecordBatch) -> Result<RecordBatch> {
+        let file_ids: Vec<Option<i32>> = rows.schema().fields().iter().map(field_id).collect();
+        let cols = self
+            .arrow
+            .fields()
+            .iter()
+            .map(|f| {
+                let at = field_id(f).and_then(|id| file_ids.iter().position(|x| *x == Some(id)));
+                match at {
+                    Some(i) if rows.column(i).data_type() == f.data_type() => {
+                        Ok(rows.column(i).clone())
+                    }
+                    Some(i) => Ok(cast(rows.column(i).as_ref(), f.data_type())?),
+                    None => Ok(new_null_array(f.data_type(), rows.num_rows())),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(self.arrow.clone(), cols)?)
+    }
+}
+
+/// The Iceberg field id a Parquet/Arrow field carries.
+fn field_id(f: &arrow::datatypes::FieldRef) -> Option<i32> {
+    f.metadata()
+        .get(PARQUET_FIELD_ID_META_KEY)
+        .and_then(|v| v.parse().ok())
+}
