@@ -8,11 +8,11 @@ use iceberg::{Catalog, NamespaceIdent, TableIdent};
 use tokio::sync::watch;
 
 use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
+use crate::change::Relation;
 use crate::config::{PipelineConfig, TableRef};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::sink::iceberg::apply::TableSink;
-use crate::change::Lsn;
-use crate::change::Relation;
 use crate::source::postgres::slot::advance_slot;
 use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
 use crate::wal::{Op, Record, WalStore};

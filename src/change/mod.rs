@@ -73,4 +73,3 @@ pub struct Txn {
     pub commit_time_micros: i64,
     pub changes: Vec<Change>,
 }
-

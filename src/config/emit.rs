@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 32] = [
+const KEY_ORDER: [&str; 35] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -25,6 +25,9 @@ const KEY_ORDER: [&str; 32] = [
     "name",
     "tls",
     "cert",
+    "statement_timeout",
+    "max_connections",
+    "max_query_memory",
     "data_source",
     "data_sink",
     "commit_interval",

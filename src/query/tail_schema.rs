@@ -11,8 +11,8 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::tail::{TableShape, WalRead};
-use crate::sink::iceberg::SourceColumn;
 use crate::change::Relation;
+use crate::sink::iceberg::SourceColumn;
 use crate::source::postgres::types::{PgType, TypeInfo};
 use crate::wal::{Op, Record};
 

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 
-use super::codec::{decode_all, encode_relation, encode_txn, Record, Txn, MAGIC};
-use crate::error::{Context, Error, ErrorKind, Result};
+use super::codec::{decode_all, encode_relation, encode_txn, Record, MAGIC};
 use crate::change::Lsn;
 use crate::change::Relation;
+use crate::change::Txn;
+use crate::error::{Context, Error, ErrorKind, Result};
 
 /// A complete segment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,10 +24,10 @@ use super::{
     rowdelta, schema as ice_schema, PROP_PRIMARY_KEY, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
 };
 use crate::catalog::LocalCatalog;
-use crate::config::TableRef;
-use crate::error::{Context, Error, Result};
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
+use crate::config::TableRef;
+use crate::error::{Context, Error, Result};
 use crate::source::postgres::types::{ColumnBuilder, PgType};
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};

@@ -11,9 +11,9 @@ use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use tokio_postgres::Client;
 
 use super::{SourceColumn, PROP_COLUMNS};
+use crate::change::Relation;
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
-use crate::change::Relation;
 use crate::source::postgres::schema::{attnums, resolve_type};
 use crate::source::postgres::types::PgType;
 

@@ -7,8 +7,8 @@ use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use tokio::sync::watch;
 
 use super::connect::replication_config;
-use crate::change::Lsn;
 use super::pgoutput::{self, Message};
+use crate::change::Lsn;
 use crate::config::PostgresConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::telemetry::metrics;
