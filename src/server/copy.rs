@@ -119,7 +119,7 @@ fn push_field(line: &mut String, value: Option<&str>, f: &CopyFormat) {
     if f.csv {
         let needs_quotes = v.is_empty() && f.null.is_empty()
             || v == f.null
-            || v.contains(|c: char| c == f.delimiter || c == f.quote || c == '\n' || c == '\r')
+            || v.contains([f.delimiter, f.quote, '\n', '\r'])
             || v == "\\.";
         if needs_quotes {
             line.push(f.quote);

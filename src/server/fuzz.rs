@@ -103,7 +103,8 @@ fn frontend_message(rng: &mut Rng) -> (BytesMut, DecodeContext) {
             0 => body.extend_from_slice(&80877103i32.to_be_bytes()), // SSLRequest
             1 => {
                 body.extend_from_slice(&80877102i32.to_be_bytes()); // CancelRequest
-                body.extend_from_slice(&rng.bytes(rng.below(40)));
+                let n = rng.below(40);
+                body.extend_from_slice(&rng.bytes(n));
             }
             _ => {
                 body.extend_from_slice(&196608i32.to_be_bytes()); // protocol 3.0
@@ -135,7 +136,10 @@ fn frontend_message(rng: &mut Rng) -> (BytesMut, DecodeContext) {
                     body.extend_from_slice(&(rng.next() as i32).to_be_bytes());
                 }
             }
-            _ => body.extend_from_slice(&rng.bytes(rng.below(64))),
+            _ => {
+                let n = rng.below(64);
+                body.extend_from_slice(&rng.bytes(n))
+            }
         }
         message(Some(kind), &body)
     };

@@ -191,17 +191,20 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
+/// (process id, secret key) of a connection.
+type KeyOf = (i32, Vec<u8>);
+
 /// The connections a cancel request may name, by (process id, secret key) as announced in
 /// BackendKeyData.
 #[derive(Debug, Default)]
 pub struct CancelKeys {
-    keys: Mutex<HashMap<(i32, Vec<u8>), Weak<Interrupts>>>,
+    keys: Mutex<HashMap<KeyOf, Weak<Interrupts>>>,
 }
 
 /// A connection's entry in [`CancelKeys`], removed when dropped.
 pub struct CancelKey {
     keys: Arc<CancelKeys>,
-    key: (i32, Vec<u8>),
+    key: KeyOf,
 }
 
 impl Drop for CancelKey {

@@ -246,7 +246,7 @@ impl SegmentBuilder {
 mod tests {
     use super::*;
     use crate::change::Datum;
-    use crate::wal::codec::{Change, Op};
+    use crate::change::{Change, Op};
 
     #[test]
     fn write_read_gc() {
