@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use datafusion::execution::SessionState;
 use datafusion::prelude::SessionContext;
+use futures::FutureExt;
 use pgwire::api::auth::DefaultServerParameterProvider;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -207,14 +208,21 @@ impl Gateway {
                     let tls = self.tls.clone();
                     tokio::spawn(async move {
                         let (_slot, _refusal) = (slot, refusal);
-                        let work = pgwire::tokio::process_socket(socket, tls, handlers);
+                        // The protocol library panics on some malformed messages (see
+                        // fuzz.rs): such a panic ends this connection only, and is logged.
+                        let work = std::panic::AssertUnwindSafe(
+                            pgwire::tokio::process_socket(socket, tls, handlers),
+                        )
+                        .catch_unwind();
                         let ended = if admitted {
                             work.await
                         } else {
-                            tokio::time::timeout(REFUSAL_TIME, work).await.unwrap_or(Ok(()))
+                            tokio::time::timeout(REFUSAL_TIME, work).await.unwrap_or(Ok(Ok(())))
                         };
-                        if let Err(e) = ended {
-                            tracing::debug!(peer = %peer, error = %e, "client connection ended with an error");
+                        match ended {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "client connection ended with an error"),
+                            Err(_) => tracing::warn!(peer = %peer, "closed a client connection whose messages the protocol library could not decode"),
                         }
                     });
                 }
