@@ -735,6 +735,9 @@ def gateway_config() -> Config:
         listen="0.0.0.0:5433",
         users=[QueryUser("analyst", EnvRef("ANALYST_PASSWORD")), QueryUser("bi", "${BI_PASSWORD}")],
         tls=QueryTls("server.crt", "server.key"),
+        statement_timeout="30s",
+        max_connections=250,
+        max_query_memory="512MiB",
     ))
     cfg.metrics(MetricsSettings(listen="127.0.0.1:9187"))
     return cfg
@@ -746,6 +749,10 @@ def test_gateway_settings_round_trip_and_survive_connect(tmp_path: Path) -> None
     cfg = gateway_config()
     text = cfg.to_yaml()
     assert "    users:\n      - name: analyst\n        password: ${ANALYST_PASSWORD}\n" in text, text
+    assert ("      key: server.key\n    statement_timeout: 30s\n    max_connections: 250\n"
+            "    max_query_memory: 512MiB\n") in text, text
+    with pytest.raises(ConfigError):
+        QuerySettings(max_connections=0)
     assert Config.from_yaml(text) == cfg
     with pytest.raises(ConfigError):
         QuerySettings(users=[QueryUser("a", "x"), QueryUser("a", "y")])

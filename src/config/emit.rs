@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 36] = [
+const KEY_ORDER: [&str; 39] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -29,6 +29,9 @@ const KEY_ORDER: [&str; 36] = [
     "name",
     "tls",
     "cert",
+    "statement_timeout",
+    "max_connections",
+    "max_query_memory",
     "data_source",
     "data_sink",
     "commit_interval",

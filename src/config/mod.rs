@@ -77,8 +77,14 @@ pub struct QueryConfig {
     pub listen: std::net::SocketAddr,
     /// (name, password): SCRAM-SHA-256 users. Empty: loopback clients only, no password.
     pub users: Vec<(String, String)>,
-    /// (certificate, key) PEM files.
+    /// (certificate, key) PEM files. When set, clients must use TLS.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Default statement timeout of a connection; `None`: no limit.
+    pub statement_timeout: Option<std::time::Duration>,
+    /// Most clients connected at once.
+    pub max_connections: usize,
+    /// Bytes of memory one statement may use.
+    pub max_query_memory: usize,
 }
 
 /// Retries after transient faults, resolved (see [`ReconnectSettings`]).
@@ -339,6 +345,43 @@ pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
         _ => return None,
     };
     Some(std::time::Duration::from_millis(ms))
+}
+
+/// Parses a duration as Postgres spells `statement_timeout`: a number of milliseconds, or
+/// with a unit (`ms`, `s`, `min`, `h`, `d`; `m` also means minutes).
+pub fn parse_pg_duration(s: &str) -> Option<std::time::Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let ms = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "ms" => n,
+        "s" => n.checked_mul(1000)?,
+        "m" | "min" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_millis(ms))
+}
+
+/// Parses a size: bytes, or with a unit (`KiB`, `MiB`, `GiB`, `TiB`; `kB`, `MB`, `GB`, `TB`
+/// mean the same powers of 1024, as in Postgres's settings).
+pub fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    let bytes = n.checked_mul(1u64 << shift)?;
+    usize::try_from(bytes).ok()
 }
 
 /// Removes `.` and resolves `..` lexically, so paths print the way users expect.
@@ -892,7 +935,47 @@ impl Validator<'_> {
                 format!("`{listen}` accepts clients from other machines, but no users are configured, and without users only loopback clients may connect; add `users:` (name and password) or listen on 127.0.0.1"),
             );
         }
+        let statement_timeout = q
+            .statement_timeout
+            .as_deref()
+            .unwrap_or(model::DEFAULT_STATEMENT_TIMEOUT);
+        let statement_timeout = match parse_pg_duration(statement_timeout) {
+            Some(d) => (!d.is_zero()).then_some(d),
+            None => {
+                self.report(
+                    keys(&["skippr", "query", "statement_timeout"]),
+                    format!("`{statement_timeout}` is not a duration: write e.g. `500ms`, `30s`, `5min` or `1h` (`0` for no limit)"),
+                );
+                None
+            }
+        };
+        let max_connections = q.max_connections.unwrap_or(model::DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 || max_connections > 100_000 {
+            self.report(
+                keys(&["skippr", "query", "max_connections"]),
+                format!("{max_connections} is not between 1 and 100000"),
+            );
+        }
+        let memory = q
+            .max_query_memory
+            .as_deref()
+            .unwrap_or(model::DEFAULT_MAX_QUERY_MEMORY);
+        let max_query_memory = match parse_bytes(memory) {
+            Some(b) if b >= 1024 * 1024 => b,
+            _ => {
+                self.report(
+                    keys(&["skippr", "query", "max_query_memory"]),
+                    format!(
+                        "`{memory}` is not a size of at least 1MiB: write e.g. `512MiB` or `2GiB`"
+                    ),
+                );
+                0
+            }
+        };
         QueryConfig {
+            statement_timeout,
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            max_query_memory,
             listen,
             users: q
                 .users

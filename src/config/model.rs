@@ -105,10 +105,29 @@ pub struct QuerySettings {
     /// accepted, without a password.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<QueryUser>,
-    /// TLS certificate and key (PEM). When set, it must load, or the gateway does not start.
+    /// TLS certificate and key (PEM). When set, it must load, or the gateway does not start,
+    /// and clients that do not ask for TLS are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSettings>,
+    /// Default `statement_timeout` of every connection (`500ms`, `30s`, `5min`, `1h`; `0`
+    /// for none); a client may change it for its session with `SET statement_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statement_timeout: Option<String>,
+    /// Most clients connected at once; the next one is refused with SQLSTATE 53300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u64>,
+    /// Memory one statement may use (`512MiB`, `1GiB`); beyond it the statement fails with
+    /// SQLSTATE 53200 (sorts and aggregates spill to disk first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_query_memory: Option<String>,
 }
+
+/// Default `skippr.query.statement_timeout`.
+pub const DEFAULT_STATEMENT_TIMEOUT: &str = "5min";
+/// Default `skippr.query.max_connections` (as Postgres's).
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 100;
+/// Default `skippr.query.max_query_memory`.
+pub const DEFAULT_MAX_QUERY_MEMORY: &str = "1GiB";
 
 /// A gateway user.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pgwire::api::auth::sasl::scram::gen_salted_password;
 use pgwire::api::auth::{AuthSource, LoginInfo, Password};
-use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::error::PgWireResult;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{Error, Result};
@@ -20,6 +20,8 @@ pub const SCRAM_ITERATIONS: usize = 4096;
 #[derive(Debug)]
 pub struct Users {
     salted: HashMap<String, (Vec<u8>, Vec<u8>)>,
+    /// Keys of the mock credentials of unknown user names (random per process).
+    mock_keys: ([u8; 16], [u8; 16]),
 }
 
 impl Users {
@@ -32,7 +34,20 @@ impl Users {
                 (name.clone(), (salt.to_vec(), hashed))
             })
             .collect();
-        Self { salted }
+        Self {
+            salted,
+            mock_keys: (rand_salt(), rand_salt()),
+        }
+    }
+
+    /// Credentials for a user name that does not exist, so the exchange goes on exactly as
+    /// for a real user and fails at the same step with the same error (as Postgres's mock
+    /// authentication): the salt is stable per name (derived with a key of the process),
+    /// and no password matches the salted one.
+    fn mock(&self, user: &str) -> (Vec<u8>, Vec<u8>) {
+        let salt = gen_salted_password(user, &self.mock_keys.0, 1);
+        let salted = gen_salted_password(user, &self.mock_keys.1, 1);
+        (salt[..16].to_vec(), salted)
     }
 }
 
@@ -47,8 +62,11 @@ impl AuthSource for Users {
         match self.salted.get(user) {
             Some((salt, hashed)) => Ok(Password::new(Some(salt.clone()), hashed.clone())),
             None => {
-                tracing::info!(user = %user, "login refused: unknown user");
-                Err(PgWireError::InvalidPassword(user.to_string()))
+                // Never tell the client: it gets the same exchange and the same failure as
+                // with a wrong password.
+                tracing::info!(user = %user, "login attempt for an unknown user");
+                let (salt, hashed) = self.mock(user);
+                Ok(Password::new(Some(salt), hashed))
             }
         }
     }
@@ -90,15 +108,19 @@ pub fn load_tls(cert: &Path, key: &Path) -> Result<(tokio_rustls::TlsAcceptor, V
                 key.display()
             ))
         })?;
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(certs, key_der)
-        .map_err(|e| {
-            Error::config(format!(
-                "TLS certificate {} and key {} cannot be used together: {e}",
-                cert.display(),
-                key.display()
-            ))
-        })?;
+    // TLS 1.2 and 1.3 only (rustls has nothing older; said here so it stays so).
+    let config = rustls::ServerConfig::builder_with_protocol_versions(&[
+        &rustls::version::TLS13,
+        &rustls::version::TLS12,
+    ])
+    .with_no_client_auth()
+    .with_single_cert(certs, key_der)
+    .map_err(|e| {
+        Error::config(format!(
+            "TLS certificate {} and key {} cannot be used together: {e}",
+            cert.display(),
+            key.display()
+        ))
+    })?;
     Ok((tokio_rustls::TlsAcceptor::from(Arc::new(config)), cert_pem))
 }

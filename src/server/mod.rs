@@ -1,18 +1,25 @@
 //! The Postgres-wire gateway of `skipprd serve`: accepts clients (TLS, SCRAM-SHA-256 or
-//! loopback trust), gives each connection its own DataFusion session over the live
-//! workspace, keeps replicated tables read-only and maps errors to SQLSTATEs.
+//! loopback trust) up to `max_connections`, gives each connection its own DataFusion
+//! session over the live workspace, runs only what the statement classifier allows, bounds
+//! each statement (timeout, cancel, memory) and maps errors to SQLSTATEs.
 
 mod auth;
 mod catalog;
 mod compat;
+mod copy;
 mod errors;
 mod functions;
+#[cfg(test)]
+mod fuzz;
 mod info_schema;
 mod known;
+mod limits;
+mod prepared;
 mod readonly;
 mod rewrite;
 mod session;
 mod settings;
+mod startup;
 mod statements;
 mod wire;
 
@@ -23,13 +30,11 @@ use std::time::Duration;
 
 use datafusion::execution::SessionState;
 use datafusion::prelude::SessionContext;
-use pgwire::api::auth::sasl::scram::ScramAuth;
-use pgwire::api::auth::sasl::SASLAuthStartupHandler;
+use futures::FutureExt;
 use pgwire::api::auth::DefaultServerParameterProvider;
-use pgwire::api::ConnectionManager;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::config::QueryConfig;
 use crate::error::{Context, Error, Result};
@@ -42,8 +47,16 @@ pub struct Shared {
     workspace: String,
     ws: Arc<Workspace>,
     users: Option<Arc<Users>>,
+    /// The certificate, when TLS is configured (and so required).
     tls_cert_pem: Option<Vec<u8>>,
-    connections: Arc<ConnectionManager>,
+    /// The connections a cancel request may name.
+    cancel_keys: Arc<limits::CancelKeys>,
+    /// `statement_timeout` of a new session, in ms (0: none).
+    default_timeout_ms: u128,
+    /// Most clients connected at once.
+    max_connections: usize,
+    /// Memory one statement may use, in bytes.
+    max_query_memory: usize,
     /// Statements running now (a graceful stop waits for them).
     in_flight: AtomicUsize,
     idle: Notify,
@@ -68,6 +81,16 @@ impl Drop for InFlight<'_> {
         }
     }
 }
+
+/// Clients beyond `max_connections` being told so at once; more are only disconnected.
+const REFUSALS_AT_ONCE: usize = 64;
+/// How long a refused client has to send its start-up message.
+const REFUSAL_TIME: Duration = Duration::from_secs(5);
+/// Waits after a failed accept, doubling up to the maximum.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Files kept for the pipelines (WAL segments, Parquet, catalog) when sizing the limit.
+const FILES_FOR_INGEST: usize = 256;
 
 /// A bound gateway, ready to accept clients.
 pub struct Gateway {
@@ -125,7 +148,10 @@ impl Gateway {
                 ws: ws.clone(),
                 users,
                 tls_cert_pem,
-                connections: Arc::new(ConnectionManager::new()),
+                cancel_keys: Arc::default(),
+                default_timeout_ms: cfg.statement_timeout.map_or(0, |d| d.as_millis()),
+                max_connections: cfg.max_connections,
+                max_query_memory: cfg.max_query_memory,
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),
@@ -138,15 +164,25 @@ impl Gateway {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>, grace: Duration) -> Result<()> {
         let (closing_tx, closing_rx) = watch::channel(false);
         let mut sessions = tokio::task::JoinSet::new();
-        tracing::info!(address = %self.addr, tls = self.tls.is_some(), auth = if self.shared.users.is_some() { "scram-sha-256" } else { "loopback trust" }, "gateway listening");
+        tracing::info!(address = %self.addr, tls = self.tls.is_some(), auth = if self.shared.users.is_some() { "scram-sha-256" } else { "loopback trust" }, max_connections = self.shared.max_connections, "gateway listening");
+        warn_if_few_files(self.shared.max_connections);
+        let slots = Arc::new(Semaphore::new(self.shared.max_connections));
+        let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
+        let mut backoff = ACCEPT_BACKOFF_MIN;
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => {
                     let (socket, peer) = match accepted {
-                        Ok(a) => a,
+                        Ok(a) => {
+                            backoff = ACCEPT_BACKOFF_MIN;
+                            a
+                        }
                         Err(e) => {
-                            tracing::warn!(error = %e, "accepting a client failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            // Out of file descriptors (or another transient failure): wait,
+                            // longer each time, instead of spinning on the same error.
+                            tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "accepting a client failed");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                             continue;
                         }
                     };
@@ -155,21 +191,49 @@ impl Gateway {
                         tokio::spawn(refuse(socket));
                         continue;
                     }
+                    let slot = slots.clone().try_acquire_owned().ok();
+                    // A client beyond max_connections is told why (53300) by a short-lived
+                    // task; beyond that many refusals at once it is only disconnected.
+                    let refusal = match slot {
+                        Some(_) => None,
+                        None => match refusals.clone().try_acquire_owned() {
+                            Ok(p) => Some(p),
+                            Err(_) => {
+                                tracing::debug!(peer = %peer, "disconnected a client: every slot is taken");
+                                continue;
+                            }
+                        },
+                    };
                     let _ = socket.set_nodelay(true);
-                    let handlers = session::ConnHandlers::new(self.shared.clone());
+                    let admitted = slot.is_some();
+                    let handlers = session::ConnHandlers::new(self.shared.clone(), admitted);
                     let tls = self.tls.clone();
                     let closing = closing_rx.clone();
                     while sessions.try_join_next().is_some() {}
                     sessions.spawn(async move {
+                        let (_slot, _refusal) = (slot, refusal);
                         // A second handle on the socket, to tell the client why it is closed
                         // once the session itself has been stopped (see `close_sessions`).
                         let notice = (tls.is_none()).then(|| dup_socket(&socket)).flatten();
-                        tokio::select! {
-                            r = pgwire::tokio::process_socket(socket, tls, handlers) => {
-                                if let Err(e) = r {
-                                    tracing::debug!(peer = %peer, error = %e, "client connection ended with an error");
-                                }
+                        // The protocol library panics on some malformed messages (see
+                        // fuzz.rs): such a panic ends this connection only, and is logged.
+                        let work = std::panic::AssertUnwindSafe(
+                            pgwire::tokio::process_socket(socket, tls, handlers),
+                        )
+                        .catch_unwind();
+                        let served = async {
+                            if admitted {
+                                work.await
+                            } else {
+                                tokio::time::timeout(REFUSAL_TIME, work).await.unwrap_or(Ok(Ok(())))
                             }
+                        };
+                        tokio::select! {
+                            ended = served => match ended {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "client connection ended with an error"),
+                                Err(_) => tracing::warn!(peer = %peer, "closed a client connection whose messages the protocol library could not decode"),
+                            },
                             _ = wait_true(closing) => {
                                 if let Some(socket) = notice {
                                     fatal_notice(socket, "57P01", "terminating connection due to administrator command: skipprd is shutting down; reconnect once it is back").await;
@@ -262,7 +326,7 @@ async fn fatal_notice(mut socket: tokio::net::TcpStream, code: &str, message: &s
 }
 
 /// Server parameters announced to clients at start-up.
-fn server_parameters(workspace: &str) -> DefaultServerParameterProvider {
+pub(super) fn server_parameters(workspace: &str) -> DefaultServerParameterProvider {
     let mut p = DefaultServerParameterProvider::default();
     p.search_path = workspace.to_string();
     p.server_version = format!("16.6 (Skippr {})", env!("CARGO_PKG_VERSION"));
@@ -271,26 +335,24 @@ fn server_parameters(workspace: &str) -> DefaultServerParameterProvider {
     p
 }
 
-/// The start-up handler of one connection: SCRAM when users are configured, trust otherwise.
-pub(super) fn startup_handler(shared: &Shared) -> session::Startup {
-    match &shared.users {
-        Some(users) => {
-            let mut scram = ScramAuth::new(users.clone());
-            scram.set_iterations(auth::SCRAM_ITERATIONS);
-            if let Some(pem) = &shared.tls_cert_pem {
-                // Channel binding (SCRAM-SHA-256-PLUS) when the certificate allows it.
-                if let Err(e) = scram.configure_certificate(pem) {
-                    tracing::debug!(error = %e, "SCRAM channel binding unavailable for this certificate");
-                }
-            }
-            session::Startup::Scram(
-                SASLAuthStartupHandler::new(Arc::new(server_parameters(&shared.workspace)))
-                    .with_scram(scram)
-                    .with_connection_manager(shared.connections.clone()),
-            )
-        }
-        None => session::Startup::Trust(session::Trust {
-            connections: shared.connections.clone(),
-        }),
+/// Warns when the process may open fewer files than the gateway's connections could take
+/// with the WAL and table files beside them (read from `/proc/self/limits` where there is
+/// one).
+fn warn_if_few_files(max_connections: usize) {
+    let Ok(limits) = std::fs::read_to_string("/proc/self/limits") else {
+        return;
+    };
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse::<usize>().ok());
+    let needed = max_connections + REFUSALS_AT_ONCE + FILES_FOR_INGEST;
+    if let Some(soft) = soft.filter(|s| *s < needed) {
+        tracing::warn!(
+            open_files_limit = soft,
+            needed,
+            "the open-files limit is low for skippr.query.max_connections: raise it (ulimit -n, LimitNOFILE=) or lower max_connections"
+        );
     }
 }

@@ -1,87 +1,463 @@
-//! Gateway, write guard: replicated tables change only through the source, so statements
-//! that would write or change the schema are refused with SQLSTATE 25006, as Postgres does
-//! in a read-only transaction.
+//! Gateway, statement classifier: every parsed statement is classified before anything runs
+//! it, against an allow-list. What reads (queries, SHOW, plain EXPLAIN, cursors, prepared
+//! queries, COPY to the client) and what only changes the session (SET of a listed setting,
+//! transaction control, DISCARD) is allowed; everything else is refused with SQLSTATE 25006
+//! (a write: the replicated tables change only through their source) or 42501 (something no
+//! client may do: write server files, change the process's engine settings, switch role).
+//! The statement that was classified is the one that is planned: the caller never re-parses.
 
-use async_trait::async_trait;
-use datafusion::common::ParamValues;
-use datafusion::logical_expr::LogicalPlan;
-use datafusion::prelude::SessionContext;
-use datafusion::sql::sqlparser::ast::Statement;
-use datafusion_postgres::hooks::HookClient;
-use datafusion_postgres::QueryHook;
-use pgwire::api::results::Response;
-use pgwire::api::ClientInfo;
-use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use std::ops::ControlFlow;
 
-/// Refuses writes and DDL.
-pub struct ReadOnlyHook;
+use datafusion::sql::sqlparser::ast::{
+    CopySource, CopyTarget, ObjectName, Query, Reset, ResetStatement, Select, Set, SetExpr,
+    Statement, TableFactor, TableObject, Visit, Visitor,
+};
+use pgwire::error::{ErrorInfo, PgWireError};
 
-/// The command a statement would run, when it writes or changes the catalog.
-fn write_command(statement: &Statement) -> Option<&'static str> {
-    Some(match statement {
-        Statement::Insert(_) => "INSERT",
-        Statement::Update { .. } => "UPDATE",
-        Statement::Delete(_) => "DELETE",
-        Statement::Merge { .. } => "MERGE",
-        Statement::Truncate { .. } => "TRUNCATE",
-        Statement::Copy { to: false, .. } => "COPY FROM",
-        Statement::CreateTable(_) => "CREATE TABLE",
-        Statement::CreateView { .. } => "CREATE VIEW",
-        Statement::CreateIndex(_) => "CREATE INDEX",
-        Statement::CreateSchema { .. } => "CREATE SCHEMA",
-        Statement::CreateDatabase { .. } => "CREATE DATABASE",
-        Statement::CreateFunction(_) => "CREATE FUNCTION",
-        Statement::AlterTable { .. } => "ALTER TABLE",
-        Statement::AlterView { .. } => "ALTER VIEW",
-        Statement::AlterIndex { .. } => "ALTER INDEX",
-        Statement::AlterSchema(_) => "ALTER SCHEMA",
-        Statement::Drop { .. } => "DROP",
-        Statement::DropFunction { .. } => "DROP FUNCTION",
-        Statement::Grant { .. } => "GRANT",
-        Statement::Revoke { .. } => "REVOKE",
-        Statement::Comment { .. } => "COMMENT",
-        _ => return None,
+/// SQLSTATE of a write refused because the data is read-only (Postgres's
+/// `read_only_sql_transaction`).
+pub const READ_ONLY: &str = "25006";
+/// SQLSTATE of something no client may do (Postgres's `insufficient_privilege`).
+pub const NOT_PERMITTED: &str = "42501";
+
+/// What an allowed statement is, which decides how it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allowed {
+    /// `SELECT`, `WITH`, `VALUES`, `TABLE`: planned with DDL, DML and statements disabled.
+    Query,
+    /// `EXPLAIN` (without ANALYZE, or ANALYZE of a query) of a query.
+    Explain,
+    /// `SHOW <setting>`.
+    Show,
+    /// `SET`/`RESET` of a session setting the gateway lists.
+    Set,
+    /// `BEGIN`, `COMMIT`, `ROLLBACK`, savepoints, `SET TRANSACTION`.
+    Transaction,
+    /// `PREPARE name AS <query>`.
+    Prepare,
+    /// `EXECUTE name(...)`.
+    Execute,
+    /// `DEALLOCATE`.
+    Deallocate,
+    /// `DECLARE name CURSOR FOR <query>`.
+    Declare,
+    /// `FETCH` and `CLOSE` of a cursor.
+    Cursor,
+    /// `DISCARD`.
+    Discard,
+    /// `COPY (query) TO STDOUT` or `COPY table TO STDOUT`.
+    CopyOut,
+}
+
+/// Why a statement is refused: its SQLSTATE and a message saying what to do instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub sqlstate: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    fn read_only(command: &str) -> Self {
+        Self {
+            sqlstate: READ_ONLY,
+            message: format!(
+                "cannot execute {command} in a read-only transaction: Skippr serves tables replicated from Postgres read-only; write to the source database instead"
+            ),
+        }
+    }
+
+    fn not_permitted(message: impl Into<String>) -> Self {
+        Self {
+            sqlstate: NOT_PERMITTED,
+            message: message.into(),
+        }
+    }
+
+    /// The error a client receives.
+    pub fn into_error(self) -> PgWireError {
+        PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".to_string(),
+            self.sqlstate.to_string(),
+            self.message,
+        )))
+    }
+}
+
+/// Who may write where. Today nothing is writable; a later writable namespace (models
+/// built by SQL, never a replicated schema) becomes a field here, consulted only by
+/// [`decide`] for [`Kind::Write`] statements, so that the read paths cannot change.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Policy;
+
+/// A statement sorted before the policy is applied.
+#[derive(Debug)]
+enum Kind {
+    Allowed(Allowed),
+    /// Writes rows or changes the catalog. `targets`: the relations it would change (empty
+    /// when the statement names none, such as `CREATE SCHEMA`).
+    Write {
+        command: &'static str,
+        #[allow(dead_code)]
+        targets: Vec<ObjectName>,
+    },
+    Refused(Refusal),
+}
+
+/// Classifies `statement` under `policy`.
+pub fn classify(statement: &Statement, policy: &Policy) -> Result<Allowed, Refusal> {
+    decide(kind(statement), policy)
+}
+
+fn decide(kind: Kind, _policy: &Policy) -> Result<Allowed, Refusal> {
+    match kind {
+        Kind::Allowed(a) => Ok(a),
+        Kind::Write { command, .. } => Err(Refusal::read_only(command)),
+        Kind::Refused(r) => Err(r),
+    }
+}
+
+fn write(command: &'static str, targets: Vec<ObjectName>) -> Kind {
+    Kind::Write { command, targets }
+}
+
+fn kind(statement: &Statement) -> Kind {
+    match statement {
+        Statement::Query(q) => query_kind(q, Allowed::Query),
+        Statement::Explain {
+            analyze,
+            statement: inner,
+            options,
+            ..
+        } => explain_kind(*analyze || analyze_option(options.as_deref()), inner),
+        Statement::ShowVariable { .. } => Kind::Allowed(Allowed::Show),
+        Statement::Set(set) => set_kind(set),
+        Statement::Reset(ResetStatement { reset }) => match reset {
+            Reset::ALL => Kind::Allowed(Allowed::Set),
+            Reset::ConfigurationParameter(name) => setting_kind(&name.to_string()),
+        },
+        Statement::StartTransaction { .. }
+        | Statement::Commit { .. }
+        | Statement::Rollback { .. }
+        | Statement::Savepoint { .. }
+        | Statement::ReleaseSavepoint { .. } => Kind::Allowed(Allowed::Transaction),
+        Statement::Prepare { statement, .. } => match kind(statement) {
+            Kind::Allowed(Allowed::Query) => Kind::Allowed(Allowed::Prepare),
+            Kind::Allowed(_) => Kind::Refused(Refusal::not_permitted(
+                "only a query (SELECT, WITH, VALUES, TABLE) can be prepared",
+            )),
+            other => other,
+        },
+        Statement::Execute {
+            name: Some(_),
+            immediate: false,
+            into,
+            ..
+        } if into.is_empty() => Kind::Allowed(Allowed::Execute),
+        Statement::Deallocate { .. } => Kind::Allowed(Allowed::Deallocate),
+        Statement::Declare { stmts } => {
+            for d in stmts {
+                match &d.for_query {
+                    Some(q) => {
+                        if let Kind::Allowed(_) = query_kind(q, Allowed::Query) {
+                            continue;
+                        }
+                        return query_kind(q, Allowed::Query);
+                    }
+                    None => {
+                        return Kind::Refused(Refusal::not_permitted(
+                            "DECLARE declares only cursors here: DECLARE name CURSOR FOR <query>",
+                        ))
+                    }
+                }
+            }
+            Kind::Allowed(Allowed::Declare)
+        }
+        Statement::Fetch { into: None, .. } | Statement::Close { .. } => {
+            Kind::Allowed(Allowed::Cursor)
+        }
+        Statement::Fetch { into: Some(t), .. } => write("FETCH INTO", vec![t.clone()]),
+        Statement::Discard { .. } => Kind::Allowed(Allowed::Discard),
+        Statement::Copy {
+            source, to, target, ..
+        } => copy_kind(source, *to, target),
+        other => write_kind(other),
+    }
+}
+
+/// `EXPLAIN`: allowed for a query; `EXPLAIN ANALYZE` runs its statement, so it is allowed
+/// only for a query; a plain `EXPLAIN` of anything else is refused as that statement is.
+fn explain_kind(analyze: bool, inner: &Statement) -> Kind {
+    match kind(inner) {
+        Kind::Allowed(Allowed::Query) => Kind::Allowed(Allowed::Explain),
+        Kind::Allowed(_) if analyze => Kind::Refused(Refusal::not_permitted(
+            "EXPLAIN ANALYZE runs only a query (SELECT, WITH, VALUES, TABLE) here",
+        )),
+        Kind::Allowed(_) => Kind::Refused(Refusal::not_permitted(
+            "EXPLAIN explains only a query (SELECT, WITH, VALUES, TABLE) here",
+        )),
+        other => other,
+    }
+}
+
+/// Whether Postgres-style options (`EXPLAIN (ANALYZE, ...)`) ask to run the statement.
+fn analyze_option(options: Option<&[datafusion::sql::sqlparser::ast::UtilityOption]>) -> bool {
+    options.is_some_and(|opts| {
+        opts.iter().any(|o| {
+            o.name.value.eq_ignore_ascii_case("analyze")
+                && !matches!(
+                    o.arg.as_ref().map(|a| a.to_string().to_ascii_lowercase()),
+                    Some(ref v) if v == "false" || v == "off" || v == "0"
+                )
+        })
     })
 }
 
-fn refuse(command: &str) -> PgWireError {
-    PgWireError::UserError(Box::new(ErrorInfo::new(
-        "ERROR".to_string(),
-        "25006".to_string(),
-        format!(
-            "cannot execute {command} in a read-only transaction: Skippr serves tables replicated from Postgres read-only; write to the source database instead"
-        ),
-    )))
+fn copy_kind(source: &CopySource, to: bool, target: &CopyTarget) -> Kind {
+    if !to {
+        let table = match source {
+            CopySource::Table { table_name, .. } => vec![table_name.clone()],
+            CopySource::Query(_) => vec![],
+        };
+        return write("COPY FROM", table);
+    }
+    match target {
+        CopyTarget::Stdout => match source {
+            CopySource::Query(q) => match query_kind(q, Allowed::CopyOut) {
+                Kind::Allowed(_) => Kind::Allowed(Allowed::CopyOut),
+                other => other,
+            },
+            CopySource::Table { .. } => Kind::Allowed(Allowed::CopyOut),
+        },
+        CopyTarget::File { .. } => Kind::Refused(Refusal::not_permitted(
+            "COPY to a file on the server is not allowed: use COPY ... TO STDOUT (psql's \\copy) to receive the rows on the client",
+        )),
+        CopyTarget::Program { .. } => Kind::Refused(Refusal::not_permitted(
+            "COPY to a program on the server is not allowed: use COPY ... TO STDOUT (psql's \\copy) to receive the rows on the client",
+        )),
+        CopyTarget::Stdin => Kind::Refused(Refusal::not_permitted(
+            "COPY ... TO STDIN is not valid: use COPY ... TO STDOUT",
+        )),
+    }
 }
 
-#[async_trait]
-impl QueryHook for ReadOnlyHook {
-    async fn handle_simple_query(
-        &self,
-        statement: &Statement,
-        _session_context: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        write_command(statement).map(|c| Err(refuse(c)))
+/// Finds what a query would change besides reading: a data-modifying statement nested in
+/// it (`WITH d AS (DELETE ... RETURNING *) SELECT ...`), `SELECT ... INTO` (creates a
+/// table) or row locks (`FOR UPDATE`).
+#[derive(Default)]
+struct NestedWrite {
+    depth: usize,
+    found: Option<Kind>,
+}
+
+impl Visitor for NestedWrite {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+        if !query.locks.is_empty() {
+            self.found = Some(write("SELECT FOR UPDATE/SHARE", vec![]));
+            return ControlFlow::Break(());
+        }
+        if let SetExpr::Select(select) = query.body.as_ref() {
+            if let Some(k) = select_into(select) {
+                self.found = Some(k);
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
     }
 
-    async fn handle_extended_parse_query(
-        &self,
-        statement: &Statement,
-        _session_context: &SessionContext,
-        _client: &(dyn ClientInfo + Send + Sync),
-    ) -> Option<PgWireResult<LogicalPlan>> {
-        write_command(statement).map(|c| Err(refuse(c)))
+    fn pre_visit_statement(&mut self, statement: &Statement) -> ControlFlow<()> {
+        self.depth += 1;
+        if self.depth > 1 {
+            // Any statement inside a query (INSERT/UPDATE/DELETE/MERGE in a CTE or a set
+            // operation) is judged as the statement it is.
+            let k = kind(statement);
+            if !matches!(k, Kind::Allowed(Allowed::Query)) {
+                self.found = Some(match k {
+                    Kind::Allowed(_) => {
+                        Kind::Refused(Refusal::not_permitted("a query may contain only queries"))
+                    }
+                    other => other,
+                });
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
     }
 
-    async fn handle_extended_query(
-        &self,
-        statement: &Statement,
-        _logical_plan: &LogicalPlan,
-        _params: &ParamValues,
-        _session_context: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        write_command(statement).map(|c| Err(refuse(c)))
+    fn post_visit_statement(&mut self, _statement: &Statement) -> ControlFlow<()> {
+        self.depth = self.depth.saturating_sub(1);
+        ControlFlow::Continue(())
+    }
+}
+
+fn select_into(select: &Select) -> Option<Kind> {
+    select
+        .into
+        .as_ref()
+        .map(|into| write("SELECT INTO", vec![into.name.clone()]))
+}
+
+/// A query is allowed as `as_kind` when nothing inside it writes.
+fn query_kind(query: &Query, as_kind: Allowed) -> Kind {
+    let mut v = NestedWrite {
+        depth: 1,
+        found: None,
+    };
+    let _ = query.visit(&mut v);
+    match v.found {
+        Some(k) => k,
+        None => match query.body.as_ref() {
+            SetExpr::Insert(s) | SetExpr::Update(s) | SetExpr::Delete(s) | SetExpr::Merge(s) => {
+                kind(s)
+            }
+            _ => Kind::Allowed(as_kind),
+        },
+    }
+}
+
+/// Session settings a client may `SET`, `RESET` and `SHOW`. Those with an effect: TimeZone,
+/// search_path, statement_timeout, DateStyle, IntervalStyle, bytea_output,
+/// extra_float_digits, application_name. The others are accepted and reported back, as
+/// drivers and tools set them at connect time.
+pub const SESSION_SETTINGS: &[&str] = &[
+    "application_name",
+    "bytea_output",
+    "client_encoding",
+    "client_min_messages",
+    "datestyle",
+    "default_transaction_isolation",
+    "default_transaction_read_only",
+    "extra_float_digits",
+    "idle_in_transaction_session_timeout",
+    "intervalstyle",
+    "jit",
+    "lc_messages",
+    "lc_monetary",
+    "lc_numeric",
+    "lc_time",
+    "lock_timeout",
+    "search_path",
+    "standard_conforming_strings",
+    "statement_timeout",
+    "time zone",
+    "timezone",
+    "transaction_isolation",
+    "transaction_read_only",
+    "work_mem",
+];
+
+/// `SET`/`RESET` of `name`: a listed session setting, or a custom dotted one
+/// (`myapp.tenant`, which Postgres also accepts and which only `current_setting()` reads).
+/// The engine's own settings (`datafusion.*`) change how the process runs and are refused.
+fn setting_kind(name: &str) -> Kind {
+    let name = name.trim().trim_matches('"').to_ascii_lowercase();
+    if name.starts_with("datafusion.") || name == "datafusion" {
+        return Kind::Refused(Refusal::not_permitted(format!(
+            "permission denied to set parameter \"{name}\": the query engine's settings are fixed by skippr.yml"
+        )));
+    }
+    if SESSION_SETTINGS.contains(&name.as_str()) {
+        return Kind::Allowed(Allowed::Set);
+    }
+    let custom = name.split('.').count() == 2
+        && name
+            .split('.')
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || c == '_'));
+    if custom {
+        return Kind::Allowed(Allowed::Set);
+    }
+    Kind::Refused(Refusal {
+        sqlstate: "42704",
+        message: format!(
+            "unrecognized configuration parameter \"{name}\": the settings a session may change are {}",
+            SESSION_SETTINGS.join(", ")
+        ),
+    })
+}
+
+fn set_kind(set: &Set) -> Kind {
+    match set {
+        Set::SingleAssignment {
+            hivevar: false,
+            variable,
+            ..
+        } => setting_kind(&variable.to_string()),
+        Set::SetTimeZone { .. } | Set::SetNames { .. } | Set::SetNamesDefault {} => {
+            Kind::Allowed(Allowed::Set)
+        }
+        Set::SetTransaction { .. } => Kind::Allowed(Allowed::Transaction),
+        Set::SetRole { .. } | Set::SetSessionAuthorization(_) => Kind::Refused(
+            Refusal::not_permitted("a session cannot change its role or authorization"),
+        ),
+        _ => Kind::Refused(Refusal::not_permitted(
+            "this form of SET is not supported: write SET name = value",
+        )),
+    }
+}
+
+/// Every other statement: a write or DDL (refused as read-only), or something else no
+/// client may run.
+fn write_kind(statement: &Statement) -> Kind {
+    match statement {
+        Statement::Insert(i) => write(
+            "INSERT",
+            match &i.table {
+                TableObject::TableName(n) => vec![n.clone()],
+                _ => vec![],
+            },
+        ),
+        Statement::Update(u) => write(
+            "UPDATE",
+            match &u.table.relation {
+                TableFactor::Table { name, .. } => vec![name.clone()],
+                _ => vec![],
+            },
+        ),
+        Statement::Delete(_) => write("DELETE", vec![]),
+        Statement::Merge(_) => write("MERGE", vec![]),
+        Statement::Truncate(t) => write(
+            "TRUNCATE",
+            t.table_names.iter().map(|n| n.name.clone()).collect(),
+        ),
+        Statement::CreateTable(c) if c.external => Kind::Refused(Refusal::not_permitted(
+            "CREATE EXTERNAL TABLE is not allowed: it would read or write files on the server",
+        )),
+        Statement::CreateTable(c) => write("CREATE TABLE", vec![c.name.clone()]),
+        Statement::CreateView(c) => write("CREATE VIEW", vec![c.name.clone()]),
+        Statement::CreateIndex(_) => write("CREATE INDEX", vec![]),
+        Statement::CreateSchema { .. } => write("CREATE SCHEMA", vec![]),
+        Statement::CreateDatabase { .. } => write("CREATE DATABASE", vec![]),
+        Statement::CreateFunction(_) => write("CREATE FUNCTION", vec![]),
+        Statement::AlterTable(_) => write("ALTER TABLE", vec![]),
+        Statement::AlterView { .. } => write("ALTER VIEW", vec![]),
+        Statement::AlterIndex { .. } => write("ALTER INDEX", vec![]),
+        Statement::AlterSchema(_) => write("ALTER SCHEMA", vec![]),
+        Statement::Drop { names, .. } => write("DROP", names.clone()),
+        Statement::DropFunction(_) => write("DROP FUNCTION", vec![]),
+        Statement::Grant(_) => write("GRANT", vec![]),
+        Statement::Revoke(_) => write("REVOKE", vec![]),
+        Statement::Comment { .. } => write("COMMENT", vec![]),
+        Statement::Analyze(_) => write("ANALYZE", vec![]),
+        Statement::Vacuum(_) => write("VACUUM", vec![]),
+        other => Kind::Refused(Refusal::not_permitted(format!(
+            "{} is not allowed: this gateway runs queries (SELECT, WITH, VALUES, TABLE, EXPLAIN, COPY ... TO STDOUT), SHOW, SET of session settings, transaction control, PREPARE/EXECUTE, cursors and DISCARD",
+            command_name(other)
+        ))),
+    }
+}
+
+/// The statement's leading words, for messages (never its values).
+fn command_name(statement: &Statement) -> String {
+    let text = statement.to_string();
+    let words: Vec<&str> = text
+        .split_whitespace()
+        .take(2)
+        .filter(|w| w.chars().all(|c| c.is_ascii_alphabetic()))
+        .collect();
+    if words.is_empty() {
+        "this statement".to_string()
+    } else {
+        words.join(" ").to_ascii_uppercase()
     }
 }

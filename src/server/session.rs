@@ -1,5 +1,7 @@
-//! Gateway, one connection: its own DataFusion session (so `SET` stays private to it), its
-//! start-up handler, and the statement accounting that metrics and a graceful stop rely on.
+//! Gateway, one connection: its own DataFusion session (so `SET` stays private to it), the
+//! statement path (parse once, classify, plan from the parsed statement with DDL, DML and
+//! engine statements disabled, execute under the statement's limits), and the statement
+//! accounting that metrics and a graceful stop rely on.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::execution::context::SQLOptions;
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
@@ -18,45 +21,47 @@ use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser
 use datafusion_postgres::hooks::cursor::CursorStatementHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
-use datafusion_postgres::{DfSessionService, Parser, QueryHook};
+use datafusion_postgres::hooks::HookClient;
+use datafusion_postgres::QueryHook;
 use futures::Sink;
-use pgwire::api::auth::noop::NoopStartupHandler;
-use pgwire::api::auth::sasl::SASLAuthStartupHandler;
-use pgwire::api::auth::{DefaultServerParameterProvider, StartupHandler};
-use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::auth::StartupHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{FieldInfo, Response};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
-use pgwire::api::{
-    ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers, Type,
-};
+use pgwire::api::{ClientInfo, ClientPortalStore, ErrorHandler, PgWireServerHandlers, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::extendedquery::Execute;
 use pgwire::messages::simplequery::Query;
-use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use pgwire::messages::PgWireBackendMessage;
 use pgwire::types::format::FormatOptions;
 
+use super::copy;
 use super::errors::SqlStateErrors;
 use super::functions::Relations;
 use super::known;
-use super::readonly::ReadOnlyHook;
+use super::limits::{Canceller, Interrupts};
+use super::prepared::{self, Prepared};
+use super::readonly::{classify, Allowed, Policy};
 use super::rewrite::{self, Rewritten};
 use super::settings::{setting, CurrentSetting, Mirror, SetConfig, SettingsHook};
-use super::statements::SessionStatementsHook;
-use super::wire;
+use super::startup::Startup;
+use super::statements::{placeholder_plan, SessionStatementsHook};
+use super::wire::{self, Exec};
 use super::Shared;
 use crate::telemetry::metrics;
 
 /// The handlers of one client connection.
 pub struct ConnHandlers {
-    pub(super) shared: Arc<Shared>,
     service: Arc<Session>,
+    startup: Arc<Startup>,
+    shared: Arc<Shared>,
 }
 
 impl ConnHandlers {
-    pub(super) fn new(shared: Arc<Shared>) -> Self {
+    /// `admitted`: whether the connection got a slot (else start-up refuses it).
+    pub(super) fn new(shared: Arc<Shared>, admitted: bool) -> Self {
         let ctx = SessionContext::new_with_state(shared.base.clone());
         let mirror = Mirror::default();
         ctx.register_udf(ScalarUDF::from(CurrentSetting::new(
@@ -69,23 +74,26 @@ impl ConnHandlers {
             ctx.register_udf(udf);
         }
         let ctx = Arc::new(ctx);
+        // Every statement is classified before these run; DECLARE is planned by the
+        // session itself, FETCH and CLOSE read the cursor's rows here.
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
-            Arc::new(ReadOnlyHook),
             Arc::new(SessionStatementsHook),
             Arc::new(SettingsHook {
                 workspace: shared.workspace.clone(),
+                default_timeout_ms: shared.default_timeout_ms,
             }),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
         ];
-        let planner = DfSessionService::new_with_hooks(ctx.clone(), hooks.clone());
+        let interrupts = Arc::new(Interrupts::default());
         let service = Arc::new(Session {
             ctx: ctx.clone(),
             sql_parser: PostgresCompatibilityParser::new(),
             parser: Arc::new(WireParser {
-                inner: planner.query_parser(),
                 ctx: ctx.clone(),
+                sql_parser: PostgresCompatibilityParser::new(),
+                hooks: hooks.clone(),
                 workspace: shared.workspace.clone(),
                 shared: shared.clone(),
                 relations: relations.clone(),
@@ -94,9 +102,19 @@ impl ConnHandlers {
             relations,
             hooks,
             mirror,
+            prepared: Prepared::default(),
+            exec: Exec {
+                interrupts: interrupts.clone(),
+                memory: shared.max_query_memory,
+            },
             shared: shared.clone(),
         });
-        Self { shared, service }
+        let startup = Arc::new(Startup::new(shared.clone(), interrupts, admitted));
+        Self {
+            service,
+            startup,
+            shared,
+        }
     }
 }
 
@@ -110,7 +128,7 @@ impl PgWireServerHandlers for ConnHandlers {
     }
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        Arc::new(super::startup_handler(&self.shared))
+        self.startup.clone()
     }
 
     fn error_handler(&self) -> Arc<impl ErrorHandler> {
@@ -118,50 +136,38 @@ impl PgWireServerHandlers for ConnHandlers {
     }
 
     fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
-        Arc::new(DefaultCancelHandler::new(self.shared.connections.clone()))
+        Arc::new(Canceller(self.shared.cancel_keys.clone()))
     }
 }
 
-/// Trust for loopback clients when no users are configured.
-pub struct Trust {
-    pub connections: Arc<ConnectionManager>,
+/// The read-only rules the engine checks on every plan, whatever the classifier said.
+fn read_only_options() -> SQLOptions {
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
 }
 
-#[async_trait]
-impl NoopStartupHandler for Trust {
-    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
-        Some(self.connections.clone())
-    }
+/// Fails unless `plan` only reads: no DDL, no DML (COPY included), no engine statement.
+pub(super) fn verify_read_only(plan: &LogicalPlan) -> datafusion::error::Result<()> {
+    read_only_options().verify_plan(plan)
 }
 
-/// How a connection authenticates.
-pub enum Startup {
-    Trust(Trust),
-    Scram(SASLAuthStartupHandler<DefaultServerParameterProvider>),
-}
-
-#[async_trait]
-impl StartupHandler for Startup {
-    async fn on_startup<C>(
-        &self,
-        client: &mut C,
-        message: PgWireFrontendMessage,
-    ) -> PgWireResult<()>
-    where
-        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        match self {
-            Startup::Trust(t) => t.on_startup(client, message).await,
-            Startup::Scram(s) => s.on_startup(client, message).await,
-        }
-    }
+/// Plans `statement` as parsed (never from its text).
+pub(super) async fn plan_statement(
+    ctx: &SessionContext,
+    statement: &SqlStatement,
+) -> datafusion::error::Result<LogicalPlan> {
+    ctx.state()
+        .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+            statement.clone(),
+        )))
+        .await
 }
 
 /// One connection's query service: its own DataFusion session, the statement hooks
-/// (write guard, SET/SHOW, transactions, cursors), results encoded with Postgres types, and
-/// accounting around each statement.
+/// (SET/SHOW, transactions, cursors), results encoded with Postgres types, and accounting
+/// around each statement.
 pub struct Session {
     ctx: Arc<SessionContext>,
     sql_parser: PostgresCompatibilityParser,
@@ -171,6 +177,10 @@ pub struct Session {
     mirror: Mirror,
     /// The relation names `regclass` casts look up.
     relations: Relations,
+    /// SQL-level prepared statements.
+    prepared: Prepared,
+    /// The limits statements of this connection run under.
+    exec: Exec,
     shared: Arc<Shared>,
 }
 
@@ -178,39 +188,125 @@ impl Session {
     fn finish(&self, started: Instant, ok: bool) {
         metrics::query_done(started.elapsed(), ok);
     }
+
+    /// Runs a statement the classifier allowed and the hooks did not answer: a query or
+    /// EXPLAIN (already planned, for the extended protocol: `plan`), COPY TO STDOUT, the
+    /// SQL forms of PREPARE/EXECUTE/DEALLOCATE, DECLARE.
+    async fn run_statement(
+        &self,
+        client: &mut dyn HookClient,
+        statement: &SqlStatement,
+        allowed: Allowed,
+        plan: Option<LogicalPlan>,
+        format: &Format,
+    ) -> PgWireResult<Response> {
+        let plan = match (allowed, plan) {
+            (Allowed::Query | Allowed::Explain, Some(plan)) => plan,
+            (Allowed::Query | Allowed::Explain, None) => {
+                let planned = self.exec.interrupts.run(async {
+                    let plan = plan_statement(&self.ctx, statement)
+                        .await
+                        .map_err(api_error)?;
+                    verify_read_only(&plan).map_err(api_error)?;
+                    Ok(plan)
+                });
+                planned.await?
+            }
+            (Allowed::Execute, _) => {
+                let plan = self
+                    .exec
+                    .interrupts
+                    .run(self.prepared.plan_execute(&self.ctx, statement));
+                plan.await?
+            }
+            (Allowed::Prepare, _) => return self.prepared.prepare(statement),
+            (Allowed::Deallocate, _) => {
+                let SqlStatement::Deallocate { name, .. } = statement else {
+                    return Err(unsupported(statement));
+                };
+                return self.prepared.deallocate(&name.value);
+            }
+            (Allowed::Declare, _) => {
+                let SqlStatement::Declare { stmts } = statement else {
+                    return Err(unsupported(statement));
+                };
+                return prepared::declare(&self.ctx, stmts, client, &self.exec).await;
+            }
+            (Allowed::CopyOut, _) => {
+                let SqlStatement::Copy {
+                    source,
+                    options,
+                    legacy_options,
+                    ..
+                } = statement
+                else {
+                    return Err(unsupported(statement));
+                };
+                let format = copy::copy_format(options, legacy_options)?;
+                let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+                let zone = client.metadata().get("timezone").cloned();
+                return copy::copy_out(
+                    &self.ctx,
+                    source,
+                    format,
+                    options,
+                    zone.as_deref(),
+                    &self.exec,
+                )
+                .await;
+            }
+            _ => return Err(unsupported(statement)),
+        };
+        let bare = wire::bare_columns(&plan);
+        let optimised = self.ctx.state().optimize(&plan).map_err(api_error)?;
+        let df = self
+            .ctx
+            .execute_logical_plan(optimised)
+            .await
+            .map_err(api_error)?;
+        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+        let zone = client.metadata().get("timezone").cloned();
+        let response = wire::encode_dataframe(
+            df,
+            &bare,
+            format,
+            Some(options),
+            zone.as_deref(),
+            &self.exec,
+        )
+        .await?;
+        Ok(Response::Query(response))
+    }
+
+    /// The statement's limits start: its timeout is the session's `statement_timeout`.
+    fn begin<'a, C: ClientInfo + ?Sized>(&'a self, client: &C) -> super::limits::Running<'a> {
+        self.exec.interrupts.begin(statement_timeout(client))
+    }
 }
 
 fn api_error(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
     PgWireError::ApiError(Box::new(e))
 }
 
-/// `SET statement_timeout`, as the SET hook records it for this connection.
+/// An allowed statement no handler answered (a gap between the classifier and the
+/// handlers): refused, never passed to the engine.
+fn unsupported(statement: &SqlStatement) -> PgWireError {
+    tracing::warn!(statement = %statement.to_string().split_whitespace().next().unwrap_or(""), "an allowed statement had no handler");
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_string(),
+        "0A000".to_string(),
+        "this statement is not supported by the gateway".to_string(),
+    )))
+}
+
+/// The session's `statement_timeout` (set at start-up from skippr.yml, changed by SET).
 fn statement_timeout<C: ClientInfo + ?Sized>(client: &C) -> Option<Duration> {
     client
         .metadata()
-        .get("statement_timeout_ms")
+        .get(super::settings::STATEMENT_TIMEOUT_KEY)
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .map(Duration::from_millis)
-}
-
-async fn with_timeout<T>(
-    timeout: Option<Duration>,
-    work: impl std::future::Future<Output = datafusion::error::Result<T>>,
-) -> PgWireResult<T> {
-    match timeout {
-        Some(t) => tokio::time::timeout(t, work)
-            .await
-            .map_err(|_| {
-                PgWireError::UserError(Box::new(ErrorInfo::new(
-                    "ERROR".to_string(),
-                    "57014".to_string(),
-                    "canceling statement due to statement timeout".to_string(),
-                )))
-            })?
-            .map_err(api_error),
-        None => work.await.map_err(api_error),
-    }
 }
 
 /// Points unqualified names at the first schema of the session's `search_path` (the
@@ -307,11 +403,12 @@ type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
 /// most this many (then all are forgotten, and described by their planned types).
 const DECLARED_LIMIT: usize = 256;
 
-/// Parses and plans prepared statements (DataFusion's parser), and describes their results
-/// with the types the rows will carry.
+/// Parses, classifies and plans prepared statements, and describes their results with the
+/// types the rows will carry.
 pub struct WireParser {
-    inner: Arc<Parser>,
     ctx: Arc<SessionContext>,
+    sql_parser: PostgresCompatibilityParser,
+    hooks: Vec<Arc<dyn QueryHook>>,
     workspace: String,
     shared: Arc<Shared>,
     relations: Relations,
@@ -350,9 +447,48 @@ impl QueryParser for WireParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
+        let _ = types;
         apply_search_path(&self.ctx, client.metadata(), &self.workspace);
         let (sql, rewritten) = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
-        let stmt = self.inner.parse_sql(client, &sql, types).await?;
+        let mut statements = self.sql_parser.parse(&sql).map_err(api_error)?;
+        if statements.len() > 1 {
+            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "ERROR".to_string(),
+                "42601".to_string(),
+                "cannot insert multiple commands into a prepared statement".to_string(),
+            ))));
+        }
+        let Some(statement) = statements.pop() else {
+            return Ok((sql, None));
+        };
+        let allowed = classify(&statement, &Policy).map_err(|r| r.into_error())?;
+        let text = statement.to_string();
+        let plan = match allowed {
+            Allowed::Query | Allowed::Explain => {
+                let plan = plan_statement(&self.ctx, &statement)
+                    .await
+                    .map_err(api_error)?;
+                verify_read_only(&plan).map_err(api_error)?;
+                plan
+            }
+            _ => {
+                let mut answered = None;
+                for hook in &self.hooks {
+                    if let Some(plan) = hook
+                        .handle_extended_parse_query(&statement, &self.ctx, client)
+                        .await
+                    {
+                        answered = Some(plan?);
+                        break;
+                    }
+                }
+                match answered {
+                    Some(plan) => plan,
+                    None => placeholder_plan(datafusion::arrow::datatypes::Schema::empty(), false)?,
+                }
+            }
+        };
+        let stmt = (text, Some((statement, plan)));
         if !rewritten.declared.is_empty() {
             let mut declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
             if declared.len() >= DECLARED_LIMIT {
@@ -407,6 +543,8 @@ impl SimpleQueryHandler for Session {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let _running = self.shared.begin();
+        // Covers planning and every row sent: the limits end after the last one.
+        let _limits = self.begin(&*client);
         let started = Instant::now();
         let result = self._on_query(client, query).await;
         self.finish(started, result.is_ok());
@@ -421,38 +559,43 @@ impl SimpleQueryHandler for Session {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
-        let (query, _) = prepare_sql(query, &self.ctx, &self.shared, &self.relations).await?;
+        let (query, _) = self
+            .exec
+            .interrupts
+            .run(prepare_sql(query, &self.ctx, &self.shared, &self.relations))
+            .await?;
         let statements = self.sql_parser.parse(&query).map_err(api_error)?;
         if statements.is_empty() {
             return Ok(vec![Response::EmptyQuery]);
         }
+        // Every statement is classified before any runs: a refused one fails the whole
+        // message, as a syntax error would.
+        let classes = statements
+            .iter()
+            .map(|s| classify(s, &Policy))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|r| r.into_error())?;
         let mut results = Vec::with_capacity(statements.len());
-        'statements: for statement in statements {
-            for hook in &self.hooks {
-                if let Some(result) = hook
-                    .handle_simple_query(&statement, &self.ctx, client)
-                    .await
-                {
-                    results.push(result?);
-                    continue 'statements;
+        'statements: for (statement, allowed) in statements.iter().zip(classes) {
+            if allowed == Allowed::Discard {
+                self.prepared.clear();
+            }
+            if allowed != Allowed::Declare {
+                for hook in &self.hooks {
+                    if let Some(result) =
+                        hook.handle_simple_query(statement, &self.ctx, client).await
+                    {
+                        results.push(result?);
+                        continue 'statements;
+                    }
                 }
             }
             self.mirror.update(client.metadata());
             apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
-            let sql = statement.to_string();
-            let df = with_timeout(statement_timeout(client), self.ctx.sql(&sql)).await?;
-            let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
-            let zone = client.metadata().get("timezone").cloned();
-            let bare = wire::bare_columns(df.logical_plan());
-            let response = wire::encode_dataframe(
-                df,
-                &bare,
-                &Format::UnifiedText,
-                Some(options),
-                zone.as_deref(),
-            )
-            .await?;
-            results.push(Response::Query(response));
+            let response = self
+                .run_statement(client, statement, allowed, None, &Format::UnifiedText)
+                .await?;
+            results.push(response);
         }
         Ok(results)
     }
@@ -475,6 +618,7 @@ impl ExtendedQueryHandler for Session {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let _running = self.shared.begin();
+        let _limits = self.begin(&*client);
         let started = Instant::now();
         let result = self._on_execute(client, message).await;
         self.finish(started, result.is_ok());
@@ -496,49 +640,54 @@ impl ExtendedQueryHandler for Session {
         let (_, Some((statement, plan))) = &portal.statement.statement else {
             return Ok(Response::EmptyQuery);
         };
+        // Classified again: a portal holds only what Parse accepted, and this is cheap.
+        let allowed = classify(statement, &Policy).map_err(|r| r.into_error())?;
         let types = parameter_types(plan)?;
         let refs: Vec<Option<&DataType>> = types.iter().map(|t| t.as_ref()).collect();
         let params = deserialize_parameters(portal, &refs)?;
-        for hook in &self.hooks {
-            if let Some(result) = hook
-                .handle_extended_query(statement, plan, &params, &self.ctx, client)
-                .await
-            {
-                return result;
+        if allowed == Allowed::Discard {
+            self.prepared.clear();
+        }
+        if allowed != Allowed::Declare {
+            for hook in &self.hooks {
+                if let Some(result) = hook
+                    .handle_extended_query(statement, plan, &params, &self.ctx, client)
+                    .await
+                {
+                    return result;
+                }
             }
         }
         self.mirror.update(client.metadata());
-        // Plan again at every execution: the plan made at Parse time holds the tables as
-        // they were then, and a prepared statement must see the live state of each run.
         apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
-        let fresh = self
-            .ctx
-            .state()
-            .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
-                statement.clone(),
-            )))
-            .await
-            .map_err(api_error)?;
-        let plan = fresh
-            .replace_params_with_values(&params)
-            .map_err(api_error)?;
-        let bare = wire::bare_columns(&plan);
-        let optimised = self.ctx.state().optimize(&plan).map_err(api_error)?;
-        let df = with_timeout(
-            statement_timeout(client),
-            self.ctx.execute_logical_plan(optimised),
-        )
-        .await?;
-        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
-        let zone = client.metadata().get("timezone").cloned();
-        let response = wire::encode_dataframe(
-            df,
-            &bare,
+        let plan = match allowed {
+            // Plan again at every execution: the plan made at Parse time holds the tables
+            // as they were then, and a prepared statement must see the live state of each
+            // run.
+            Allowed::Query | Allowed::Explain => {
+                let fresh = self.exec.interrupts.run(async {
+                    let plan = plan_statement(&self.ctx, statement)
+                        .await
+                        .map_err(api_error)?;
+                    verify_read_only(&plan).map_err(api_error)?;
+                    Ok(plan)
+                });
+                Some(
+                    fresh
+                        .await?
+                        .replace_params_with_values(&params)
+                        .map_err(api_error)?,
+                )
+            }
+            _ => None,
+        };
+        self.run_statement(
+            client,
+            statement,
+            allowed,
+            plan,
             &portal.result_column_format,
-            Some(options),
-            zone.as_deref(),
         )
-        .await?;
-        Ok(Response::Query(response))
+        .await
     }
 }

@@ -14,10 +14,11 @@ use datafusion::logical_expr::{
     ColumnarValue, LogicalPlan, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::prelude::SessionContext;
-use datafusion::sql::sqlparser::ast::{Set, Statement};
+use datafusion::sql::sqlparser::ast::{Reset, ResetStatement, Set, Statement};
 use datafusion_postgres::hooks::HookClient;
 use datafusion_postgres::QueryHook;
 
+use super::readonly::SESSION_SETTINGS;
 use super::statements::placeholder_plan;
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::{ClientInfo, Type};
@@ -25,8 +26,8 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::startup::ParameterStatus;
 use pgwire::messages::PgWireBackendMessage;
 
-/// Metadata key of `statement_timeout` (milliseconds), as the SET hook records it.
-const STATEMENT_TIMEOUT_KEY: &str = "statement_timeout_ms";
+/// Metadata key of `statement_timeout` (milliseconds; 0: none).
+pub const STATEMENT_TIMEOUT_KEY: &str = "statement_timeout_ms";
 
 /// The value of setting `name` for a connection whose metadata is `meta`.
 pub fn setting(meta: &HashMap<String, String>, name: &str, workspace: &str) -> Option<String> {
@@ -62,15 +63,15 @@ pub fn setting(meta: &HashMap<String, String>, name: &str, workspace: &str) -> O
             "C.UTF-8".into()
         }
         "statement_timeout" => match set(STATEMENT_TIMEOUT_KEY) {
-            Some(ms) => format!("{ms}ms"),
-            None => "0".into(),
+            Some(ms) if ms != "0" => format!("{ms}ms"),
+            _ => "0".into(),
         },
         other => return set(other),
     })
 }
 
 /// Settings given at connection start as `options=-c name=value` (libpq's `options`).
-fn startup_options(meta: &HashMap<String, String>) -> HashMap<String, String> {
+pub(super) fn startup_options(meta: &HashMap<String, String>) -> HashMap<String, String> {
     let mut out = HashMap::new();
     let Some(options) = meta.get("options") else {
         return out;
@@ -283,9 +284,11 @@ impl ScalarUDFImpl for CurrentSetting {
     }
 }
 
-/// `SHOW <setting>` and the bookkeeping of `SET` for settings the engine does not know.
+/// `SHOW <setting>`, `SET` and `RESET` of session settings.
 pub struct SettingsHook {
     pub workspace: String,
+    /// `statement_timeout` after RESET (skippr.query.statement_timeout), in ms; 0: none.
+    pub default_timeout_ms: u128,
 }
 
 fn show_response(name: &str, value: &str) -> PgWireResult<Response> {
@@ -332,47 +335,104 @@ impl SettingsHook {
         })
     }
 
-    /// Records `SET name = value` for settings the other hooks do not keep, so that SHOW
-    /// and current_setting() report them. `SET TimeZone = ...` is answered here, with the
-    /// ParameterStatus message drivers use to convert timestamps; other SETs proceed.
+    /// Answers `SET name = value` of the settings the classifier allows (recorded in the
+    /// connection's metadata, where SHOW, current_setting() and the encoders read them) and
+    /// `RESET`. A setting that drivers track is reported back with ParameterStatus, as
+    /// Postgres does. No SET ever reaches the query engine.
     async fn record(
         &self,
         statement: &Statement,
         client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        let Statement::Set(Set::SingleAssignment {
-            variable, values, ..
-        }) = statement
-        else {
-            return None;
-        };
-        let name = variable.to_string().to_ascii_lowercase();
-        let text = values.first()?.to_string();
-        let text = text.trim_matches('\'').trim_matches('"').to_string();
+        match statement {
+            Statement::Set(Set::SingleAssignment {
+                variable, values, ..
+            }) => {
+                let name = variable.to_string().trim_matches('"').to_ascii_lowercase();
+                let text = values.first()?.to_string();
+                let text = text.trim_matches('\'').trim_matches('"').to_string();
+                if text.eq_ignore_ascii_case("default") {
+                    self.reset(&name, client);
+                    return Some(Ok(Response::Execution(Tag::new("SET"))));
+                }
+                Some(self.assign(&name, text, client).await)
+            }
+            Statement::Reset(ResetStatement { reset }) => {
+                match reset {
+                    Reset::ALL => {
+                        for name in SESSION_SETTINGS {
+                            self.reset(name, client);
+                        }
+                    }
+                    Reset::ConfigurationParameter(name) => {
+                        let name = name.to_string().trim_matches('"').to_ascii_lowercase();
+                        self.reset(&name, client);
+                    }
+                }
+                Some(Ok(Response::Execution(Tag::new("RESET"))))
+            }
+            _ => None,
+        }
+    }
+
+    fn reset(&self, name: &str, client: &mut dyn HookClient) {
         if name == "statement_timeout" {
-            return None;
+            client.metadata_mut().insert(
+                STATEMENT_TIMEOUT_KEY.to_string(),
+                self.default_timeout_ms.to_string(),
+            );
+        } else {
+            client.metadata_mut().remove(name);
         }
-        client.metadata_mut().insert(name.clone(), text.clone());
-        if name != "timezone" {
-            return None;
-        }
-        if text.parse::<chrono_tz::Tz>().is_err() {
-            return Some(Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+    }
+
+    async fn assign(
+        &self,
+        name: &str,
+        text: String,
+        client: &mut dyn HookClient,
+    ) -> PgWireResult<Response> {
+        let invalid = |label: &str, text: &str| {
+            Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
                 "22023".to_string(),
-                format!("invalid value for parameter \"TimeZone\": \"{text}\""),
-            )))));
-        }
-        let status = PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
-            "TimeZone".to_string(),
-            text,
-        ));
-        Some(
+                format!("invalid value for parameter \"{label}\": \"{text}\""),
+            ))))
+        };
+        if name == "statement_timeout" {
+            let Some(d) = crate::config::parse_pg_duration(&text) else {
+                return invalid("statement_timeout", &text);
+            };
             client
-                .send_message(status)
-                .await
-                .map(|_| Response::Execution(Tag::new("SET"))),
-        )
+                .metadata_mut()
+                .insert(STATEMENT_TIMEOUT_KEY.to_string(), d.as_millis().to_string());
+            return Ok(Response::Execution(Tag::new("SET")));
+        }
+        let name = if name == "time zone" {
+            "timezone"
+        } else {
+            name
+        };
+        if name == "timezone" && text.parse::<chrono_tz::Tz>().is_err() {
+            return invalid("TimeZone", &text);
+        }
+        client.metadata_mut().insert(name.to_string(), text.clone());
+        let reported = match name {
+            "timezone" => "TimeZone",
+            "datestyle" => "DateStyle",
+            "intervalstyle" => "IntervalStyle",
+            "application_name" => "application_name",
+            "extra_float_digits" => "extra_float_digits",
+            "search_path" => "search_path",
+            "bytea_output" => "bytea_output",
+            _ => return Ok(Response::Execution(Tag::new("SET"))),
+        };
+        let status =
+            PgWireBackendMessage::ParameterStatus(ParameterStatus::new(reported.to_string(), text));
+        client
+            .send_message(status)
+            .await
+            .map(|_| Response::Execution(Tag::new("SET")))
     }
 }
 

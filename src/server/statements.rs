@@ -1,6 +1,6 @@
 //! Gateway, session statements with nothing to do on read-only data: savepoints (psycopg and
-//! SQLAlchemy wrap reflection in them) and `DISCARD` (connection poolers send it). They
-//! succeed with the tag Postgres sends.
+//! SQLAlchemy wrap reflection in them), `SET TRANSACTION` and `DISCARD` (connection poolers
+//! send it). They succeed with the tag Postgres sends.
 
 use std::sync::Arc;
 
@@ -40,6 +40,7 @@ fn tag(statement: &Statement) -> Option<&'static str> {
             savepoint: Some(_), ..
         } => "ROLLBACK",
         Statement::Discard { .. } => "DISCARD ALL",
+        Statement::Set(datafusion::sql::sqlparser::ast::Set::SetTransaction { .. }) => "SET",
         _ => return None,
     })
 }

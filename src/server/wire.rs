@@ -21,6 +21,7 @@ use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
 
+use super::limits::{statement_runtime, Interrupted, Interrupts};
 use crate::query::live::PG_TYPE_META;
 
 /// Widest numeric the binary numeric encoder represents exactly.
@@ -473,6 +474,37 @@ fn float_text(v: f64, sci: String, precision: i32, positional: String) -> String
     }
 }
 
+/// How a statement executes: under its connection's interruptions, with its own memory
+/// pool of `memory` bytes.
+#[derive(Clone)]
+pub struct Exec {
+    pub interrupts: Arc<Interrupts>,
+    pub memory: usize,
+}
+
+/// Plans `df` physically and starts it with its own memory pool; the batches end with an
+/// error as soon as the statement is interrupted.
+pub async fn execute(
+    df: DataFrame,
+    exec: &Exec,
+) -> PgWireResult<impl futures::Stream<Item = Result<RecordBatch, Interrupted>> + Send + 'static> {
+    let task = df.task_ctx();
+    let runtime = statement_runtime(&task.runtime_env(), exec.memory)
+        .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+    let task = Arc::new(task.with_runtime(runtime));
+    let physical = exec
+        .interrupts
+        .run(async {
+            df.create_physical_plan()
+                .await
+                .map_err(|e| PgWireError::ApiError(Box::new(e)))
+        })
+        .await?;
+    let batches = datafusion::physical_plan::execute_stream(physical, task)
+        .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+    Ok(exec.interrupts.clone().guard(batches))
+}
+
 /// Executes `df` and streams its rows, encoded as planned.
 pub async fn encode_dataframe(
     df: DataFrame,
@@ -480,6 +512,7 @@ pub async fn encode_dataframe(
     format: &Format,
     options: Option<Arc<FormatOptions>>,
     time_zone: Option<&str>,
+    exec: &Exec,
 ) -> PgWireResult<QueryResponse> {
     let plan = Arc::new(plan(
         df.schema().as_arrow(),
@@ -488,15 +521,12 @@ pub async fn encode_dataframe(
         options,
         time_zone,
     )?);
-    let batches = df
-        .execute_stream()
-        .await
-        .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+    let batches = execute(df, exec).await?;
     let fields = plan.fields.clone();
     let rows = batches
         .map(move |batch| {
             let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match batch
-                .map_err(|e| PgWireError::ApiError(Box::new(e)))
+                .map_err(PgWireError::from)
                 .and_then(|b| plan.convert(b))
             {
                 Ok(b) => encode_recordbatch(plan.fields.clone(), b),

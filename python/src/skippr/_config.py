@@ -322,6 +322,12 @@ class Config:
                 query["users"] = users
             if self._query.tls is not None:
                 query["tls"] = {"cert": self._query.tls.cert, "key": self._query.tls.key}
+            if self._query.statement_timeout is not None:
+                query["statement_timeout"] = self._query.statement_timeout
+            if self._query.max_connections is not None:
+                query["max_connections"] = self._query.max_connections
+            if self._query.max_query_memory is not None:
+                query["max_query_memory"] = self._query.max_query_memory
             skippr["query"] = query
         if self._metrics is not None:
             metrics: Dict[str, Node] = {}
@@ -553,8 +559,11 @@ class _Reader:
 
         if "query" in settings:
             at_q: Tuple[Segment, ...] = ("skippr", "query")
-            q = self.mapping(at_q, settings["query"], "a mapping (listen, users, tls)")
-            self.keys(at_q, q, ("listen", "users", "tls"))
+            q = self.mapping(at_q, settings["query"], "a mapping (listen, users, tls, ...)")
+            self.keys(
+                at_q, q,
+                ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory"),
+            )
             users = []
             raw_users = q.get("users") or []
             if not isinstance(raw_users, list):
@@ -570,7 +579,12 @@ class _Reader:
                 t = self.mapping(at_t, q["tls"], "a mapping (cert, key)")
                 self.keys(at_t, t, ("cert", "key"), ("cert", "key"))
                 tls = self.build(at_t, QueryTls, dict(t))
-            cfg.query(self.build(at_q, QuerySettings, {"listen": q.get("listen"), "users": users, "tls": tls}))
+            cfg.query(self.build(at_q, QuerySettings, {
+                "listen": q.get("listen"), "users": users, "tls": tls,
+                "statement_timeout": q.get("statement_timeout"),
+                "max_connections": q.get("max_connections"),
+                "max_query_memory": q.get("max_query_memory"),
+            }))
         if "metrics" in settings:
             at_m: Tuple[Segment, ...] = ("skippr", "metrics")
             m = self.mapping(at_m, settings["metrics"], "a mapping (listen)")

@@ -353,20 +353,29 @@ class QuerySettings(_Value):
     """The Postgres-wire gateway of ``skipprd serve`` (``skippr.query``).
 
     ``listen`` is ``host:port`` (skipprd's default: ``127.0.0.1:5433``). Without ``users``
-    only loopback clients may connect.
+    only loopback clients may connect. ``statement_timeout`` is the sessions' default
+    (``"30s"``, ``"5min"``; skipprd's default ``5min``), ``max_connections`` the most clients
+    at once (default 100), ``max_query_memory`` the memory one statement may use
+    (``"512MiB"``; default ``1GiB``).
     """
 
-    _fields = ("listen", "users", "tls")
+    _fields = ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory")
     __slots__ = _fields
     listen: Optional[Text]
     users: Tuple[QueryUser, ...]
     tls: Optional[QueryTls]
+    statement_timeout: Optional[str]
+    max_connections: Optional[int]
+    max_query_memory: Optional[str]
 
     def __init__(
         self,
         listen: Optional[Text] = None,
         users: Sequence[QueryUser] = (),
         tls: Optional[QueryTls] = None,
+        statement_timeout: Optional[str] = None,
+        max_connections: Optional[int] = None,
+        max_query_memory: Optional[str] = None,
     ) -> None:
         c = _Check("QuerySettings")
         self._set("listen", c.text("listen", listen, required=False))
@@ -383,6 +392,12 @@ class QuerySettings(_Value):
         if tls is not None and not isinstance(tls, QueryTls):
             c.fail(["tls"], f"expected a QueryTls, found {describe(tls)}")
         self._set("tls", tls)
+        self._set("statement_timeout", c.string("statement_timeout", statement_timeout, required=False))
+        self._set(
+            "max_connections",
+            c.integer("max_connections", max_connections, 1, 100000, "a number of connections"),
+        )
+        self._set("max_query_memory", c.string("max_query_memory", max_query_memory, required=False))
 
 
 class MetricsSettings(_Value):

@@ -1,0 +1,403 @@
+//! Gateway, property tests of what a client sends first: start-up and query messages as
+//! bytes (the decoder never panics, whatever arrives) and statements (the classifier never
+//! panics and never lets a write through). Generated inputs come from a seeded generator;
+//! `SKIPPR_FUZZ_ITERATIONS` runs longer, `SKIPPR_FUZZ_SEED` replays a failure.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::{CopyTarget, Set, Statement};
+use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+use pgwire::messages::{DecodeContext, PgWireFrontendMessage, ProtocolVersion};
+
+use super::readonly::{classify, Allowed, Policy};
+use super::session::verify_read_only;
+
+/// A small, seeded generator (xorshift64*): the same seed gives the same inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn iterations(default: usize) -> usize {
+    std::env::var("SKIPPR_FUZZ_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn seed() -> u64 {
+    let seed = std::env::var("SKIPPR_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    // Printed so that a failure can be replayed with SKIPPR_FUZZ_SEED.
+    eprintln!("fuzz seed {seed}");
+    seed
+}
+
+/// A frontend message: type byte (none for start-up messages), length, body.
+fn message(kind: Option<u8>, body: &[u8]) -> BytesMut {
+    let mut buf = BytesMut::new();
+    if let Some(k) = kind {
+        buf.put_u8(k);
+    }
+    buf.put_i32(body.len() as i32 + 4);
+    buf.put_slice(body);
+    buf
+}
+
+fn cstr(buf: &mut Vec<u8>, s: &[u8]) {
+    buf.extend_from_slice(s);
+    buf.push(0);
+}
+
+/// A start-up, SSL, cancel or query-phase message, well formed or damaged.
+fn frontend_message(rng: &mut Rng) -> (BytesMut, DecodeContext) {
+    let mut ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
+    let starting = rng.below(2) == 0;
+    ctx.awaiting_frontend_ssl = starting && rng.below(2) == 0;
+    ctx.awaiting_frontend_startup = starting;
+    let word = |rng: &mut Rng| {
+        let n = rng.below(12);
+        let mut w = rng.bytes(n);
+        w.retain(|b| *b != 0);
+        w
+    };
+    let mut buf = if starting {
+        let mut body = Vec::new();
+        match rng.below(4) {
+            0 => body.extend_from_slice(&80877103i32.to_be_bytes()), // SSLRequest
+            1 => {
+                body.extend_from_slice(&80877102i32.to_be_bytes()); // CancelRequest
+                let n = rng.below(40);
+                body.extend_from_slice(&rng.bytes(n));
+            }
+            _ => {
+                body.extend_from_slice(&196608i32.to_be_bytes()); // protocol 3.0
+                for _ in 0..rng.below(5) {
+                    let key = rng.pick(&["user", "database", "options", "application_name"]);
+                    cstr(&mut body, key.as_bytes());
+                    let value = word(rng);
+                    cstr(&mut body, &value);
+                }
+                body.push(0);
+            }
+        }
+        message(None, &body)
+    } else {
+        let kind = *[
+            b'Q', b'P', b'B', b'E', b'D', b'C', b'S', b'H', b'X', b'p', b'd', b'c', b'f',
+        ]
+        .get(rng.below(13))
+        .unwrap_or(&b'Q');
+        let mut body = Vec::new();
+        match kind {
+            b'Q' => cstr(&mut body, statement(rng).as_bytes()),
+            b'P' => {
+                cstr(&mut body, &word(rng));
+                cstr(&mut body, statement(rng).as_bytes());
+                let n = rng.below(4) as i16;
+                body.extend_from_slice(&n.to_be_bytes());
+                for _ in 0..n {
+                    body.extend_from_slice(&(rng.next() as i32).to_be_bytes());
+                }
+            }
+            _ => {
+                let n = rng.below(64);
+                body.extend_from_slice(&rng.bytes(n))
+            }
+        }
+        message(Some(kind), &body)
+    };
+    // Damage some: truncate, flip a byte, or lie about the length.
+    match rng.below(6) {
+        0 if !buf.is_empty() => {
+            let at = rng.below(buf.len());
+            buf.truncate(at);
+        }
+        1 if !buf.is_empty() => {
+            let at = rng.below(buf.len());
+            buf[at] ^= rng.next() as u8 | 1;
+        }
+        2 if buf.len() > 5 => {
+            let at = if starting { 0 } else { 1 };
+            let lie = (rng.next() as i32).to_be_bytes();
+            buf[at..at + 4].copy_from_slice(&lie);
+        }
+        _ => {}
+    }
+    (buf, ctx)
+}
+
+/// Pieces of statements a hostile client would try, joined at random.
+const WRITES: &[&str] = &[
+    "INSERT INTO orders VALUES (1, 'x')",
+    "UPDATE orders SET note = 'x'",
+    "DELETE FROM orders",
+    "MERGE INTO orders o USING orders s ON o.id = s.id WHEN MATCHED THEN DELETE",
+    "TRUNCATE orders",
+    "DROP TABLE orders",
+    "CREATE TABLE t AS SELECT * FROM orders",
+    "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/tmp/x'",
+    "CREATE VIEW v AS SELECT 1",
+    "ALTER TABLE orders ADD COLUMN y int",
+    "COPY orders TO '/tmp/out'",
+    "COPY (SELECT * FROM orders) TO '/tmp/out'",
+    "COPY orders FROM '/tmp/in'",
+    "COPY orders FROM STDIN",
+    "COPY (SELECT 1) TO PROGRAM 'id'",
+    "SET datafusion.execution.target_partitions = 1",
+    "SET datafusion.runtime.memory_limit = '1G'",
+    "SET ROLE postgres",
+    "GRANT SELECT ON orders TO public",
+];
+
+const READS: &[&str] = &[
+    "SELECT * FROM orders",
+    "SELECT id, count(*) FROM orders GROUP BY id",
+    "WITH a AS (SELECT 1 AS x) SELECT x FROM a",
+    "VALUES (1), (2)",
+    "TABLE orders",
+    "SHOW search_path",
+    "SET search_path = analytics",
+    "SET statement_timeout = '1s'",
+    "RESET ALL",
+    "BEGIN",
+    "COMMIT",
+    "EXPLAIN SELECT * FROM orders",
+    "COPY orders TO STDOUT",
+    "COPY (SELECT id FROM orders) TO STDOUT WITH (FORMAT csv)",
+    "DECLARE c CURSOR FOR SELECT * FROM orders",
+    "FETCH 10 FROM c",
+    "PREPARE p AS SELECT * FROM orders WHERE id = $1",
+    "EXECUTE p(1)",
+    "DISCARD ALL",
+];
+
+const WRAPPERS: &[&str] = &[
+    "{}",
+    "EXPLAIN {}",
+    "EXPLAIN ANALYZE {}",
+    "EXPLAIN (ANALYZE) {}",
+    "EXPLAIN VERBOSE {}",
+    "WITH w AS ({}) SELECT * FROM w",
+    "WITH w AS ({} RETURNING *) SELECT * FROM w",
+    "SELECT * FROM ({}) s",
+    "SELECT 1 UNION ALL {}",
+    "PREPARE q AS {}",
+    "DECLARE k CURSOR FOR {}",
+    "COPY ({}) TO STDOUT",
+    "COPY ({}) TO '/tmp/f'",
+    "/* c */ {} -- x",
+    "{}; {}",
+    "SELECT * INTO newt FROM ({}) s",
+    "SELECT * FROM orders FOR UPDATE",
+];
+
+fn statement(rng: &mut Rng) -> String {
+    let inner = if rng.below(2) == 0 {
+        rng.pick(WRITES)
+    } else {
+        rng.pick(READS)
+    };
+    let wrapper = rng.pick(WRAPPERS);
+    let mut sql = wrapper
+        .replacen("{}", inner, 1)
+        .replacen("{}", rng.pick(READS), 1);
+    // Perturb: case, whitespace, stray characters.
+    match rng.below(5) {
+        0 => sql = sql.to_lowercase(),
+        1 => sql = sql.replace(' ', "\n\t "),
+        2 => {
+            let at = rng.below(sql.len() + 1);
+            if sql.is_char_boundary(at) {
+                let junk = rng.pick(&["'", "\"", ";", "(", ")", "$1", "\\", "--", "*/"]);
+                sql.insert_str(at, junk);
+            }
+        }
+        _ => {}
+    }
+    sql
+}
+
+fn test_context() -> SessionContext {
+    let ctx = SessionContext::new();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("note", DataType::Utf8, true),
+    ]));
+    // A table the engine can write to, so that a write that got through would plan as one.
+    let _ = ctx.register_batch("orders", RecordBatch::new_empty(schema));
+    ctx
+}
+
+/// Whether the engine, left to itself, would plan `plan` as anything but a read.
+fn writes(plan: &LogicalPlan) -> bool {
+    verify_read_only(plan).is_err()
+}
+
+/// The independent check of an allowed statement: what it would do, judged without the
+/// classifier (by the engine's own plan, or by the statement's target).
+async fn assert_not_a_write(ctx: &SessionContext, statement: &Statement, allowed: Allowed) {
+    match (allowed, statement) {
+        (Allowed::Query | Allowed::Explain, s) => {
+            let planned = super::session::plan_statement(ctx, s).await;
+            if let Ok(plan) = planned {
+                assert!(!writes(&plan), "accepted a write: {s}");
+            }
+        }
+        (Allowed::CopyOut, Statement::Copy { to, target, .. }) => {
+            assert!(*to && *target == CopyTarget::Stdout, "accepted {statement}");
+        }
+        (Allowed::Set, Statement::Set(Set::SingleAssignment { variable, .. })) => {
+            let name = variable.to_string().to_ascii_lowercase();
+            assert!(!name.starts_with("datafusion"), "accepted {statement}");
+        }
+        (Allowed::Set, Statement::Set(Set::SetRole { .. })) => panic!("accepted {statement}"),
+        _ => {}
+    }
+}
+
+/// The protocol library (pgwire 0.40) panics on some malformed query-phase messages
+/// (out-of-bounds reads in the decoders of Bind, Close, CopyData, Describe, Execute, Parse).
+/// Only an authenticated client reaches that phase, and the gateway contains such a panic
+/// to its one connection (see `Gateway::run`; tests/test_gateway_security.py sends one).
+/// Start-up messages, which anyone can send, must never panic: that fails this test.
+#[test]
+fn start_up_messages_never_panic_the_decoder() {
+    let mut rng = Rng::new(seed());
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let mut panicked = std::collections::BTreeSet::new();
+    for _ in 0..iterations(20_000) {
+        let (buf, ctx) = frontend_message(&mut rng);
+        let kind = if ctx.awaiting_frontend_startup {
+            0
+        } else {
+            buf.first().copied().unwrap_or(0)
+        };
+        // Decode until the buffer is used up or incomplete: every outcome but a panic is
+        // fine (an error closes the connection).
+        let outcome = std::panic::catch_unwind(move || {
+            let mut buf = buf;
+            for _ in 0..4 {
+                match PgWireFrontendMessage::decode(&mut buf, &ctx) {
+                    Ok(Some(_)) if !buf.is_empty() => continue,
+                    _ => break,
+                }
+            }
+        });
+        if outcome.is_err() {
+            panicked.insert(kind);
+        }
+    }
+    std::panic::set_hook(quiet);
+    assert!(
+        !panicked.contains(&0),
+        "the decoder panicked on a start-up message"
+    );
+    let query_phase: Vec<char> = panicked.iter().map(|k| *k as char).collect();
+    if !query_phase.is_empty() {
+        eprintln!("the protocol library panicked (contained per connection) on malformed {query_phase:?} messages");
+    }
+}
+
+#[tokio::test]
+async fn the_classifier_never_accepts_a_write() {
+    let mut rng = Rng::new(seed());
+    let parser = PostgresCompatibilityParser::new();
+    let ctx = test_context();
+    let mut allowed_seen = 0usize;
+    let mut refused_seen = 0usize;
+    for _ in 0..iterations(3_000) {
+        let sql = statement(&mut rng);
+        let Ok(statements) = parser.parse(&sql) else {
+            continue;
+        };
+        for s in &statements {
+            match classify(s, &Policy) {
+                Ok(allowed) => {
+                    allowed_seen += 1;
+                    assert_not_a_write(&ctx, s, allowed).await;
+                }
+                Err(refusal) => {
+                    refused_seen += 1;
+                    assert!(
+                        ["25006", "42501", "42704"].contains(&refusal.sqlstate),
+                        "{s}: {refusal:?}"
+                    );
+                    assert!(!refusal.message.is_empty());
+                }
+            }
+        }
+    }
+    // The generator must exercise both sides, or the property says nothing.
+    assert!(allowed_seen > 0 && refused_seen > 0);
+}
+
+#[tokio::test]
+async fn every_known_write_is_refused_with_a_reason() {
+    let parser = PostgresCompatibilityParser::new();
+    for sql in WRITES {
+        // What does not parse never runs: the client gets a syntax error (42601).
+        let statements = parser.parse(sql).unwrap_or_default();
+        for s in &statements {
+            let refusal = classify(s, &Policy).err();
+            assert!(refusal.is_some(), "accepted {sql}");
+        }
+    }
+    for sql in [
+        "EXPLAIN ANALYZE COPY orders TO '/tmp/x'",
+        "EXPLAIN COPY (SELECT 1) TO '/tmp/x'",
+        "EXPLAIN ANALYZE INSERT INTO orders VALUES (1, 'x')",
+        "WITH d AS (DELETE FROM orders RETURNING *) SELECT * FROM d",
+        "SELECT * INTO newt FROM orders",
+        "PREPARE p AS INSERT INTO orders VALUES (1, 'x')",
+        "DECLARE c CURSOR FOR SELECT * FROM orders FOR UPDATE",
+    ] {
+        let statements = parser.parse(sql).unwrap_or_default();
+        assert!(
+            statements.iter().any(|s| classify(s, &Policy).is_err()),
+            "accepted {sql}"
+        );
+    }
+    for sql in READS {
+        for s in parser.parse(sql).unwrap_or_default() {
+            assert!(classify(&s, &Policy).is_ok(), "refused {sql}");
+        }
+    }
+}

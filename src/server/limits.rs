@@ -1,0 +1,323 @@
+//! Gateway, limits: what stops one statement (its `statement_timeout`, a client's cancel
+//! request), the memory one statement may use, and the slots that bound how many clients
+//! are connected at once. A running statement is interrupted by dropping its work: the
+//! planning future or the stream of result batches, which stops the engine's tasks.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::Result as DfResult;
+use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use futures::{Stream, StreamExt};
+use pgwire::api::cancel::CancelHandler;
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::cancel::CancelRequest;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// SQLSTATE `query_canceled`, for a timeout and for a cancel request alike.
+pub const QUERY_CANCELED: &str = "57014";
+
+/// Why a statement was interrupted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interruption {
+    Timeout,
+    Cancel,
+}
+
+impl Interruption {
+    pub fn error(self) -> PgWireError {
+        let message = match self {
+            Interruption::Timeout => "canceling statement due to statement timeout",
+            Interruption::Cancel => "canceling statement due to user request",
+        };
+        PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".to_string(),
+            QUERY_CANCELED.to_string(),
+            message.to_string(),
+        )))
+    }
+}
+
+/// The interruption state of one connection: whether a statement runs, when it times out,
+/// and whether a cancel request arrived for it. Streams of the connection (results,
+/// portals, cursors) consult it whenever they are polled, so a statement that spans several
+/// messages (FETCH from a cursor, Execute with a row limit) is covered by each of them.
+#[derive(Debug)]
+pub struct Interrupts {
+    running: AtomicBool,
+    cancelled: AtomicBool,
+    deadline: Mutex<Option<Instant>>,
+    /// Bumped on a cancel request or a new deadline, to wake the waiters.
+    wake: watch::Sender<u64>,
+}
+
+impl Default for Interrupts {
+    fn default() -> Self {
+        Self {
+            running: AtomicBool::new(false),
+            cancelled: AtomicBool::new(false),
+            deadline: Mutex::new(None),
+            wake: watch::channel(0).0,
+        }
+    }
+}
+
+/// A statement running on a connection; ends it when dropped.
+pub struct Running<'a>(&'a Interrupts);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::SeqCst);
+        *self.0.deadline.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl Interrupts {
+    /// Starts a statement that may run for `timeout` (`None`: no limit). A cancel request
+    /// that arrived before it does not stop it.
+    pub fn begin(&self, timeout: Option<Duration>) -> Running<'_> {
+        self.cancelled.store(false, Ordering::SeqCst);
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) =
+            timeout.map(|t| Instant::now() + t);
+        self.running.store(true, Ordering::SeqCst);
+        self.wake.send_modify(|n| *n = n.wrapping_add(1));
+        Running(self)
+    }
+
+    /// A client's cancel request: stops the statement running now, if any.
+    pub fn cancel(&self) {
+        if self.running.load(Ordering::SeqCst) {
+            self.cancelled.store(true, Ordering::SeqCst);
+            self.wake.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn check(&self) -> Option<Interruption> {
+        if !self.running.load(Ordering::SeqCst) {
+            return None;
+        }
+        if self.cancelled.load(Ordering::SeqCst) {
+            return Some(Interruption::Cancel);
+        }
+        let deadline = *self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        deadline
+            .filter(|d| Instant::now() >= *d)
+            .map(|_| Interruption::Timeout)
+    }
+
+    /// Resolves when the running statement must stop; never while none runs.
+    pub async fn interrupted(&self) -> Interruption {
+        loop {
+            // Subscribe before checking, so that a change between the two is not missed.
+            let mut rx = self.wake.subscribe();
+            if let Some(why) = self.check() {
+                return why;
+            }
+            let deadline = *self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+                _ = sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Runs `work` unless the statement is interrupted first (then `work` is dropped).
+    pub async fn run<T>(
+        &self,
+        work: impl std::future::Future<Output = PgWireResult<T>>,
+    ) -> PgWireResult<T> {
+        tokio::select! {
+            biased;
+            why = self.interrupted() => Err(why.error()),
+            done = work => done,
+        }
+    }
+
+    /// `batches`, ended with the interruption's error as soon as the statement polling it
+    /// is interrupted; the inner stream (and the engine's work) is dropped then.
+    pub fn guard(
+        self: Arc<Self>,
+        batches: impl Stream<Item = DfResult<RecordBatch>> + Send + 'static,
+    ) -> impl Stream<Item = Result<RecordBatch, Interrupted>> + Send + 'static {
+        let batches = Box::pin(batches);
+        futures::stream::unfold(Some((self, batches)), |state| async move {
+            let (me, mut batches) = state?;
+            let next = tokio::select! {
+                biased;
+                why = me.interrupted() => Err(why),
+                item = batches.next() => Ok(item),
+            };
+            match next {
+                Err(why) => Some((Err(Interrupted::Stopped(why)), None)),
+                Ok(None) => None,
+                Ok(Some(Ok(b))) => Some((Ok(b), Some((me, batches)))),
+                Ok(Some(Err(e))) => Some((Err(Interrupted::Failed(e)), None)),
+            }
+        })
+    }
+}
+
+/// A guarded stream's error: the engine's, or the interruption.
+#[derive(Debug)]
+pub enum Interrupted {
+    Failed(datafusion::error::DataFusionError),
+    Stopped(Interruption),
+}
+
+impl From<Interrupted> for PgWireError {
+    fn from(e: Interrupted) -> Self {
+        match e {
+            Interrupted::Failed(e) => PgWireError::ApiError(Box::new(e)),
+            Interrupted::Stopped(why) => why.error(),
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// (process id, secret key) of a connection.
+type KeyOf = (i32, Vec<u8>);
+
+/// The connections a cancel request may name, by (process id, secret key) as announced in
+/// BackendKeyData.
+#[derive(Debug, Default)]
+pub struct CancelKeys {
+    keys: Mutex<HashMap<KeyOf, Weak<Interrupts>>>,
+}
+
+/// A connection's entry in [`CancelKeys`], removed when dropped.
+pub struct CancelKey {
+    keys: Arc<CancelKeys>,
+    key: KeyOf,
+}
+
+impl Drop for CancelKey {
+    fn drop(&mut self) {
+        self.keys
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+impl CancelKeys {
+    pub fn register(
+        self: &Arc<Self>,
+        pid: i32,
+        secret: Vec<u8>,
+        interrupts: &Arc<Interrupts>,
+    ) -> CancelKey {
+        let key = (pid, secret);
+        self.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), Arc::downgrade(interrupts));
+        CancelKey {
+            keys: self.clone(),
+            key,
+        }
+    }
+
+    fn find(&self, pid: i32, secret: &[u8]) -> Option<Arc<Interrupts>> {
+        self.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(pid, secret.to_vec()))
+            .and_then(Weak::upgrade)
+    }
+}
+
+/// Answers CancelRequest messages (each arrives on a connection of its own).
+pub struct Canceller(pub Arc<CancelKeys>);
+
+#[async_trait]
+impl CancelHandler for Canceller {
+    async fn on_cancel_request(&self, request: CancelRequest) {
+        match self.0.find(request.pid, &request.secret_key.to_bytes()) {
+            Some(interrupts) => {
+                tracing::info!(pid = request.pid, "cancel request for a running statement");
+                interrupts.cancel();
+            }
+            // As Postgres: an unknown key is ignored, and the requester learns nothing.
+            None => tracing::debug!(pid = request.pid, "cancel request matches no connection"),
+        }
+    }
+}
+
+/// The engine's runtime for one statement: the shared runtime (object stores, caches, disk
+/// for spilling) with a memory pool of `limit` bytes of its own. Operators that can spill
+/// (sorts, aggregates, joins that support it) do when the pool is full; others fail with
+/// "resources exhausted" (SQLSTATE 53200), and only that statement fails.
+pub fn statement_runtime(base: &RuntimeEnv, limit: usize) -> DfResult<Arc<RuntimeEnv>> {
+    let pool = TrackConsumersPool::new(
+        FairSpillPool::new(limit),
+        NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN),
+    );
+    RuntimeEnvBuilder::from_runtime_env(base)
+        .with_memory_pool(Arc::new(pool))
+        .build_arc()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_timeout_interrupts_only_a_running_statement() {
+        let i = Interrupts::default();
+        assert_eq!(i.check(), None);
+        {
+            let _running = i.begin(Some(Duration::from_millis(20)));
+            let why = tokio::time::timeout(Duration::from_secs(5), i.interrupted()).await;
+            assert_eq!(why.ok(), Some(Interruption::Timeout));
+        }
+        assert_eq!(i.check(), None, "no statement runs after the guard dropped");
+    }
+
+    #[tokio::test]
+    async fn a_cancel_stops_the_running_statement_and_not_the_next() {
+        let i = Arc::new(Interrupts::default());
+        i.cancel(); // nothing runs: ignored
+        let running = i.begin(None);
+        assert_eq!(i.check(), None);
+        let waiter = {
+            let i = i.clone();
+            tokio::spawn(async move { i.interrupted().await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        i.cancel();
+        let why = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+        assert!(matches!(why, Ok(Ok(Interruption::Cancel))));
+        drop(running);
+        let _next = i.begin(None);
+        assert_eq!(i.check(), None, "a cancel applies to one statement only");
+    }
+
+    #[tokio::test]
+    async fn cancel_keys_find_only_live_connections() {
+        let keys = Arc::new(CancelKeys::default());
+        let i = Arc::new(Interrupts::default());
+        let key = keys.register(7, vec![1, 2, 3, 4], &i);
+        assert!(keys.find(7, &[1, 2, 3, 4]).is_some());
+        assert!(keys.find(7, &[1, 2, 3, 5]).is_none());
+        drop(key);
+        assert!(keys.find(7, &[1, 2, 3, 4]).is_none());
+    }
+}
