@@ -8,11 +8,11 @@ use iceberg::{Catalog, NamespaceIdent, TableIdent};
 use tokio::sync::watch;
 
 use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
+use crate::change::Relation;
 use crate::config::{PipelineConfig, TableRef};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::sink::iceberg::apply::TableSink;
-use crate::change::Lsn;
-use crate::change::Relation;
 use crate::source::postgres::slot::advance_slot;
 use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
 use crate::wal::{Op, Record, WalStore};
@@ -28,8 +28,6 @@ pub struct Sinks {
     by_name: HashMap<TableRef, usize>,
     /// Relation id -> (table, latest description, whether the table has taken it yet).
     rel: HashMap<u32, (usize, Relation, bool)>,
-    source: crate::config::PostgresConfig,
-    client: Option<tokio_postgres::Client>,
     append_only: Vec<TableRef>,
     /// End LSN of the last WAL transaction applied (duplicates at or below it are skipped).
     applied_through: Lsn,
@@ -58,8 +56,6 @@ impl Sinks {
             tables,
             by_name,
             rel: HashMap::new(),
-            source: p.source.clone(),
-            client: None,
             append_only: p.source.append_only.clone(),
             applied_through,
         })
@@ -125,19 +121,9 @@ impl Sinks {
                             continue;
                         }
                         if !taken {
-                            if self.client.is_none() {
-                                self.client = Some(
-                                    crate::source::postgres::connect::connect(&self.source).await?,
-                                );
-                            }
-                            let (client, rel) = (
-                                self.client.as_ref(),
-                                self.rel.get(&c.rel).map(|x| x.1.clone()),
-                            );
-                            if let (Some(client), Some(rel)) = (client, rel) {
-                                self.tables[i]
-                                    .relation(&rel, catalog, pipeline, client)
-                                    .await?;
+                            // The description in the WAL is complete: the source is not asked.
+                            if let Some(rel) = self.rel.get(&c.rel).map(|x| x.1.clone()) {
+                                self.tables[i].relation(&rel, catalog, pipeline).await?;
                             }
                             if let Some(entry) = self.rel.get_mut(&c.rel) {
                                 entry.2 = true;
@@ -262,6 +248,7 @@ pub async fn catch_up_once(
         wal,
         start,
         StopAt::Marker(nonce),
+        p.transaction_memory_budget,
         shutdown_rx,
         &durable_tx,
     )
@@ -291,12 +278,14 @@ pub async fn run_continuous(
         let stream_wal = wal.clone();
         let stream_shutdown = shutdown.clone();
         let tx = durable_tx.clone();
+        let budget = p.transaction_memory_budget;
         let mut stream = tokio::spawn(async move {
             stream_to_wal(
                 &cfg,
                 &stream_wal,
                 start,
                 StopAt::Shutdown,
+                budget,
                 stream_shutdown,
                 &tx,
             )

@@ -11,11 +11,11 @@ use crate::cdc;
 use crate::wal::WalStore;
 
 use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
 use crate::config::{CdcMode, Config, PipelineConfig, SinkConfig};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::sink::iceberg::{commit, schema as ice_schema};
 use crate::source::postgres::connect::connect;
-use crate::change::Lsn;
 use crate::source::postgres::schema::{describe, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
 use crate::source::postgres::snapshot::{copy_tables, TableJob};

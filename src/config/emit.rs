@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 32] = [
+const KEY_ORDER: [&str; 33] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -28,6 +28,7 @@ const KEY_ORDER: [&str; 32] = [
     "data_source",
     "data_sink",
     "commit_interval",
+    "transaction_memory_budget_mb",
     "Postgres",
     "LocalIceberg",
     "AthenaIceberg",

@@ -24,10 +24,10 @@ use super::{
     rowdelta, schema as ice_schema, PROP_PRIMARY_KEY, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
 };
 use crate::catalog::LocalCatalog;
-use crate::config::TableRef;
-use crate::error::{Context, Error, Result};
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
+use crate::config::TableRef;
+use crate::error::{Context, Error, Result};
 use crate::source::postgres::types::{ColumnBuilder, PgType};
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
@@ -305,10 +305,9 @@ impl TableSink {
         r: &Relation,
         catalog: &LocalCatalog,
         pipeline: &str,
-        client: &tokio_postgres::Client,
     ) -> Result<()> {
         let pk = self.primary_key();
-        if let Some(evo) = evolve::plan(&self.source, &self.table, &pk, r, client).await? {
+        if let Some(evo) = evolve::plan(&self.source, &self.table, &pk, r)? {
             // Pending rows stay pending: fields are only ever appended, widened, renamed or
             // made optional, so a row of the old shape is a row of the new one with NULLs
             // at the end. The schema commits first, the data after it.
@@ -322,14 +321,12 @@ impl TableSink {
             for change in &evo.changes {
                 tracing::info!(table = %self.table.identifier(), change = %change, "schema changed");
             }
-            for col in &evo.added {
-                if evolve::has_default(client, &self.source, col).await {
-                    tracing::warn!(
-                        table = %self.table.identifier(),
-                        column = %col,
-                        "column added with a DEFAULT: Postgres shows the default on rows that existed before, Iceberg shows NULL for them; run `skipprd sync --resnapshot` to backfill"
-                    );
-                }
+            for col in &evo.added_with_default {
+                tracing::warn!(
+                    table = %self.table.identifier(),
+                    column = %col,
+                    "column added with a DEFAULT: Postgres shows the default on rows that existed before, Iceberg shows NULL for them; run `skipprd sync --resnapshot` to backfill"
+                );
             }
             self.refresh_schema()?;
             if !self.keyed {

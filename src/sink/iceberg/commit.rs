@@ -9,8 +9,8 @@ use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::Catalog;
 
 use super::{SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
-use crate::error::{Context, Result};
 use crate::change::Lsn;
+use crate::error::{Context, Result};
 
 /// Appends `files` in one snapshot whose summary records `lsn` and the writing phase.
 pub async fn append(

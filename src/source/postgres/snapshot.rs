@@ -16,9 +16,9 @@ use tokio::task::JoinSet;
 
 use super::connect::connect;
 use super::copy::CopyDecoder;
-use crate::change::Lsn;
 use super::schema::TableSchema;
 use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
 use crate::config::{quote_ident, PostgresConfig};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::{commit, writer::TableWriter};
