@@ -99,10 +99,13 @@ impl Sinks {
                     }
                 }
                 Record::Txn(t) => {
-                    if t.end_lsn <= self.applied_through {
-                        continue;
-                    }
+                    let skipped = t.end_lsn <= self.applied_through;
                     for c in &t.changes {
+                        // A transaction already applied still carries the descriptions the
+                        // later transactions of its segment are read with.
+                        if skipped && c.op != Op::Relation {
+                            continue;
+                        }
                         if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
                             let name = TableRef {
                                 schema: r.namespace.clone(),
@@ -113,6 +116,8 @@ impl Sinks {
                             }
                             continue;
                         }
+                        // Only tables of this pipeline have a description here (the WAL
+                        // refuses a change without one when it is read).
                         let Some((i, _, taken)) = self.rel.get(&c.rel) else {
                             continue;
                         };
@@ -141,6 +146,9 @@ impl Sinks {
                             )));
                         }
                         sink.apply(c, t.end_lsn)?;
+                    }
+                    if skipped {
+                        continue;
                     }
                     for sink in &mut self.tables {
                         sink.advance(t.end_lsn);

@@ -287,10 +287,13 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
                 Record::Txn(t) => t,
             };
             wal_lsn = wal_lsn.max(txn.end_lsn);
-            if txn.end_lsn <= floor {
-                continue;
-            }
+            // A transaction the snapshot covers still carries the descriptions the later
+            // transactions of its segment are read with.
+            let covered = txn.end_lsn <= floor;
             for c in &txn.changes {
+                if covered && c.op != Op::Relation {
+                    continue;
+                }
                 if c.op == Op::Relation {
                     if let Some(r) = &c.relation {
                         relation(r, &mut maps);
