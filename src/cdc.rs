@@ -28,8 +28,6 @@ pub struct Sinks {
     by_name: HashMap<TableRef, usize>,
     /// Relation id -> (table, latest description, whether the table has taken it yet).
     rel: HashMap<u32, (usize, Relation, bool)>,
-    source: crate::config::PostgresConfig,
-    client: Option<tokio_postgres::Client>,
     append_only: Vec<TableRef>,
     /// End LSN of the last WAL transaction applied (duplicates at or below it are skipped).
     applied_through: Lsn,
@@ -60,8 +58,6 @@ impl Sinks {
             tables,
             by_name,
             rel: HashMap::new(),
-            source: p.source.clone(),
-            client: None,
             append_only: p.source.append_only.clone(),
             applied_through,
             state_file: p.state_file.clone(),
@@ -115,10 +111,13 @@ impl Sinks {
                     }
                 }
                 Record::Txn(t) => {
-                    if t.end_lsn <= self.applied_through {
-                        continue;
-                    }
+                    let skipped = t.end_lsn <= self.applied_through;
                     for c in &t.changes {
+                        // A transaction already applied still carries the descriptions the
+                        // later transactions of its segment are read with.
+                        if skipped && c.op != Op::Relation {
+                            continue;
+                        }
                         if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
                             let name = TableRef {
                                 schema: r.namespace.clone(),
@@ -129,6 +128,8 @@ impl Sinks {
                             }
                             continue;
                         }
+                        // Only tables of this pipeline have a description here (the WAL
+                        // refuses a change without one when it is read).
                         let Some((i, _, taken)) = self.rel.get(&c.rel) else {
                             continue;
                         };
@@ -137,19 +138,9 @@ impl Sinks {
                             continue;
                         }
                         if !taken {
-                            if self.client.is_none() {
-                                self.client = Some(
-                                    crate::source::postgres::connect::connect(&self.source).await?,
-                                );
-                            }
-                            let (client, rel) = (
-                                self.client.as_ref(),
-                                self.rel.get(&c.rel).map(|x| x.1.clone()),
-                            );
-                            if let (Some(client), Some(rel)) = (client, rel) {
-                                self.tables[i]
-                                    .relation(&rel, catalog, pipeline, client)
-                                    .await?;
+                            // The description in the WAL is complete: the source is not asked.
+                            if let Some(rel) = self.rel.get(&c.rel).map(|x| x.1.clone()) {
+                                self.tables[i].relation(&rel, catalog, pipeline).await?;
                             }
                             if let Some(entry) = self.rel.get_mut(&c.rel) {
                                 entry.2 = true;
@@ -167,6 +158,9 @@ impl Sinks {
                             )));
                         }
                         sink.apply(c, t.end_lsn)?;
+                    }
+                    if skipped {
+                        continue;
                     }
                     for sink in &mut self.tables {
                         sink.advance(t.end_lsn);
@@ -282,6 +276,7 @@ pub async fn catch_up_once(
         wal,
         start,
         StopAt::Marker(nonce),
+        p.transaction_memory_budget,
         shutdown_rx,
         &durable_tx,
     )

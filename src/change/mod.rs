@@ -9,17 +9,69 @@ pub use lsn::Lsn;
 
 use bytes::Bytes;
 
-/// A column of a relation as the stream describes it.
+/// How a column's values are stored: its type resolved through domains, and for arrays the
+/// element type. What `pg_type` said about the column's declared type when the relation
+/// message arrived, so that replay never needs the source's catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeInfo {
+    pub oid: u32,
+    pub typmod: i32,
+    /// `pg_type.typtype`: b(ase), e(num), d(omain), r(ange), c(omposite), m(ultirange), p(seudo).
+    pub typtype: char,
+    /// For arrays, the element type.
+    pub element: Option<Box<TypeInfo>>,
+}
+
+/// A column of a relation: what the stream said (name, declared type, key flag) and what
+/// the source's catalog said about it when the relation message arrived.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelColumn {
     pub is_key: bool,
     pub name: String,
+    /// The declared type (a domain, not its base) and modifier, as the stream reports them.
     pub type_oid: u32,
     pub typmod: i32,
+    /// `pg_type.typname` of the declared type (names sibling columns, `<column>__<typname>`).
+    pub type_name: String,
+    /// The type the values are stored as.
+    pub storage: TypeInfo,
+    /// The column's number (`attnum`): a renamed column keeps it. `None` when the catalog
+    /// could not say for certain which column this was (see `source::postgres::relation`).
+    pub attnum: Option<i16>,
+    /// Whether rows that existed before the column was added show a value in Postgres (a
+    /// DEFAULT, or a value stored when the column was added). `None`: unknown.
+    pub has_default: Option<bool>,
+    /// Whether the column was NOT NULL when the catalog was read. `None`: unknown. Later DDL
+    /// may already show here, so only ever relax a schema with it, never tighten it.
+    pub not_null: Option<bool>,
 }
 
-/// A relation (table) message: precedes the first change of a table in a session, and the
-/// first change after its schema changed.
+impl RelColumn {
+    /// A column described by the stream alone, with the storage type of a built-in base
+    /// type; for tests and for sources that have nothing more to say.
+    pub fn plain(is_key: bool, name: &str, type_oid: u32, typmod: i32, type_name: &str) -> Self {
+        Self {
+            is_key,
+            name: name.to_string(),
+            type_oid,
+            typmod,
+            type_name: type_name.to_string(),
+            storage: TypeInfo {
+                oid: type_oid,
+                typmod,
+                typtype: 'b',
+                element: None,
+            },
+            attnum: None,
+            has_default: None,
+            not_null: None,
+        }
+    }
+}
+
+/// A relation (table) description: precedes the first change of a table in a session, and
+/// the first change after its schema changed. Self-describing: every change in the WAL is
+/// read with the description in effect when Postgres wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Relation {
     pub id: u32,
@@ -27,6 +79,23 @@ pub struct Relation {
     pub name: String,
     pub replica_identity: u8,
     pub columns: Vec<RelColumn>,
+}
+
+impl Relation {
+    /// `schema.table`, for messages.
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", self.namespace, self.name)
+    }
+
+    /// The error for a tuple whose width does not match this description: a change is
+    /// never padded or cut to fit.
+    pub fn width_mismatch(&self, got: usize) -> String {
+        format!(
+            "table {}: a change carries {got} columns but the table's description in effect has {}; skipprd stops rather than guess which value belongs to which column",
+            self.qualified(),
+            self.columns.len()
+        )
+    }
 }
 
 /// One value of a tuple.

@@ -196,6 +196,8 @@ pub enum SinkConfig {
 pub struct PipelineConfig {
     pub name: String,
     pub commit_interval: std::time::Duration,
+    /// Bytes one source transaction may take in memory while it streams before it spills.
+    pub transaction_memory_budget: u64,
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
@@ -814,12 +816,29 @@ impl Validator<'_> {
                     None
                 }
             };
-            if let (Some(source), Some(sink), Some(commit_interval)) =
-                (source, sink_cfg, commit_interval)
+            let budget_mb = def
+                .transaction_memory_budget_mb
+                .unwrap_or(model::DEFAULT_TRANSACTION_MEMORY_BUDGET_MB);
+            let budget = if (1..=model::MAX_TRANSACTION_MEMORY_BUDGET_MB).contains(&budget_mb) {
+                Some(budget_mb * 1024 * 1024)
+            } else {
+                self.report(
+                    keys(&["pipelines", name, "transaction_memory_budget_mb"]),
+                    format!(
+                        "must be between 1 and {} (MiB); larger transactions spill to disk, so the default {} is enough for most",
+                        model::MAX_TRANSACTION_MEMORY_BUDGET_MB,
+                        model::DEFAULT_TRANSACTION_MEMORY_BUDGET_MB
+                    ),
+                );
+                None
+            };
+            if let (Some(source), Some(sink), Some(commit_interval), Some(budget)) =
+                (source, sink_cfg, commit_interval, budget)
             {
                 pipelines.push(PipelineConfig {
                     name: name.clone(),
                     commit_interval,
+                    transaction_memory_budget: budget,
                     source,
                     sink,
                     schema_sink,

@@ -19,6 +19,11 @@ pub const DEFAULT_PARQUET_TARGET_FILE_SIZE_MB: u64 = 128;
 pub const DEFAULT_STORAGE_PATH: &str = ".skippr";
 /// Default interval between Iceberg commits while streaming changes.
 pub const DEFAULT_COMMIT_INTERVAL: &str = "10s";
+/// Default memory one source transaction may take while it streams before it is spilled
+/// to disk, in MiB.
+pub const DEFAULT_TRANSACTION_MEMORY_BUDGET_MB: u64 = 256;
+/// Largest accepted `transaction_memory_budget_mb` (1 TiB).
+pub const MAX_TRANSACTION_MEMORY_BUDGET_MB: u64 = 1024 * 1024;
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -179,6 +184,10 @@ pub struct PipelineDef {
     /// (default 10s). Changes are visible to live queries before that, from the WAL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_interval: Option<String>,
+    /// Memory, in MiB, that one source transaction may take while it streams (default 256);
+    /// a larger transaction is spilled to disk under the storage path instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction_memory_budget_mb: Option<u64>,
 }
 
 /// A data source definition: exactly one connector key.

@@ -199,3 +199,23 @@ fn reconnect_settings_have_defaults_and_are_checked() {
     assert_eq!(p.path, "skippr.reconnect.give_up_after");
     assert!(p.message.contains("at least 1s"), "{}", p.message);
 }
+
+#[test]
+fn transaction_memory_budget_defaults_and_is_validated() {
+    let p = load(GOOD).unwrap().pipeline("app").unwrap().clone();
+    assert_eq!(p.transaction_memory_budget, 256 * 1024 * 1024);
+    let with = |v: &str| {
+        GOOD.replace(
+            "    data_sink: data_sinks.lake\n",
+            &format!("    data_sink: data_sinks.lake\n    transaction_memory_budget_mb: {v}\n"),
+        )
+    };
+    let p = load(&with("8")).unwrap().pipeline("app").unwrap().clone();
+    assert_eq!(p.transaction_memory_budget, 8 * 1024 * 1024);
+    for bad in ["0", "1048577"] {
+        let e = one_error(&with(bad)).to_string();
+        assert!(e.contains("transaction_memory_budget_mb"), "{e}");
+        assert!(e.contains("between 1 and 1048576"), "{e}");
+    }
+    assert!(load(&with("lots")).is_err());
+}

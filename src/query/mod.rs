@@ -11,6 +11,7 @@ pub mod tail_schema;
 use crate::pipeline::WalReader;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
@@ -56,18 +57,6 @@ pub struct Workspace {
     tail: TailCache,
     reduced: ReducedCache,
     scan_caches: Arc<committed::ScanCaches>,
-    /// Each pipeline's source, to name column types the WAL tail carries (see
-    /// `tail_schema`).
-    sources: HashMap<String, crate::config::PostgresConfig>,
-    types: std::sync::Mutex<TypeCache>,
-}
-
-/// Column types looked up in a source's catalog, and the lookups that failed (tried again
-/// after a minute).
-#[derive(Default)]
-struct TypeCache {
-    resolved: Arc<tail_schema::Resolved>,
-    failed: HashMap<(u32, i32), std::time::Instant>,
 }
 
 /// A table's live state at one moment.
@@ -119,12 +108,6 @@ impl Workspace {
             tail: TailCache::default(),
             reduced: ReducedCache::default(),
             scan_caches: Arc::default(),
-            sources: config
-                .pipelines
-                .iter()
-                .map(|p| (p.name.clone(), p.source.clone()))
-                .collect(),
-            types: std::sync::Mutex::default(),
         });
         ws.refresh().await?;
         Ok(ws)
@@ -206,8 +189,7 @@ impl Workspace {
                 continue;
             }
             let mut shape = shape_of(&table, entry.pipeline.as_ref().map(|p| p.2.clone()))?;
-            let resolved = self.resolve_types(&entry, &shape, &read).await;
-            tail_schema::extend(&mut shape, &read, &resolved);
+            tail_schema::extend(&mut shape, &read);
             let tail = self
                 .reduced
                 .get_or_reduce(entry.ident.name(), &shape, &read, floor)?;
@@ -221,59 +203,6 @@ impl Workspace {
         Err(Error::retryable(format!(
             "table {name} kept changing while it was read; run the query again"
         )))
-    }
-
-    /// The column types the tail's schema changes use, named: built-in ones need nothing;
-    /// others are looked up once in the pipeline's source. A source that cannot be reached
-    /// only delays the new columns to the next commit. The lock is never held across the
-    /// lookup: other queries go on meanwhile (without the columns being looked up).
-    async fn resolve_types(
-        &self,
-        entry: &TableEntry,
-        shape: &TableShape,
-        read: &WalRead,
-    ) -> Arc<tail_schema::Resolved> {
-        let retry = std::time::Duration::from_secs(60);
-        let source = entry.pipeline.as_ref().and_then(|p| self.sources.get(&p.0));
-        let (missing, known) = {
-            let mut cache = self.types.lock().unwrap_or_else(|e| e.into_inner());
-            let missing: Vec<(u32, i32)> = tail_schema::unresolved(shape, read, &cache.resolved)
-                .into_iter()
-                .filter(|k| cache.failed.get(k).is_none_or(|t| t.elapsed() > retry))
-                .collect();
-            // Marked as tried now, so concurrent queries do not look them up too.
-            for k in &missing {
-                cache.failed.insert(*k, std::time::Instant::now());
-            }
-            (missing, cache.resolved.clone())
-        };
-        let Some(cfg) = source.filter(|_| !missing.is_empty()) else {
-            return known;
-        };
-        let client = match crate::source::postgres::connect::connect(cfg).await {
-            Ok(client) => client,
-            Err(e) => {
-                tracing::warn!(table = %entry.ident, error = %e, "the source is not reachable to name a column type of the WAL tail; the column shows with the next commit");
-                return known;
-            }
-        };
-        let mut found = Vec::new();
-        for (oid, typmod) in missing {
-            match crate::source::postgres::schema::resolve_type(&client, oid, typmod).await {
-                Ok(t) => found.push(((oid, typmod), t)),
-                Err(e) => {
-                    tracing::warn!(table = %entry.ident, oid, error = %e, "a column type of the WAL tail could not be named; the column shows with the next commit");
-                }
-            }
-        }
-        let mut cache = self.types.lock().unwrap_or_else(|e| e.into_inner());
-        let mut resolved = (*cache.resolved).clone();
-        for (k, t) in found {
-            cache.failed.remove(&k);
-            resolved.insert(k, t);
-        }
-        cache.resolved = Arc::new(resolved);
-        cache.resolved.clone()
     }
 
     /// A table's committed schema and properties (no WAL read), for catalog lookups.

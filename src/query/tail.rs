@@ -202,7 +202,9 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
     );
     let keyed = shape.keyed();
     let width = names.len();
-    let mut maps: HashMap<u32, Vec<Option<usize>>> = HashMap::new();
+    // Relation id -> for each live column, the relation column it comes from; and the
+    // relation's width, which every change of it must have.
+    let mut maps: HashMap<u32, (Vec<Option<usize>>, usize)> = HashMap::new();
     let mut rows: Vec<Option<Pending>> = Vec::new();
     let mut by_key: HashMap<Key, Vec<usize>> = HashMap::new();
     let mut hidden = Hidden::default();
@@ -245,7 +247,7 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
         Ok((key, texts))
     };
 
-    let relation = |r: &Relation, maps: &mut HashMap<u32, Vec<Option<usize>>>| {
+    let relation = |r: &Relation, maps: &mut HashMap<u32, (Vec<Option<usize>>, usize)>| {
         if r.namespace != shape.source.schema || r.name != shape.source.name {
             return;
         }
@@ -278,7 +280,7 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
                 map[ti] = Some(ri);
             }
         }
-        maps.insert(r.id, map);
+        maps.insert(r.id, (map, r.columns.len()));
     };
 
     for (_, records) in &read.segments {
@@ -291,21 +293,35 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
                 Record::Txn(t) => t,
             };
             wal_lsn = wal_lsn.max(txn.end_lsn);
-            if txn.end_lsn <= floor {
-                continue;
-            }
+            // A transaction the snapshot covers still carries the descriptions the later
+            // transactions of its segment are read with.
+            let covered = txn.end_lsn <= floor;
             for c in &txn.changes {
+                if covered && c.op != Op::Relation {
+                    continue;
+                }
                 if c.op == Op::Relation {
                     if let Some(r) = &c.relation {
                         relation(r, &mut maps);
                     }
                     continue;
                 }
-                let Some(map) = maps.get(&c.rel) else {
+                let Some((map, rel_width)) = maps.get(&c.rel) else {
                     continue;
                 };
                 changes += 1;
                 oldest.get_or_insert(txn.commit_time_micros);
+                // A tuple always has its description's width (the WAL refuses others when
+                // read): a mismatch here is an error, never padded.
+                for t in [&c.old, &c.new].into_iter().flatten() {
+                    if t.len() != *rel_width {
+                        return Err(Error::fatal(format!(
+                            "table {}: a change in the WAL carries {} columns but its description has {rel_width}",
+                            shape.source,
+                            t.len()
+                        )));
+                    }
+                }
                 let to_row = |t: &Option<Vec<Datum>>| -> Vec<Datum> {
                     let tuple = t.as_deref().unwrap_or_default();
                     map.iter()
@@ -557,18 +573,8 @@ mod tests {
             name: "t".into(),
             replica_identity: b'd',
             columns: vec![
-                RelColumn {
-                    is_key: true,
-                    name: "id".into(),
-                    type_oid: 23,
-                    typmod: -1,
-                },
-                RelColumn {
-                    is_key: false,
-                    name: "v".into(),
-                    type_oid: 25,
-                    typmod: -1,
-                },
+                RelColumn::plain(true, "id", 23, -1, "int4"),
+                RelColumn::plain(false, "v", 25, -1, "text"),
             ],
         }
     }

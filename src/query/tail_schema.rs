@@ -2,79 +2,23 @@
 //! not made yet (an added column, a widened type, an incompatible type change), the live
 //! table shows it already, as the commit will: the added column or the sibling column
 //! `<column>__<type>` appears with the first change that carries it, a widened column reads
-//! with its wider type. Built-in types are known here; others (enums, domains, extension
-//! types) are looked up once in the source's catalog.
+//! with its wider type. Every type (built-in, enum, domain, extension) is named by the
+//! relation description in the WAL itself: the source is never asked.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::tail::{TableShape, WalRead};
-use crate::change::Relation;
+use crate::change::{RelColumn, Relation};
 use crate::sink::iceberg::SourceColumn;
 use crate::source::postgres::types::{PgType, TypeInfo};
 use crate::wal::{Op, Record};
 
-/// Built-in Postgres types the live schema can show before a commit, by oid: the name the
-/// sink gives a sibling column (`pg_type.typname`) and, for arrays, the element's oid.
-/// Other types (enums, domains, extension types) need the source's catalog: their columns
-/// appear with the next commit.
-const BUILTIN: &[(u32, &str, Option<u32>)] = &[
-    (16, "bool", None),
-    (17, "bytea", None),
-    (18, "char", None),
-    (19, "name", None),
-    (20, "int8", None),
-    (21, "int2", None),
-    (23, "int4", None),
-    (25, "text", None),
-    (26, "oid", None),
-    (114, "json", None),
-    (700, "float4", None),
-    (701, "float8", None),
-    (1042, "bpchar", None),
-    (1043, "varchar", None),
-    (1082, "date", None),
-    (1083, "time", None),
-    (1114, "timestamp", None),
-    (1184, "timestamptz", None),
-    (1186, "interval", None),
-    (1700, "numeric", None),
-    (2950, "uuid", None),
-    (3802, "jsonb", None),
-    (1000, "_bool", Some(16)),
-    (1001, "_bytea", Some(17)),
-    (1005, "_int2", Some(21)),
-    (1007, "_int4", Some(23)),
-    (1016, "_int8", Some(20)),
-    (1009, "_text", Some(25)),
-    (1014, "_bpchar", Some(1042)),
-    (1015, "_varchar", Some(1043)),
-    (1021, "_float4", Some(700)),
-    (1022, "_float8", Some(701)),
-    (1231, "_numeric", Some(1700)),
-    (1182, "_date", Some(1082)),
-    (1183, "_time", Some(1083)),
-    (1115, "_timestamp", Some(1114)),
-    (1185, "_timestamptz", Some(1184)),
-    (2951, "_uuid", Some(2950)),
-    (199, "_json", Some(114)),
-    (3807, "_jsonb", Some(3802)),
-];
-
-/// Types the source's catalog resolved (enums, domains, extension types): by (oid,
-/// typmod), the type and its `pg_type.typname`.
-pub type Resolved = HashMap<(u32, i32), (TypeInfo, String)>;
-
-/// The Arrow type a column type is stored as, and its name: built-in types from the table
-/// above, others from what the source's catalog said; `None` when neither knows it.
-fn column_type(oid: u32, typmod: i32, resolved: &Resolved) -> Option<(DataType, String)> {
-    if let Some((dt, name)) = builtin(oid, typmod) {
-        return Some((dt, name.to_string()));
-    }
-    let (info, name) = resolved.get(&(oid, typmod))?;
-    Some((arrow_type(info)?, name.clone()))
+/// The Arrow type a column's values are stored as, and its type's name (`pg_type.typname`),
+/// as the relation description in the WAL says; `None` when Iceberg has no such type.
+fn column_type(c: &RelColumn) -> Option<(DataType, String)> {
+    Some((arrow_type(&c.storage)?, c.type_name.clone()))
 }
 
 fn arrow_type(info: &TypeInfo) -> Option<DataType> {
@@ -83,51 +27,6 @@ fn arrow_type(info: &TypeInfo) -> Option<DataType> {
     let mut id = i32::MAX / 2;
     let ty = pg.iceberg_type(&mut id);
     iceberg::arrow::type_to_arrow_type(&ty).ok()
-}
-
-/// The column types of the tail's relation messages that are not built in and not in
-/// `resolved`: the source's catalog must name them before the live schema can show them.
-pub fn unresolved(shape: &TableShape, read: &WalRead, resolved: &Resolved) -> Vec<(u32, i32)> {
-    let Some(recorded) = &shape.columns else {
-        return Vec::new();
-    };
-    let mut out: Vec<(u32, i32)> = Vec::new();
-    for r in relations(shape, read) {
-        for c in &r.columns {
-            let known = recorded
-                .iter()
-                .any(|x| x.name == c.name && x.oid == c.type_oid && x.typmod == c.typmod);
-            let key = (c.type_oid, c.typmod);
-            if !known
-                && builtin(c.type_oid, c.typmod).is_none()
-                && !resolved.contains_key(&key)
-                && !out.contains(&key)
-            {
-                out.push(key);
-            }
-        }
-    }
-    out
-}
-
-/// The Arrow type a built-in type is stored as, and its name; `None` for other types.
-fn builtin(oid: u32, typmod: i32) -> Option<(DataType, &'static str)> {
-    let (_, name, element) = BUILTIN.iter().find(|(o, _, _)| *o == oid)?;
-    let info = TypeInfo {
-        oid,
-        typmod,
-        typtype: 'b',
-        element: element.map(|e| {
-            Box::new(TypeInfo {
-                oid: e,
-                // An array column's typmod applies to its elements.
-                typmod,
-                typtype: 'b',
-                element: None,
-            })
-        }),
-    };
-    Some((arrow_type(&info)?, name))
 }
 
 /// Whether values of type `from` read correctly as `to` (an Iceberg type promotion).
@@ -166,7 +65,7 @@ fn relations<'a>(shape: &TableShape, read: &'a WalRead) -> Vec<&'a Relation> {
 /// `shape.schema` gains the added and sibling columns (and widened types), and
 /// `shape.tail_columns` says which field each new source column fills. A relation the
 /// commit already covers finds every column in place and changes nothing.
-pub fn extend(shape: &mut TableShape, read: &WalRead, resolved: &Resolved) {
+pub fn extend(shape: &mut TableShape, read: &WalRead) {
     let Some(recorded) = shape.columns.clone() else {
         return;
     };
@@ -196,14 +95,13 @@ pub fn extend(shape: &mut TableShape, read: &WalRead, resolved: &Resolved) {
                 oid: c.type_oid,
                 typmod: c.typmod,
                 field: before.and_then(|b| b.field.clone()),
-                attnum: None,
+                attnum: c.attnum,
             };
             if before.is_some_and(|r| r.oid == c.type_oid && r.typmod == c.typmod) {
                 next.push(entry);
                 continue;
             }
-            let Some((dt, typname)) = column_type(c.type_oid, c.typmod, resolved) else {
-                // Shown with the next commit, which reads the type from the source.
+            let Some((dt, typname)) = column_type(c) else {
                 next.push(entry);
                 continue;
             };
@@ -268,19 +166,45 @@ fn sibling(fields: &mut Vec<Field>, column: &str, typname: &str, dt: &DataType) 
 mod tests {
     use super::*;
 
+    fn typed(oid: u32, typmod: i32, typtype: char, name: &str) -> RelColumn {
+        let mut c = RelColumn::plain(false, "c", oid, typmod, name);
+        c.storage.typtype = typtype;
+        c
+    }
+
     #[test]
-    fn builtin_types_map_like_the_sink() {
-        assert_eq!(builtin(23, -1), Some((DataType::Int32, "int4")));
-        assert_eq!(builtin(25, -1), Some((DataType::Utf8, "text")));
+    fn types_come_from_the_description_like_the_sink_maps_them() {
+        assert_eq!(
+            column_type(&typed(23, -1, 'b', "int4")),
+            Some((DataType::Int32, "int4".into()))
+        );
         // numeric(12,2): typmod = (12 << 16 | 2) + 4
         assert_eq!(
-            builtin(1700, (12 << 16 | 2) + 4),
-            Some((DataType::Decimal128(12, 2), "numeric"))
+            column_type(&typed(1700, (12 << 16 | 2) + 4, 'b', "numeric")),
+            Some((DataType::Decimal128(12, 2), "numeric".into()))
         );
-        let (list, name) = builtin(1009, -1).unwrap_or((DataType::Null, ""));
+        // An enum (any oid) is text, named by its own type name.
+        assert_eq!(
+            column_type(&typed(16_385, -1, 'e', "mood")),
+            Some((DataType::Utf8, "mood".into()))
+        );
+        // A domain over int8 is stored as its base type.
+        let mut domain = typed(16_390, -1, 'b', "positive_big");
+        domain.storage.oid = 20;
+        assert_eq!(
+            column_type(&domain),
+            Some((DataType::Int64, "positive_big".into()))
+        );
+        let mut list = typed(1009, -1, 'b', "_text");
+        list.storage.element = Some(Box::new(TypeInfo {
+            oid: 25,
+            typmod: -1,
+            typtype: 'b',
+            element: None,
+        }));
+        let (dt, name) = column_type(&list).unwrap_or((DataType::Null, String::new()));
         assert_eq!(name, "_text");
-        assert!(matches!(list, DataType::List(f) if f.data_type() == &DataType::Utf8));
-        assert_eq!(builtin(16385, -1), None);
+        assert!(matches!(dt, DataType::List(f) if f.data_type() == &DataType::Utf8));
         assert!(promotable(&DataType::Int32, &DataType::Int64));
         assert!(!promotable(&DataType::Int64, &DataType::Int32));
         assert!(promotable(

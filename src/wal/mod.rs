@@ -6,9 +6,15 @@
 //! name, fsynced, then renamed: a segment is either complete or absent. A temporary file left
 //! by a crash is deleted on start; a checksum failure in a complete segment stops the
 //! pipeline (fail closed) instead of being misread.
+//!
+//! Segments are self-describing (see `codec`): every change is read with the relation
+//! description in effect when Postgres wrote it, as resolved against the source's catalog
+//! when the stream received it. A transaction larger than the pipeline's memory budget is
+//! spilled to disk while it streams (see `spill`) and copied into its segment from there.
 
 pub mod codec;
 mod objects;
+pub mod spill;
 pub mod store;
 
 pub use crate::change::{Change, Op, Txn};

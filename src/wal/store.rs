@@ -7,16 +7,22 @@ use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 
-use super::codec::{decode_all, encode_relation, encode_txn, Record, MAGIC};
+use super::codec::{
+    decode_all, encode_relation, encode_txn, frame_header, txn_prefix, Record, MAGIC, MAGIC_PREFIX,
+};
 use super::objects::ObjectWal;
-use crate::change::Lsn;
-use crate::change::Relation;
-use crate::change::Txn;
+use super::spill::{Finished, SpillFile, Uses, SPILL_DIR};
+use crate::change::{Lsn, Relation, Txn};
 use crate::error::{Context, Error, ErrorKind, Result};
+use crate::storage::Store;
 
 /// File in the WAL folder holding the newest position acknowledged without a segment.
 const ACKNOWLEDGED_FILE: &str = "acknowledged";
-use crate::storage::Store;
+
+/// The folder of a segment.
+fn self_dir(seg: &SegmentInfo) -> &Path {
+    seg.path.parent().unwrap_or(Path::new("."))
+}
 
 /// A complete segment on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +69,13 @@ impl WalStore {
                     .with_context(|| format!("removing {}", entry.path().display()))?;
             }
         }
+        // Spill files belong to transactions that were never acknowledged: Postgres sends
+        // them again.
+        let spill = dir.join(SPILL_DIR);
+        if spill.is_dir() {
+            std::fs::remove_dir_all(&spill)
+                .with_context(|| format!("removing stale spill files in {}", spill.display()))?;
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             objects: None,
@@ -76,6 +89,17 @@ impl WalStore {
             dir: PathBuf::from(prefix.trim_matches('/')),
             objects: Some(ObjectWal::new(store, prefix)),
         }
+    }
+
+    /// Where transactions larger than the memory budget are spilled while they stream: beside
+    /// the segments, or, when the WAL is in an object store, in the local temp folder.
+    pub fn spill_dir(&self) -> PathBuf {
+        if self.objects.is_some() {
+            return std::env::temp_dir()
+                .join("skippr-spill")
+                .join(self.dir.to_string_lossy().replace('/', "_"));
+        }
+        self.dir.join(SPILL_DIR)
     }
 
     /// Opens an existing WAL for reading only: nothing is created or cleaned up, so a reader
@@ -122,18 +146,51 @@ impl WalStore {
         if let Some(objects) = &self.objects {
             return objects.write_segment(first, last, data);
         }
+        self.write_segment_with(first, last, |f| f.write_all(data))
+    }
+
+    /// Writes a complete segment whose records `body` writes after the header: to a
+    /// temporary name, fsynced, renamed, and the folder fsynced.
+    fn write_segment_with(
+        &self,
+        first: Lsn,
+        last: Lsn,
+        body: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+    ) -> Result<SegmentInfo> {
+        if let Some(objects) = &self.objects {
+            // The object store takes a segment in one PUT: the records are assembled in a
+            // local scratch file first, then sent (the transaction was bounded while it
+            // streamed; the upload holds it once).
+            let scratch_dir = self.spill_dir();
+            let scratch = scratch_dir.join(format!("upload-{:016X}.tmp", last.0));
+            let assemble = || -> std::io::Result<Vec<u8>> {
+                std::fs::create_dir_all(&scratch_dir)?;
+                let mut f = std::fs::File::create(&scratch)?;
+                body(&mut f)?;
+                drop(f);
+                std::fs::read(&scratch)
+            };
+            let data = assemble();
+            let _ = std::fs::remove_file(&scratch);
+            let data = data.with_context(|| {
+                format!("assembling WAL segment in {}", scratch_dir.display())
+            })?;
+            return objects.write_segment(first, last, &data);
+        }
         let name = format!("{:016X}-{:016X}.seg", first.0, last.0);
         let path = self.dir.join(&name);
         let tmp = self.dir.join(format!("{name}.tmp"));
-        let write = || -> std::io::Result<()> {
+        let write = || -> std::io::Result<u64> {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(MAGIC)?;
-            f.write_all(data)?;
+            body(&mut f)?;
             f.sync_all()?;
+            let bytes = f.metadata()?.len();
             std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.dir)?.sync_all()
+            std::fs::File::open(&self.dir)?.sync_all()?;
+            Ok(bytes)
         };
-        write().map_err(|e| {
+        let bytes = write().map_err(|e| {
             // A partial segment is never left behind: its changes were not acknowledged, so
             // the source sends them again.
             let _ = std::fs::remove_file(&tmp);
@@ -152,7 +209,7 @@ impl WalStore {
             path,
             first,
             last,
-            bytes: (MAGIC.len() + data.len()) as u64,
+            bytes,
         })
     }
 
@@ -189,6 +246,17 @@ impl WalStore {
     }
 
     fn decode(seg: &SegmentInfo, data: Vec<u8>) -> Result<Vec<Record>> {
+        if data.starts_with(MAGIC_PREFIX) && !data.starts_with(MAGIC) {
+            let version =
+                String::from_utf8_lossy(&data[MAGIC_PREFIX.len()..data.len().min(MAGIC.len())])
+                    .into_owned();
+            return Err(Error::fatal(format!(
+                "WAL segment {} was written in WAL format {version} by an earlier skipprd; this version reads format {} only. Either finish it with the earlier version (run `skipprd sync --once` with it until {} holds no .seg file), then upgrade; or run `skipprd sync --resnapshot` with this version to copy the tables again",
+                seg.path.display(),
+                String::from_utf8_lossy(&MAGIC[MAGIC_PREFIX.len()..]),
+                self_dir(seg).display(),
+            )));
+        }
         if !data.starts_with(MAGIC) {
             return Err(Error::fatal(format!(
                 "WAL segment {} is not a Skippr WAL segment (bad header); move it away only if you know its changes are in Iceberg",
@@ -300,42 +368,87 @@ impl WalStore {
     }
 }
 
-/// Collects whole transactions into the next segment, writing each relation description
-/// before the first transaction of the segment that uses it.
+/// Collects whole transactions into the next segment. Each segment is self-contained: before
+/// a transaction, it holds the description in effect of every relation the transaction
+/// changes before describing it anew (the inline descriptions follow in the transaction, in
+/// order with its changes).
 #[derive(Default)]
 pub struct SegmentBuilder {
     buf: BytesMut,
+    /// Descriptions in effect after the last transaction pushed.
     relations: HashMap<u32, Relation>,
     written: HashSet<u32>,
+    /// A transaction too large for memory, last in the segment: its changes are copied from
+    /// its spill file when the segment is written.
+    spilled: Option<(BytesMut, SpillFile)>,
     first: Option<Lsn>,
     last: Lsn,
     txns: usize,
 }
 
 impl SegmentBuilder {
-    /// Records the latest description of a relation (from the stream).
+    /// Records the description of a relation that arrived outside any transaction.
     pub fn relation(&mut self, r: Relation) {
         self.written.remove(&r.id);
         self.relations.insert(r.id, r);
     }
 
-    pub fn push(&mut self, txn: &Txn) {
-        for c in &txn.changes {
-            if !self.written.contains(&c.rel) {
-                if let Some(r) = self.relations.get(&c.rel) {
+    /// Writes the descriptions a transaction is read with, ahead of it.
+    fn prelude(&mut self, uses: &Uses) {
+        for rel in &uses.needs {
+            if self.written.insert(*rel) {
+                if let Some(r) = self.relations.get(rel) {
                     encode_relation(r, &mut self.buf);
                 }
-                self.written.insert(c.rel);
             }
         }
-        encode_txn(txn, &mut self.buf);
+    }
+
+    /// After a transaction: its inline descriptions are in the segment and in effect.
+    fn after(&mut self, txn: &Txn, uses: Uses) {
+        for r in uses.inline {
+            self.written.insert(r.id);
+            self.relations.insert(r.id, r);
+        }
         self.first.get_or_insert(txn.end_lsn);
         self.last = txn.end_lsn;
         self.txns += 1;
     }
 
+    /// Adds a transaction held in memory. A segment that already ends with a spilled
+    /// transaction must be flushed first (see [`SegmentBuilder::must_flush`]).
+    pub fn push(&mut self, txn: &Txn) {
+        let uses = Uses::of(txn);
+        self.prelude(&uses);
+        encode_txn(txn, &mut self.buf);
+        self.after(txn, uses);
+    }
+
+    /// Adds a finished transaction, whether held in memory or spilled.
+    pub fn push_finished(&mut self, finished: Finished) {
+        match finished {
+            Finished::Memory(txn, _) => self.push(&txn),
+            Finished::Spilled(txn, spill, uses) => {
+                self.prelude(&uses);
+                let prefix = txn_prefix(&txn, spill.changes());
+                self.after(&txn, uses);
+                self.spilled = Some((prefix, spill));
+            }
+        }
+    }
+
+    /// Whether the segment must be written before another transaction is added: a spilled
+    /// transaction is always the last of its segment.
+    pub fn must_flush(&self) -> bool {
+        self.spilled.is_some()
+    }
+
     pub fn len_bytes(&self) -> usize {
-        self.buf.len()
+        let spilled = self.spilled.as_ref().map_or(0, |(p, s)| {
+            p.len()
+                .saturating_add(usize::try_from(s.bytes()).unwrap_or(usize::MAX))
+        });
+        self.buf.len().saturating_add(spilled)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -347,7 +460,31 @@ impl SegmentBuilder {
         let Some(first) = self.first else {
             return Ok(None);
         };
-        store.write_segment(first, self.last, &self.buf)?;
+        let spilled = self.spilled.take();
+        let buf = &self.buf;
+        store.write_segment_with(first, self.last, |f| {
+            f.write_all(buf)?;
+            if let Some((prefix, spill)) = &spilled {
+                // The record's body is the prefix and the spill file, copied without
+                // holding it in memory; its checksum is combined from the two parts.
+                let mut crc = crc32fast::Hasher::new();
+                crc.update(prefix);
+                crc.combine(spill.crc());
+                let len = prefix.len() as u64 + spill.bytes();
+                f.write_all(&frame_header(len, crc.finalize()))?;
+                f.write_all(prefix)?;
+                let mut src = std::fs::File::open(spill.path())?;
+                let copied = std::io::copy(&mut src, f)?;
+                if copied != spill.bytes() {
+                    return Err(std::io::Error::other(format!(
+                        "spill file {} holds {copied} bytes, {} expected",
+                        spill.path().display(),
+                        spill.bytes()
+                    )));
+                }
+            }
+            Ok(())
+        })?;
         self.buf.clear();
         self.written.clear();
         self.first = None;
@@ -362,6 +499,139 @@ mod tests {
     use crate::change::Datum;
     use crate::change::{Change, Op};
 
+    fn rel(columns: usize) -> Relation {
+        Relation {
+            id: 1,
+            namespace: "public".into(),
+            name: "t".into(),
+            replica_identity: b'd',
+            columns: (0..columns)
+                .map(|i| crate::change::RelColumn::plain(i == 0, &format!("c{i}"), 25, -1, "text"))
+                .collect(),
+        }
+    }
+
+    fn change(op: Op, width: usize, relation: Option<Relation>) -> Change {
+        Change {
+            op,
+            rel: 1,
+            old: None,
+            new: (op != Op::Relation).then(|| vec![Datum::Null; width]),
+            relation,
+        }
+    }
+
+    fn txn(i: u64, changes: Vec<Change>) -> Txn {
+        Txn {
+            xid: i as u32,
+            commit_lsn: Lsn(i * 10),
+            end_lsn: Lsn(i * 10 + 1),
+            commit_time_micros: 0,
+            changes,
+        }
+    }
+
+    #[test]
+    fn a_transaction_that_alters_its_table_is_read_with_each_description_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = WalStore::open(dir.path()).unwrap();
+        let mut b = SegmentBuilder::default();
+        // Session: the table is described with one column in a first transaction.
+        b.push(&txn(
+            1,
+            vec![
+                change(Op::Relation, 0, Some(rel(1))),
+                change(Op::Insert, 1, None),
+            ],
+        ));
+        b.flush(&store).unwrap();
+        // Next segment: update (one column), ADD COLUMN, update (two columns).
+        b.push(&txn(
+            2,
+            vec![
+                change(Op::Update, 1, None),
+                change(Op::Relation, 0, Some(rel(2))),
+                change(Op::Update, 2, None),
+            ],
+        ));
+        // And a later transaction in the same segment uses the newest description.
+        b.push(&txn(3, vec![change(Op::Insert, 2, None)]));
+        b.flush(&store).unwrap();
+        let segs = store.segments().unwrap();
+        let recs = store.read(&segs[1]).unwrap();
+        assert!(
+            matches!(&recs[0], Record::Relation(r) if r.columns.len() == 1),
+            "the description in effect before the transaction leads the segment"
+        );
+        assert_eq!(recs.len(), 3);
+        // A third segment starts with the description the second one ended with.
+        b.push(&txn(4, vec![change(Op::Insert, 2, None)]));
+        b.flush(&store).unwrap();
+        let recs = store.read(&store.segments().unwrap()[2]).unwrap();
+        assert!(matches!(&recs[0], Record::Relation(r) if r.columns.len() == 2));
+    }
+
+    #[test]
+    fn a_spilled_transaction_is_copied_into_its_segment_and_reads_back_whole() {
+        use crate::wal::spill::TxnBuffer;
+        let dir = tempfile::tempdir().unwrap();
+        let store = WalStore::open(dir.path()).unwrap();
+        let mut b = SegmentBuilder::default();
+        b.push(&txn(
+            1,
+            vec![
+                change(Op::Relation, 0, Some(rel(1))),
+                change(Op::Insert, 1, None),
+            ],
+        ));
+        let mut buffer = TxnBuffer::begin(txn(2, vec![]), 4096, &store.spill_dir());
+        let big = Datum::Text(bytes::Bytes::from(vec![b'v'; 1000]));
+        for _ in 0..50 {
+            let mut c = change(Op::Insert, 1, None);
+            c.new = Some(vec![big.clone()]);
+            buffer.push(c).unwrap();
+        }
+        buffer.push(change(Op::Relation, 0, Some(rel(2)))).unwrap();
+        buffer.push(change(Op::Insert, 2, None)).unwrap();
+        let finished = buffer.finish(Lsn(20), Lsn(21)).unwrap();
+        assert!(matches!(finished, Finished::Spilled(..)));
+        b.push_finished(finished);
+        assert!(b.must_flush());
+        assert_eq!(b.flush(&store).unwrap(), Some(Lsn(21)));
+        assert!(!b.must_flush());
+        assert_eq!(
+            std::fs::read_dir(store.spill_dir()).unwrap().count(),
+            0,
+            "the spill file is gone once its segment is written"
+        );
+        let recs = store.read(&store.segments().unwrap()[0]).unwrap();
+        // The first transaction describes the table inline: no record leads the segment.
+        assert_eq!(recs.len(), 2);
+        let Record::Txn(t) = &recs[1] else {
+            panic!("not a transaction: {:?}", recs[1])
+        };
+        assert_eq!(t.changes.len(), 52);
+        assert_eq!(t.end_lsn, Lsn(21));
+        assert_eq!(t.changes[49].new.as_deref(), Some(&[big][..]));
+        assert_eq!(t.changes[51].new.as_ref().map(Vec::len), Some(2));
+    }
+
+    #[test]
+    fn segments_of_an_older_format_are_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("0000000000000001-0000000000000002.seg"),
+            b"SKWAL001\0\0\0\0",
+        )
+        .unwrap();
+        let store = WalStore::open(dir.path()).unwrap();
+        let seg = &store.segments().unwrap()[0];
+        let msg = store.read(seg).unwrap_err().to_string();
+        assert!(msg.contains("format 001"), "{msg}");
+        assert!(msg.contains("--resnapshot"), "{msg}");
+        assert!(msg.contains("earlier version"), "{msg}");
+    }
+
     #[test]
     fn write_read_gc() {
         let dir = tempfile::tempdir().unwrap();
@@ -374,7 +644,7 @@ mod tests {
             namespace: "public".into(),
             name: "t".into(),
             replica_identity: b'd',
-            columns: vec![],
+            columns: vec![crate::change::RelColumn::plain(true, "id", 23, -1, "int4")],
         });
         for i in 1..=3u64 {
             b.push(&Txn {

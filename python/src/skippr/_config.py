@@ -349,6 +349,8 @@ class Config:
             }
             if p.commit_interval is not None:
                 entry["commit_interval"] = p.commit_interval
+            if p.transaction_memory_budget_mb is not None:
+                entry["transaction_memory_budget_mb"] = p.transaction_memory_budget_mb
             pipelines[name] = entry
         sources: Dict[str, Node] = {
             name: {"Postgres": _fields(src, src._fields)} for name, src in self._data_sources.items()
@@ -637,13 +639,18 @@ class _Reader:
             if not is_simple_name(name):
                 raise self.fail(at, f"`{name}` is not a valid pipeline name: use letters, digits and `_`")
             entry = self.mapping(at, value, "a pipeline (a mapping)")
-            self.keys(at, entry, ("data_source", "data_sink", "commit_interval"), ("data_source", "data_sink"))
+            self.keys(
+                at, entry,
+                ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb"),
+                ("data_source", "data_sink"),
+            )
             source = self.reference(at + ("data_source",), entry["data_source"], "data_sources", list(cfg._data_sources))
             sink = self.reference(at + ("data_sink",), entry["data_sink"], "data_sinks", list(cfg._data_sinks))
             cfg._pipelines[name] = self.build(
                 at, Pipeline,
                 {"data_source": DataSourceRef(source), "data_sink": DataSinkRef(sink),
-                 "commit_interval": entry.get("commit_interval")},
+                 "commit_interval": entry.get("commit_interval"),
+                 "transaction_memory_budget_mb": entry.get("transaction_memory_budget_mb")},
             )
         return cfg
 

@@ -712,20 +712,24 @@ class Pipeline(_Value):
     ``data_source`` and ``data_sink`` are handles from ``cfg.data_source`` and
     ``cfg.data_sink`` (or ``"data_sources.<name>"`` / ``"data_sinks.<name>"``).
     ``commit_interval`` is a duration such as ``"500ms"``, ``"10s"`` or ``"1m"`` (at least
-    100ms; skipprd's default is 10s).
+    100ms; skipprd's default is 10s). ``transaction_memory_budget_mb`` is the memory one
+    source transaction may take while it streams, in MiB (1 to 1048576; skipprd's default is
+    256); a larger transaction spills to disk.
     """
 
-    __slots__ = ("data_source", "data_sink", "commit_interval")
-    _fields = ("data_source", "data_sink", "commit_interval")
+    __slots__ = ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb")
+    _fields = ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb")
     data_source: DataSourceRef
     data_sink: DataSinkRef
     commit_interval: Optional[str]
+    transaction_memory_budget_mb: Optional[int]
 
     def __init__(
         self,
         data_source: Union[DataSourceRef, str],
         data_sink: Union[DataSinkRef, str],
         commit_interval: Optional[str] = None,
+        transaction_memory_budget_mb: Optional[int] = None,
     ) -> None:
         source = reference_name(
             "Pipeline", "data_source", data_source, "data_sources", DataSourceRef,
@@ -747,11 +751,19 @@ class Pipeline(_Value):
                     f"`{interval}` is not a duration of at least 100ms: write e.g. `500ms`, `10s` or `1m`",
                 )
         self._set("commit_interval", interval)
+        self._set(
+            "transaction_memory_budget_mb",
+            _Check("Pipeline").integer(
+                "transaction_memory_budget_mb", transaction_memory_budget_mb, 1, 1048576, "a size in MiB"
+            ),
+        )
 
     def __repr__(self) -> str:
         parts = [f"data_source={self.data_source.reference!r}", f"data_sink={self.data_sink.reference!r}"]
         if self.commit_interval is not None:
             parts.append(f"commit_interval={self.commit_interval!r}")
+        if self.transaction_memory_budget_mb is not None:
+            parts.append(f"transaction_memory_budget_mb={self.transaction_memory_budget_mb!r}")
         return f"Pipeline({', '.join(parts)})"
 
 

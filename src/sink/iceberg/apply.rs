@@ -20,8 +20,8 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
-use crate::error::{Error, Result};
-use crate::source::postgres::types::PgType;
+use crate::error::{Context, Error, Result};
+use crate::source::postgres::types::{ColumnBuilder, PgType};
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 
@@ -153,10 +153,9 @@ impl TableSink {
         r: &Relation,
         catalog: &LocalCatalog,
         pipeline: &str,
-        client: &tokio_postgres::Client,
     ) -> Result<()> {
         let pk = self.primary_key();
-        if let Some(evo) = evolve::plan(&self.source, &self.table, &pk, r, client).await? {
+        if let Some(evo) = evolve::plan(&self.source, &self.table, &pk, r)? {
             // Pending rows stay pending: fields are only ever appended, widened, renamed or
             // made optional, so a row of the old shape is a row of the new one with NULLs
             // at the end. The schema commits first, the data after it.
@@ -170,14 +169,12 @@ impl TableSink {
             for change in &evo.changes {
                 tracing::info!(table = %self.table.identifier(), change = %change, "schema changed");
             }
-            for col in &evo.added {
-                if evolve::has_default(client, &self.source, col).await {
-                    tracing::warn!(
-                        table = %self.table.identifier(),
-                        column = %col,
-                        "column added with a DEFAULT: Postgres shows the default on rows that existed before, Iceberg shows NULL for them; run `skipprd sync --resnapshot` to backfill"
-                    );
-                }
+            for col in &evo.added_with_default {
+                tracing::warn!(
+                    table = %self.table.identifier(),
+                    column = %col,
+                    "column added with a DEFAULT: Postgres shows the default on rows that existed before, Iceberg shows NULL for them; run `skipprd sync --resnapshot` to backfill"
+                );
             }
             self.refresh_schema()?;
             if !self.keyed {

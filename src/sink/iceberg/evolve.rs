@@ -2,19 +2,18 @@
 //! type promotions, no rewrite), incompatible type changes (a sibling column
 //! `<column>__<type>` takes the values from then on), dropped columns (kept, NULL from
 //! then on) and renames (same field id), decided against the source columns recorded on
-//! the table.
+//! the table. Everything it needs about the new columns (types, numbers, defaults) comes
+//! with the relation description in the WAL: the source is never asked.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
-use tokio_postgres::Client;
 
 use super::{SourceColumn, PROP_COLUMNS};
 use crate::change::Relation;
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
-use crate::source::postgres::schema::{attnums, resolve_type};
 use crate::source::postgres::types::PgType;
 
 /// The source columns a table was last known to have.
@@ -35,7 +34,7 @@ pub fn relation_columns(r: &Relation) -> Vec<SourceColumn> {
             oid: c.type_oid,
             typmod: c.typmod,
             field: None,
-            attnum: None,
+            attnum: c.attnum,
         })
         .collect()
 }
@@ -69,15 +68,17 @@ pub struct Evolution {
     pub changes: Vec<String>,
     /// Columns added while rows already existed (their old rows read NULL).
     pub added: Vec<String>,
+    /// Of `added`, those whose old rows show a value in Postgres (a DEFAULT, or a value
+    /// stored when the column was added), as the relation description says.
+    pub added_with_default: Vec<String>,
 }
 
 /// Works out the new schema for `relation`, or `None` when nothing changed.
-pub async fn plan(
+pub fn plan(
     source: &TableRef,
     table: &iceberg::table::Table,
     primary_key: &[String],
     relation: &Relation,
-    client: &Client,
 ) -> Result<Option<Evolution>> {
     let new_cols = relation_columns(relation);
     let Some(prev) = recorded_columns(table) else {
@@ -108,19 +109,30 @@ pub async fn plan(
     let key_touched = |name: &str| primary_key.iter().any(|k| k == name);
 
     // A rename keeps the column's number (attnum): a new name whose number belonged to a
-    // recorded column that is gone is that column renamed. Without recorded numbers, a
-    // change of name is a drop and an add.
+    // recorded column that is gone is that column renamed. Without recorded numbers (a table
+    // recorded before numbers were), a change of name is a drop and an add. A number the
+    // catalog could not establish for certain (it had moved on when the stream read the
+    // relation) is refused when it matters: a rename and a drop-and-add differ in data.
     let mut renamed: HashMap<String, String> = HashMap::new();
-    let numbers = attnums(client, source).await?;
-    let mut new_cols = new_cols;
-    for c in new_cols.iter_mut() {
-        c.attnum = numbers.get(&c.name).copied();
-    }
     for f in new_cols
         .iter()
         .filter(|n| !prev_by_name.contains_key(n.name.as_str()))
     {
-        let Some(num) = f.attnum else { continue };
+        let Some(num) = f.attnum else {
+            let vanished = prev.iter().find(|p| {
+                p.attnum.is_some()
+                    && p.oid == f.oid
+                    && p.typmod == f.typmod
+                    && !new_cols.iter().any(|n| n.name == p.name)
+            });
+            if let Some(p) = vanished {
+                return Err(Error::unrepresentable(format!(
+                    "table {source}: column `{}` disappeared and column `{}` of the same type appeared, and the source's catalog had changed again before skipprd read these changes, so whether `{}` was renamed or dropped and another column added cannot be established; run `skipprd sync --resnapshot` to copy the table as it is now",
+                    p.name, f.name, p.name
+                )));
+            }
+            continue;
+        };
         let Some(g) = prev.iter().find(|p| {
             p.attnum == Some(num) && p.name != f.name && !new_cols.iter().any(|n| n.name == p.name)
         }) else {
@@ -143,7 +155,9 @@ pub async fn plan(
     }
 
     let mut columns = Vec::with_capacity(new_cols.len());
-    for c in &new_cols {
+    let mut added_with_default = Vec::new();
+    for (c, rc) in new_cols.iter().zip(&relation.columns) {
+        let (storage, typname) = (&rc.storage, rc.type_name.as_str());
         let mut entry = c.clone();
         let before = prev_by_name.get(c.name.as_str()).copied().or_else(|| {
             renamed
@@ -160,8 +174,7 @@ pub async fn plan(
                 entry.field = p.field.clone();
             }
             Some(p) => {
-                let (new_info, typname) = resolve_type(client, c.oid, c.typmod).await?;
-                let new_pg = PgType::from_info(&new_info).pg;
+                let new_pg = PgType::from_info(storage).pg;
                 let mut probe = next_id;
                 let new_ty = new_pg.iceberg_type(&mut probe);
                 // A field that already holds this type (the column's own, or its current
@@ -229,8 +242,7 @@ pub async fn plan(
                 }
             }
             None => {
-                let (info, typname) = resolve_type(client, c.oid, c.typmod).await?;
-                let pg = PgType::from_info(&info).pg;
+                let pg = PgType::from_info(storage).pg;
                 let mut probe = next_id;
                 let ty = pg.iceberg_type(&mut probe);
                 match fields.iter().find(|f| f.name == c.name) {
@@ -255,6 +267,9 @@ pub async fn plan(
                         fields.push(NestedField::optional(id, &c.name, ty));
                         changes.push(format!("added column `{}`", c.name));
                         added.push(c.name.clone());
+                        if rc.has_default == Some(true) {
+                            added_with_default.push(c.name.clone());
+                        }
                     }
                 }
             }
@@ -289,24 +304,8 @@ pub async fn plan(
         columns,
         changes,
         added,
+        added_with_default,
     }))
-}
-
-/// Whether `column` of `table` gives old rows a value (a DEFAULT, or a value stored when the
-/// column was added), which Iceberg cannot show for rows written before.
-pub async fn has_default(client: &Client, table: &TableRef, column: &str) -> bool {
-    client
-        .query_opt(
-            "SELECT a.atthasdef OR a.atthasmissing FROM pg_attribute a
-             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = $3 AND NOT a.attisdropped",
-            &[&table.schema, &table.name, &column],
-        )
-        .await
-        .ok()
-        .flatten()
-        .map(|r| r.get::<_, bool>(0))
-        .unwrap_or(false)
 }
 
 /// The schema with every field made optional whose source column no longer has NOT NULL,

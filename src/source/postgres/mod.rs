@@ -5,6 +5,7 @@ pub mod connect;
 pub mod copy;
 pub mod discover;
 pub mod pgoutput;
+pub mod relation;
 pub mod schema;
 pub mod slot;
 pub mod snapshot;

@@ -3,12 +3,34 @@
 
 use bytes::{Buf, Bytes};
 
-use crate::change::{Datum, RelColumn, Relation};
+use crate::change::Datum;
+
+/// A column as a relation message describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawColumn {
+    pub is_key: bool,
+    pub name: String,
+    /// The declared type (a domain, not its base) and its modifier.
+    pub type_oid: u32,
+    pub typmod: i32,
+}
+
+/// A relation message as Postgres sends it: names and declared types only. The stream
+/// completes it from the catalog (see `relation`) before it enters the WAL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationMessage {
+    /// The table's oid.
+    pub id: u32,
+    pub namespace: String,
+    pub name: String,
+    pub replica_identity: u8,
+    pub columns: Vec<RawColumn>,
+}
 
 /// A decoded message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    Relation(Relation),
+    Relation(RelationMessage),
     Insert {
         rel: u32,
         new: Vec<Datum>,
@@ -112,14 +134,14 @@ pub fn decode(mut buf: Bytes) -> DResult<Message> {
                 let flags = buf.get_u8();
                 let name = cstr(&mut buf)?;
                 need(&buf, 8, "relation column")?;
-                columns.push(RelColumn {
+                columns.push(RawColumn {
                     is_key: flags & 1 == 1,
                     name,
                     type_oid: buf.get_u32(),
                     typmod: buf.get_i32(),
                 });
             }
-            Ok(Message::Relation(Relation {
+            Ok(Message::Relation(RelationMessage {
                 id,
                 namespace,
                 name,

@@ -223,52 +223,9 @@ pub fn check_partition_overlap(schemas: &[TableSchema]) -> Result<()> {
     Ok(())
 }
 
-/// Resolves a type the change stream names by oid: through domains, and to its element for
-/// arrays. Also returns the type's name, used for sibling columns.
-pub async fn resolve_type(client: &Client, oid: u32, typmod: i32) -> Result<(TypeInfo, String)> {
-    const TYPE_SQL: &str = "
-WITH RECURSIVE t AS (
-  SELECT oid AS tid, $2::int AS tmod, 0 AS depth FROM pg_type WHERE oid = $1
-  UNION ALL
-  SELECT p.typbasetype, CASE WHEN t.tmod = -1 THEN p.typtypmod ELSE t.tmod END, t.depth + 1
-  FROM t JOIN pg_type p ON p.oid = t.tid WHERE p.typtype = 'd' AND t.depth < 16
-)
-SELECT t.tid, t.tmod, p.typtype::text, e.oid, e.typtype::text,
-       (SELECT typname::text FROM pg_type WHERE oid = $1)
-FROM t JOIN pg_type p ON p.oid = t.tid
-LEFT JOIN pg_type e ON e.oid = p.typelem AND p.typcategory = 'A'
-ORDER BY t.depth DESC LIMIT 1";
-    let row = client
-        .query_opt(TYPE_SQL, &[&oid, &typmod])
-        .await
-        .with_context(|| format!("resolving type oid {oid}"))?
-        .ok_or_else(|| {
-            Error::source_err(format!("type oid {oid} no longer exists in the source"))
-        })?;
-    let info = type_info(&row, 0);
-    Ok((info, row.get(5)))
-}
-
-/// The current column numbers of a table, by name.
-pub async fn attnums(
-    client: &Client,
-    table: &TableRef,
-) -> Result<std::collections::HashMap<String, i16>> {
-    let rows = client
-        .query(
-            "SELECT a.attname::text, a.attnum FROM pg_attribute a
-             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
-            &[&table.schema, &table.name],
-        )
-        .await
-        .with_context(|| format!("reading the columns of {table}"))?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-}
-
 /// Reads a resolved type from five consecutive columns starting at `at`: oid, typmod,
 /// typtype, element oid (arrays), element typtype.
-fn type_info(r: &tokio_postgres::Row, at: usize) -> TypeInfo {
+pub(super) fn type_info(r: &tokio_postgres::Row, at: usize) -> TypeInfo {
     let first = |s: Option<String>| s.as_deref().and_then(|s| s.chars().next()).unwrap_or('b');
     let typmod: i32 = r.get(at + 1);
     let elem_oid: Option<u32> = r.get(at + 3);

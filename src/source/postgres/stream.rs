@@ -1,6 +1,9 @@
-//! The change stream: reads the pipeline's slot (pgoutput), assembles whole transactions,
-//! makes them durable in Skippr's WAL, and only then acknowledges them to Postgres.
+//! The change stream: reads the pipeline's slot (pgoutput), completes each relation message
+//! from the source's catalog (see `relation`), assembles whole transactions (spilling to
+//! disk past the memory budget), makes them durable in Skippr's WAL, and only then
+//! acknowledges them to Postgres.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
@@ -8,10 +11,11 @@ use tokio::sync::watch;
 
 use super::connect::replication_config;
 use super::pgoutput::{self, Message};
-use crate::change::Lsn;
+use crate::change::{Datum, Lsn, Relation};
 use crate::config::PostgresConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::telemetry::metrics;
+use crate::wal::spill::TxnBuffer;
 use crate::wal::store::SegmentBuilder;
 use crate::wal::{Change, Op, Txn, WalStore};
 
@@ -91,13 +95,40 @@ impl Drop for Heartbeat {
     }
 }
 
+/// Checks a change's tuples against the description of its relation in effect: a change of
+/// an undescribed relation, or of another width, stops the stream before it is
+/// acknowledged (never padded with NULLs).
+fn check_width(
+    relations: &HashMap<u32, Relation>,
+    rel: u32,
+    tuples: &[Option<&Vec<Datum>>],
+) -> Result<()> {
+    let Some(r) = relations.get(&rel) else {
+        return Err(Error::fatal(format!(
+            "the change stream sent a change of relation id {rel} before describing it; nothing after the last acknowledged transaction was acknowledged: restart, and if it happens again run `skipprd sync --resnapshot`"
+        )));
+    };
+    for t in tuples.iter().flatten() {
+        if t.len() != r.columns.len() {
+            return Err(Error::fatal(format!(
+                "{}; nothing of this transaction was acknowledged. Restart to retry; if it happens again run `skipprd sync --resnapshot`",
+                r.width_mismatch(t.len())
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Streams from the slot into `wal`, from `start` (the slot's confirmed position when
-/// zero). Publishes each durable LSN on `durable`. Returns the last durable LSN.
+/// zero). A transaction whose changes take more than `budget` bytes of memory is spilled
+/// to the WAL's spill folder while it streams. Publishes each durable LSN on `durable`.
+/// Returns the last durable LSN.
 pub async fn stream_to_wal(
     cfg: &PostgresConfig,
     wal: &WalStore,
     start: Lsn,
     stop: StopAt,
+    budget: u64,
     mut shutdown: watch::Receiver<bool>,
     durable: &watch::Sender<Lsn>,
 ) -> Result<Lsn> {
@@ -137,7 +168,12 @@ pub async fn stream_to_wal(
         }
     };
     let mut builder = SegmentBuilder::default();
-    let mut current: Option<Txn> = None;
+    let mut current: Option<TxnBuffer> = None;
+    // Descriptions in effect at this point of the stream, completed from the catalog.
+    let mut relations: HashMap<u32, Relation> = HashMap::new();
+    // A plain connection for the catalog, opened at the first relation message.
+    let mut catalog: Option<tokio_postgres::Client> = None;
+    let spill_dir = wal.spill_dir();
     let mut last_end = start;
     let mut last_durable = start;
     let mut last_flush = Instant::now();
@@ -238,13 +274,17 @@ pub async fn stream_to_wal(
                 xid,
                 commit_time_micros,
             } => {
-                current = Some(Txn {
-                    xid,
-                    commit_lsn: Lsn(final_lsn.0),
-                    end_lsn: Lsn(final_lsn.0),
-                    commit_time_micros,
-                    changes: Vec::new(),
-                });
+                current = Some(TxnBuffer::begin(
+                    Txn {
+                        xid,
+                        commit_lsn: Lsn(final_lsn.0),
+                        end_lsn: Lsn(final_lsn.0),
+                        commit_time_micros,
+                        changes: Vec::new(),
+                    },
+                    budget,
+                    &spill_dir,
+                ));
             }
             ReplicationEvent::XLogData { data, wal_end, .. } => {
                 server_end = server_end.max(Lsn(wal_end.0));
@@ -255,18 +295,29 @@ pub async fn stream_to_wal(
                     )
                 })?;
                 let change = match msg {
-                    Message::Relation(r) => {
+                    Message::Relation(raw) => {
+                        if catalog.is_none() {
+                            catalog = Some(super::connect::connect(cfg).await?);
+                        }
+                        let Some(client) = catalog.as_ref() else {
+                            continue;
+                        };
+                        let r = super::relation::resolve(client, raw).await?;
+                        relations.insert(r.id, r.clone());
                         // Inside a transaction a new description applies from this point:
                         // keep it in the transaction, in order with the changes.
-                        let inline = current.as_ref().map(|_| Change {
-                            op: Op::Relation,
-                            rel: r.id,
-                            old: None,
-                            new: None,
-                            relation: Some(r.clone()),
-                        });
-                        builder.relation(r);
-                        inline
+                        if current.is_some() {
+                            Some(Change {
+                                op: Op::Relation,
+                                rel: r.id,
+                                old: None,
+                                new: None,
+                                relation: Some(r),
+                            })
+                        } else {
+                            builder.relation(r);
+                            None
+                        }
                     }
                     Message::Insert { rel, new } => Some(Change {
                         op: Op::Insert,
@@ -292,13 +343,14 @@ pub async fn stream_to_wal(
                     Message::Truncate { rels, .. } => {
                         if let Some(t) = current.as_mut() {
                             for rel in rels {
-                                t.changes.push(Change {
+                                check_width(&relations, rel, &[])?;
+                                t.push(Change {
                                     op: Op::Truncate,
                                     rel,
                                     old: None,
                                     new: None,
                                     relation: None,
-                                });
+                                })?;
                             }
                         }
                         None
@@ -306,8 +358,11 @@ pub async fn stream_to_wal(
                     Message::Other(_) => None,
                 };
                 if let Some(c) = change {
+                    if c.op != Op::Relation {
+                        check_width(&relations, c.rel, &[c.old.as_ref(), c.new.as_ref()])?;
+                    }
                     match current.as_mut() {
-                        Some(t) => t.changes.push(c),
+                        Some(t) => t.push(c)?,
                         None => {
                             return Err(Error::fatal(format!(
                                 "replication slot `{}` sent a change outside a transaction",
@@ -339,7 +394,7 @@ pub async fn stream_to_wal(
                         "skippr_source_changes_total",
                         "Row changes received from the source.",
                         &[("pipeline", &pipeline)],
-                        t.changes.len() as f64,
+                        t.changes() as f64,
                     );
                     metrics::add(
                         "skippr_source_transactions_total",
@@ -348,15 +403,13 @@ pub async fn stream_to_wal(
                         1.0,
                     );
                 }
-                if let Some(mut t) = current.take() {
-                    t.commit_lsn = Lsn(lsn.0);
-                    t.end_lsn = Lsn(end_lsn.0);
-                    last_end = t.end_lsn;
-                    if !t.changes.is_empty() {
-                        builder.push(&t);
+                if let Some(t) = current.take() {
+                    last_end = Lsn(end_lsn.0);
+                    if !t.is_empty() {
+                        builder.push_finished(t.finish(Lsn(lsn.0), last_end)?);
                     }
                 }
-                if builder.len_bytes() >= SEGMENT_MAX_BYTES {
+                if builder.len_bytes() >= SEGMENT_MAX_BYTES || builder.must_flush() {
                     flush(&mut builder, &client, &mut last_durable)?;
                     last_flush = Instant::now();
                 }

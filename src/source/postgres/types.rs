@@ -50,16 +50,8 @@ pub enum PgType {
     Array(Box<PgType>),
 }
 
-/// Catalog facts about a column's type, as read by discovery.
-#[derive(Debug, Clone)]
-pub struct TypeInfo {
-    pub oid: u32,
-    pub typmod: i32,
-    /// `pg_type.typtype`: b(ase), e(num), d(omain), r(ange), c(omposite), m(ultirange), p(seudo).
-    pub typtype: char,
-    /// For arrays, the element type (already resolved through domains).
-    pub element: Option<Box<TypeInfo>>,
-}
+/// Catalog facts about a column's type (the neutral model's: the WAL stores them).
+pub use crate::change::TypeInfo;
 
 /// How a Postgres type maps, with a note when the mapping is a text fallback.
 #[derive(Debug, Clone)]
