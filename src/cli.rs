@@ -12,22 +12,24 @@ use crate::query::format::OutputFormat;
     name = "skipprd",
     version,
     about,
-    after_help = "Examples:\n  skipprd validate\n  skipprd discover --pipeline app\n  skipprd sync --pipeline app --once\n  skipprd query \"SELECT count(*) FROM analytics.orders\""
+    after_help = "Examples:\n  skipprd --workspace analytics connect data-source postgres --pipeline app --name app_db \\\n    --host 127.0.0.1 --user skippr --password '${APP_DB_PASSWORD}' --database app --tables orders\n  skipprd connect data-sink localiceberg --pipeline app --name lake --warehouse ./warehouse\n  skipprd validate\n  skipprd discover --pipeline app\n  skipprd sync --pipeline app --once\n  skipprd query \"SELECT count(*) FROM analytics.orders\"\n  skipprd serve            # then: psql -h 127.0.0.1 -p 5433 -d analytics\n\nRun `skipprd <command> --help` for each command's flags."
 )]
 pub struct Cli {
-    /// Path of the configuration file.
+    /// Path of the configuration file; relative paths inside it resolve against its folder.
     #[arg(long, global = true, default_value = crate::config::DEFAULT_CONFIG_FILE, value_name = "PATH")]
     pub config: PathBuf,
 
-    /// Workspace to write into the config file (`connect` only).
+    /// Workspace to write into the config file (`connect` only): the Iceberg namespace and SQL
+    /// schema the tables appear under, e.g. `analytics`.
     #[arg(long, global = true, value_name = "NAME")]
     pub workspace: Option<String>,
 
-    /// Storage mode of the WAL and state to write into the config file (`connect` only).
+    /// Storage mode of the WAL and state to write into the config file (`connect` only)
+    /// [default: local].
     #[arg(long, global = true, value_enum, value_name = "MODE")]
     pub storage_mode: Option<StorageModeArg>,
 
-    /// Log format on stderr.
+    /// Log format on stderr: `text` for people, `json` (one object a line) for log shippers.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
@@ -165,69 +167,207 @@ pub enum SinkKind {
 #[derive(Debug, clap::Args)]
 pub struct PostgresArgs {
     /// Pipeline the source feeds.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long)]
     pub pipeline: String,
     /// Name of the data source.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long)]
     pub name: String,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Host name or address of the Postgres server, or a Unix socket folder starting with `/`.
+    #[arg(long, value_name = "HOST")]
     pub host: String,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Port of the Postgres server [default: 5432].
+    #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// User to connect as; it needs the REPLICATION attribute (or rds_replication) and SELECT
+    /// on the tables.
+    #[arg(long, value_name = "USER")]
     pub user: String,
-    /// Password; pass '${VAR}' (quoted) to keep it in the environment.
-    #[arg(long, allow_hyphen_values = true)]
+    /// Password; pass '${VAR}' (single-quoted) to keep it in the environment instead of the
+    /// file. A password that starts with `-` is given as `--password=-...`.
+    #[arg(long, value_name = "PASSWORD")]
     pub password: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Database that holds the tables.
+    #[arg(long, value_name = "DATABASE")]
     pub database: String,
     /// A table to follow (`name` or `schema.name`); repeat for more.
-    #[arg(long = "tables", required = true, allow_hyphen_values = true)]
+    #[arg(long = "tables", required = true, value_name = "TABLE")]
     pub tables: Vec<String>,
-    #[arg(long, value_enum)]
+    /// How the tables are read: a consistent snapshot then the change stream, only the change
+    /// stream from the slot's current position, or only a snapshot [default: snapshot_then_cdc].
+    #[arg(long, value_enum, value_name = "MODE")]
     pub cdc_mode: Option<CdcModeArg>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Publication to read the tables through; created by `sync` when missing
+    /// [default: skippr_<workspace>_<pipeline>].
+    #[arg(long, value_name = "NAME")]
     pub publication: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Logical replication slot of the pipeline; created by `sync` when missing
+    /// [default: skippr_<workspace>_<pipeline>].
+    #[arg(long, value_name = "NAME")]
     pub slot: Option<String>,
     /// A table without primary key that only receives inserts; repeat for more.
-    #[arg(long = "append-only", allow_hyphen_values = true)]
+    #[arg(long = "append-only", value_name = "TABLE")]
     pub append_only: Vec<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Connections that copy one large table in parallel during a snapshot [default: 4].
+    #[arg(long, value_name = "N")]
     pub snapshot_parallelism: Option<usize>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Target size of the Parquet data files a snapshot writes, in MiB [default: 128].
+    #[arg(long, value_name = "MIB")]
     pub parquet_target_file_size_mb: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct AthenaArgs {
     /// Pipeline whose sink this is.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long)]
     pub name: String,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Warehouse location for data and metadata, e.g. `s3://my-bucket/warehouse/` (required
+    /// for a data sink; a schema sink without it takes it from its data sink).
+    #[arg(long, value_name = "S3_URL")]
     pub warehouse: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Glue database the tables are registered in, e.g. `analytics` (created if missing).
+    #[arg(long, value_name = "NAME")]
     pub glue_database_name: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Athena workgroup that runs queries, e.g. `primary`.
+    #[arg(long, value_name = "NAME")]
     pub athena_workgroup_name: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Bucket (or `s3://bucket/prefix/`) where Athena writes query results.
+    #[arg(long, value_name = "BUCKET")]
     pub athena_results_s3_bucket: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// AWS region of the bucket, Glue and Athena, e.g. `eu-west-1`.
+    #[arg(long, value_name = "REGION")]
     pub region: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct LocalArgs {
     /// Pipeline whose sink this is.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long)]
     pub name: String,
-    /// Warehouse folder (relative to the config file).
-    #[arg(long, allow_hyphen_values = true)]
+    /// Warehouse folder, relative to the config file's folder, e.g. `./warehouse` (required for
+    /// a data sink; a schema sink without it takes it from its data sink).
+    #[arg(long, value_name = "PATH")]
     pub warehouse: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every command and flag says what it does: `--help` is the manual.
+    fn walk(cmd: &clap::Command, path: &str, empty: &mut Vec<String>) {
+        let here = format!("{path} {}", cmd.get_name());
+        if cmd
+            .get_about()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+        {
+            empty.push(format!("{here}: the command has no description"));
+        }
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            if help.trim().is_empty() {
+                empty.push(format!("{here} --{id}: the flag has no description"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() != "help" {
+                walk(sub, &here, empty);
+            }
+        }
+    }
+
+    #[test]
+    fn every_help_page_describes_every_flag() {
+        let mut empty = Vec::new();
+        walk(&Cli::command(), "", &mut empty);
+        assert!(
+            empty.is_empty(),
+            "help without description:\n{}",
+            empty.join("\n")
+        );
+    }
+
+    #[test]
+    fn top_level_examples_cover_every_command() {
+        let help = Cli::command().render_long_help().to_string();
+        for cmd in ["connect", "validate", "discover", "sync", "query", "serve"] {
+            assert!(
+                help.contains(&format!("skipprd {cmd}")) || help.contains(&format!(" {cmd} ")),
+                "no example of `{cmd}` in skipprd --help"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flag_without_its_value_is_an_error_naming_it() {
+        let args = [
+            "skipprd",
+            "connect",
+            "data-source",
+            "postgres",
+            "--pipeline",
+            "p",
+            "--name",
+            "n",
+            "--host",
+            "--port",
+            "5432",
+            "--user",
+            "u",
+            "--database",
+            "d",
+            "--tables",
+            "t",
+        ];
+        let err = Cli::try_parse_from(args).expect_err("`--host` without a value must fail");
+        let msg = err.to_string();
+        assert!(msg.contains("--host"), "{msg}");
+    }
+
+    #[test]
+    fn a_password_starting_with_a_dash_is_given_with_equals() {
+        let args = [
+            "skipprd",
+            "connect",
+            "data-source",
+            "postgres",
+            "--pipeline",
+            "p",
+            "--name",
+            "n",
+            "--host",
+            "h",
+            "--user",
+            "u",
+            "--password=-secret",
+            "--database",
+            "d",
+            "--tables",
+            "t",
+        ];
+        let cli = Cli::try_parse_from(args).expect("parses");
+        let Command::Connect {
+            what:
+                ConnectCommand::DataSource {
+                    kind: SourceKind::Postgres(pg),
+                },
+        } = cli.command
+        else {
+            panic!("not a postgres data source");
+        };
+        assert_eq!(pg.password.as_deref(), Some("-secret"));
+    }
 }
