@@ -1,4 +1,5 @@
-//! The command line: `skipprd validate | discover | sync | query`, with a global `--config`.
+//! The command line: `skipprd connect | validate | discover | sync | query | status | serve`,
+//! with a global `--config`.
 
 use std::path::PathBuf;
 
@@ -12,7 +13,7 @@ use crate::query::format::OutputFormat;
     name = "skipprd",
     version,
     about,
-    after_help = "Examples:\n  skipprd --workspace analytics connect data-source postgres --pipeline app --name app_db \\\n    --host 127.0.0.1 --user skippr --password '${APP_DB_PASSWORD}' --database app --tables orders\n  skipprd connect data-sink localiceberg --pipeline app --name lake --warehouse ./warehouse\n  skipprd validate\n  skipprd discover --pipeline app\n  skipprd sync --pipeline app --once\n  skipprd query \"SELECT count(*) FROM analytics.orders\"\n  skipprd serve            # then: psql -h 127.0.0.1 -p 5433 -d analytics\n\nRun `skipprd <command> --help` for each command's flags."
+    after_help = "Examples:\n  skipprd --workspace analytics connect data-source postgres --pipeline app --name app_db \\\n    --host 127.0.0.1 --user skippr --password '${APP_DB_PASSWORD}' --database app --tables orders\n  skipprd connect data-sink localiceberg --pipeline app --name lake --warehouse ./warehouse\n  skipprd validate\n  skipprd discover --pipeline app\n  skipprd sync --pipeline app --once\n  skipprd query \"SELECT count(*) FROM analytics.orders\"\n  skipprd status\n  skipprd serve            # then: psql -h 127.0.0.1 -p 5433 -d analytics\n\nRun `skipprd <command> --help` for each command's flags."
 )]
 pub struct Cli {
     /// Path of the configuration file; relative paths inside it resolve against its folder.
@@ -119,6 +120,21 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
+    },
+
+    /// Show what is running: per pipeline and table, the committed LSN, the slot's confirmed
+    /// and the source's current LSN, lag in bytes and seconds, WAL size on disk, last commit
+    /// time, rows and files, and a stopped or failed pipeline's error.
+    #[command(
+        after_help = "Examples:\n  skipprd status\n  skipprd status --pipeline app --format json"
+    )]
+    Status {
+        /// Pipeline to show (default: every pipeline).
+        #[arg(long)]
+        pipeline: Option<String>,
+        /// Output format: `text` for people, `json` for scripts.
+        #[arg(long, value_enum, default_value_t = DiscoverFormat::Text)]
+        format: DiscoverFormat,
     },
 
     /// Run every pipeline continuously and serve the live tables over the Postgres wire

@@ -21,4 +21,5 @@ pub mod cli;
 pub mod pipeline;
 pub mod serve;
 pub mod server;
+pub mod status;
 pub mod telemetry;

@@ -117,7 +117,18 @@ async fn run(cli: Cli) -> Result<u8> {
             let p = pick(&config, pipeline.as_deref())?;
             let (tx, rx) = tokio::sync::watch::channel(false);
             skippr::cdc::trap_signals(tx);
-            let report = pipeline::sync(&config, p, once, resnapshot, rx).await?;
+            use skippr::telemetry::state;
+            state::write(&config.storage_path, &p.name, "running", None);
+            let report = match pipeline::sync(&config, p, once, resnapshot, rx).await {
+                Ok(r) => {
+                    state::write(&config.storage_path, &p.name, "stopped", None);
+                    r
+                }
+                Err(e) => {
+                    state::write(&config.storage_path, &p.name, "failed", Some(e.to_string()));
+                    return Err(e);
+                }
+            };
             writeln!(
                 stdout,
                 "sync of pipeline {} done: {} table(s) copied, {} already up to date",
@@ -125,6 +136,16 @@ async fn run(cli: Cli) -> Result<u8> {
                 report.copied.len(),
                 report.skipped.len()
             )?;
+            Ok(0)
+        }
+        Command::Status { pipeline, format } => {
+            let report = skippr::status::collect(&config, pipeline.as_deref()).await?;
+            match format {
+                DiscoverFormat::Text => write!(stdout, "{}", skippr::status::render_text(&report))?,
+                DiscoverFormat::Json => {
+                    writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?
+                }
+            }
             Ok(0)
         }
         Command::Connect { .. } => Ok(0),

@@ -2,6 +2,7 @@
 //! are never logged.
 
 pub mod metrics;
+pub mod state;
 
 use std::io::IsTerminal;
 
