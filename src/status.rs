@@ -161,7 +161,7 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
                     .current
                     .map(|cur| cur.0.saturating_sub(committed.unwrap_or_default().0)),
                 lag_seconds: tail_lag_seconds(&s.tail),
-                tail_changes: s.tail.changes as u64,
+                tail_changes: s.tail.changes,
                 last_commit_time: snap.and_then(|sn| {
                     chrono::DateTime::from_timestamp_millis(sn.timestamp_ms())
                         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
