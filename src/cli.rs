@@ -180,33 +180,45 @@ pub enum SinkKind {
     Localiceberg(LocalArgs),
 }
 
+/// A flag's text value. Values may start with `-` (`-.Inf`, say), but not with `--`: that is
+/// the next flag, and a flag given without its value must be an error naming it rather than
+/// silently taking the next flag as its value.
+fn flag_value(s: &str) -> Result<String, String> {
+    if s.starts_with("--") {
+        return Err(format!(
+            "`{s}` is the next flag, not a value: give the flag its value (a password that starts with `--` goes in an environment variable, as '${{VAR}}')"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 #[derive(Debug, clap::Args)]
 pub struct PostgresArgs {
     /// Pipeline the source feeds.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub pipeline: String,
     /// Name of the data source.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub name: String,
     /// Host name or address of the Postgres server, or a Unix socket folder starting with `/`.
-    #[arg(long, value_name = "HOST")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "HOST")]
     pub host: String,
     /// Port of the Postgres server [default: 5432].
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
     /// User to connect as; it needs the REPLICATION attribute (or rds_replication) and SELECT
     /// on the tables.
-    #[arg(long, value_name = "USER")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "USER")]
     pub user: String,
     /// Password; pass '${VAR}' (single-quoted) to keep it in the environment instead of the
-    /// file. A password that starts with `-` is given as `--password=-...`.
-    #[arg(long, value_name = "PASSWORD")]
+    /// file.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "PASSWORD")]
     pub password: Option<String>,
     /// Database that holds the tables.
-    #[arg(long, value_name = "DATABASE")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "DATABASE")]
     pub database: String,
     /// A table to follow (`name` or `schema.name`); repeat for more.
-    #[arg(long = "tables", required = true, value_name = "TABLE")]
+    #[arg(long = "tables", allow_hyphen_values = true, value_parser = flag_value, required = true, value_name = "TABLE")]
     pub tables: Vec<String>,
     /// How the tables are read: a consistent snapshot then the change stream, only the change
     /// stream from the slot's current position, or only a snapshot [default: snapshot_then_cdc].
@@ -214,14 +226,14 @@ pub struct PostgresArgs {
     pub cdc_mode: Option<CdcModeArg>,
     /// Publication to read the tables through; created by `sync` when missing
     /// [default: skippr_<workspace>_<pipeline>].
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub publication: Option<String>,
     /// Logical replication slot of the pipeline; created by `sync` when missing
     /// [default: skippr_<workspace>_<pipeline>].
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub slot: Option<String>,
     /// A table without primary key that only receives inserts; repeat for more.
-    #[arg(long = "append-only", value_name = "TABLE")]
+    #[arg(long = "append-only", allow_hyphen_values = true, value_parser = flag_value, value_name = "TABLE")]
     pub append_only: Vec<String>,
     /// Connections that copy one large table in parallel during a snapshot [default: 4].
     #[arg(long, value_name = "N")]
@@ -234,40 +246,40 @@ pub struct PostgresArgs {
 #[derive(Debug, clap::Args)]
 pub struct AthenaArgs {
     /// Pipeline whose sink this is.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub name: String,
     /// Warehouse location for data and metadata, e.g. `s3://my-bucket/warehouse/` (required
     /// for a data sink; a schema sink without it takes it from its data sink).
-    #[arg(long, value_name = "S3_URL")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "S3_URL")]
     pub warehouse: Option<String>,
     /// Glue database the tables are registered in, e.g. `analytics` (created if missing).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub glue_database_name: Option<String>,
     /// Athena workgroup that runs queries, e.g. `primary`.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub athena_workgroup_name: Option<String>,
     /// Bucket (or `s3://bucket/prefix/`) where Athena writes query results.
-    #[arg(long, value_name = "BUCKET")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "BUCKET")]
     pub athena_results_s3_bucket: Option<String>,
     /// AWS region of the bucket, Glue and Athena, e.g. `eu-west-1`.
-    #[arg(long, value_name = "REGION")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "REGION")]
     pub region: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct LocalArgs {
     /// Pipeline whose sink this is.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub name: String,
     /// Warehouse folder, relative to the config file's folder, e.g. `./warehouse` (required for
     /// a data sink; a schema sink without it takes it from its data sink).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "PATH")]
     pub warehouse: Option<String>,
 }
 
@@ -354,7 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn a_password_starting_with_a_dash_is_given_with_equals() {
+    fn a_value_may_start_with_one_dash() {
         let args = [
             "skipprd",
             "connect",
@@ -368,7 +380,8 @@ mod tests {
             "h",
             "--user",
             "u",
-            "--password=-secret",
+            "--password",
+            "-secret",
             "--database",
             "d",
             "--tables",
