@@ -1,4 +1,5 @@
-//! The command line: `skipprd validate | discover | sync | query`, with a global `--config`.
+//! The command line: `skipprd connect | validate | discover | sync | query | status | serve`,
+//! with a global `--config`.
 
 use std::path::PathBuf;
 
@@ -12,18 +13,20 @@ use crate::query::format::OutputFormat;
     name = "skipprd",
     version,
     about,
-    after_help = "Examples:\n  skipprd validate\n  skipprd discover --pipeline app\n  skipprd sync --pipeline app --once\n  skipprd query \"SELECT count(*) FROM analytics.orders\""
+    after_help = "Examples:\n  skipprd --workspace analytics connect data-source postgres --pipeline app --name app_db \\\n    --host 127.0.0.1 --user skippr --password '${APP_DB_PASSWORD}' --database app --tables orders\n  skipprd connect data-sink localiceberg --pipeline app --name lake --warehouse ./warehouse\n  skipprd validate\n  skipprd discover --pipeline app\n  skipprd sync --pipeline app --once\n  skipprd query \"SELECT count(*) FROM analytics.orders\"\n  skipprd status\n  skipprd serve            # then: psql -h 127.0.0.1 -p 5433 -d analytics\n\nRun `skipprd <command> --help` for each command's flags."
 )]
 pub struct Cli {
-    /// Path of the configuration file.
+    /// Path of the configuration file; relative paths inside it resolve against its folder.
     #[arg(long, global = true, default_value = crate::config::DEFAULT_CONFIG_FILE, value_name = "PATH")]
     pub config: PathBuf,
 
-    /// Workspace to write into the config file (`connect` only).
+    /// Workspace to write into the config file (`connect` only): the Iceberg namespace and SQL
+    /// schema the tables appear under, e.g. `analytics`.
     #[arg(long, global = true, value_name = "NAME")]
     pub workspace: Option<String>,
 
-    /// Storage mode of the WAL and state to write into the config file (`connect` only).
+    /// Storage mode of the WAL and state to write into the config file (`connect` only)
+    /// [default: local].
     #[arg(long, global = true, value_enum, value_name = "MODE")]
     pub storage_mode: Option<StorageModeArg>,
 
@@ -32,7 +35,7 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "PATH")]
     pub storage_path: Option<String>,
 
-    /// Log format on stderr.
+    /// Log format on stderr: `text` for people, `json` (one object a line) for log shippers.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
@@ -125,6 +128,21 @@ pub enum Command {
         format: OutputFormat,
     },
 
+    /// Show what is running: per pipeline and table, the committed LSN, the slot's confirmed
+    /// and the source's current LSN, lag in bytes and seconds, WAL size on disk, last commit
+    /// time, rows and files, and a stopped or failed pipeline's error.
+    #[command(
+        after_help = "Examples:\n  skipprd status\n  skipprd status --pipeline app --format json"
+    )]
+    Status {
+        /// Pipeline to show (default: every pipeline).
+        #[arg(long)]
+        pipeline: Option<String>,
+        /// Output format: `text` for people, `json` for scripts.
+        #[arg(long, value_enum, default_value_t = DiscoverFormat::Text)]
+        format: DiscoverFormat,
+    },
+
     /// Run every pipeline continuously and serve the live tables over the Postgres wire
     /// protocol (skippr.query.listen, default 127.0.0.1:5433) with Prometheus metrics
     /// (skippr.metrics.listen, default 127.0.0.1:9187).
@@ -168,72 +186,223 @@ pub enum SinkKind {
     Localiceberg(LocalArgs),
 }
 
+/// A flag's text value. Values may start with `-` (`-.Inf`, say), but not with `--`: that is
+/// the next flag, and a flag given without its value must be an error naming it rather than
+/// silently taking the next flag as its value.
+fn flag_value(s: &str) -> Result<String, String> {
+    if s.starts_with("--") {
+        return Err(format!(
+            "`{s}` is the next flag, not a value: give the flag its value (a password that starts with `--` goes in an environment variable, as '${{VAR}}')"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 #[derive(Debug, clap::Args)]
 pub struct PostgresArgs {
     /// Pipeline the source feeds.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub pipeline: String,
     /// Name of the data source.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub name: String,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Host name or address of the Postgres server, or a Unix socket folder starting with `/`.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "HOST")]
     pub host: String,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Port of the Postgres server [default: 5432].
+    #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// User to connect as; it needs the REPLICATION attribute (or rds_replication) and SELECT
+    /// on the tables.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "USER")]
     pub user: String,
-    /// Password; pass '${VAR}' (quoted) to keep it in the environment.
-    #[arg(long, allow_hyphen_values = true)]
+    /// Password; pass '${VAR}' (single-quoted) to keep it in the environment instead of the
+    /// file.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "PASSWORD")]
     pub password: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Database that holds the tables.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "DATABASE")]
     pub database: String,
     /// A table to follow (`name` or `schema.name`); repeat for more.
-    #[arg(long = "tables", required = true, allow_hyphen_values = true)]
+    #[arg(long = "tables", allow_hyphen_values = true, value_parser = flag_value, required = true, value_name = "TABLE")]
     pub tables: Vec<String>,
-    #[arg(long, value_enum)]
+    /// How the tables are read: a consistent snapshot then the change stream, only the change
+    /// stream from the slot's current position, or only a snapshot [default: snapshot_then_cdc].
+    #[arg(long, value_enum, value_name = "MODE")]
     pub cdc_mode: Option<CdcModeArg>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Publication to read the tables through; created by `sync` when missing
+    /// [default: skippr_<workspace>_<pipeline>].
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub publication: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Logical replication slot of the pipeline; created by `sync` when missing
+    /// [default: skippr_<workspace>_<pipeline>].
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub slot: Option<String>,
     /// A table without primary key that only receives inserts; repeat for more.
-    #[arg(long = "append-only", allow_hyphen_values = true)]
+    #[arg(long = "append-only", allow_hyphen_values = true, value_parser = flag_value, value_name = "TABLE")]
     pub append_only: Vec<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Connections that copy one large table in parallel during a snapshot [default: 4].
+    #[arg(long, value_name = "N")]
     pub snapshot_parallelism: Option<usize>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Target size of the Parquet data files a snapshot writes, in MiB [default: 128].
+    #[arg(long, value_name = "MIB")]
     pub parquet_target_file_size_mb: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct AthenaArgs {
     /// Pipeline whose sink this is.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub name: String,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Warehouse location for data and metadata, e.g. `s3://my-bucket/warehouse/` (required
+    /// for a data sink; a schema sink without it takes it from its data sink).
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "S3_URL")]
     pub warehouse: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Glue database the tables are registered in, e.g. `analytics` (created if missing).
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub glue_database_name: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Athena workgroup that runs queries, e.g. `primary`.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
     pub athena_workgroup_name: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// Bucket (or `s3://bucket/prefix/`) where Athena writes query results.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "BUCKET")]
     pub athena_results_s3_bucket: Option<String>,
-    #[arg(long, allow_hyphen_values = true)]
+    /// AWS region of the bucket, Glue and Athena, e.g. `eu-west-1`.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "REGION")]
     pub region: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct LocalArgs {
     /// Pipeline whose sink this is.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub pipeline: String,
     /// Name of the sink.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
     pub name: String,
-    /// Warehouse folder (relative to the config file).
-    #[arg(long, allow_hyphen_values = true)]
+    /// Warehouse folder, relative to the config file's folder, e.g. `./warehouse` (required for
+    /// a data sink; a schema sink without it takes it from its data sink).
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "PATH")]
     pub warehouse: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every command and flag says what it does: `--help` is the manual.
+    fn walk(cmd: &clap::Command, path: &str, empty: &mut Vec<String>) {
+        let here = format!("{path} {}", cmd.get_name());
+        if cmd
+            .get_about()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+        {
+            empty.push(format!("{here}: the command has no description"));
+        }
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            if help.trim().is_empty() {
+                empty.push(format!("{here} --{id}: the flag has no description"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() != "help" {
+                walk(sub, &here, empty);
+            }
+        }
+    }
+
+    #[test]
+    fn every_help_page_describes_every_flag() {
+        let mut empty = Vec::new();
+        walk(&Cli::command(), "", &mut empty);
+        assert!(
+            empty.is_empty(),
+            "help without description:\n{}",
+            empty.join("\n")
+        );
+    }
+
+    #[test]
+    fn top_level_examples_cover_every_command() {
+        let help = Cli::command().render_long_help().to_string();
+        for cmd in ["connect", "validate", "discover", "sync", "query", "serve"] {
+            assert!(
+                help.contains(&format!("skipprd {cmd}")) || help.contains(&format!(" {cmd} ")),
+                "no example of `{cmd}` in skipprd --help"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flag_without_its_value_is_an_error_naming_it() {
+        let args = [
+            "skipprd",
+            "connect",
+            "data-source",
+            "postgres",
+            "--pipeline",
+            "p",
+            "--name",
+            "n",
+            "--host",
+            "--port",
+            "5432",
+            "--user",
+            "u",
+            "--database",
+            "d",
+            "--tables",
+            "t",
+        ];
+        let err = Cli::try_parse_from(args).expect_err("`--host` without a value must fail");
+        let msg = err.to_string();
+        assert!(msg.contains("--host"), "{msg}");
+    }
+
+    #[test]
+    fn a_value_may_start_with_one_dash() {
+        let args = [
+            "skipprd",
+            "connect",
+            "data-source",
+            "postgres",
+            "--pipeline",
+            "p",
+            "--name",
+            "n",
+            "--host",
+            "h",
+            "--user",
+            "u",
+            "--password",
+            "-secret",
+            "--database",
+            "d",
+            "--tables",
+            "t",
+        ];
+        let cli = Cli::try_parse_from(args).expect("parses");
+        let Command::Connect {
+            what:
+                ConnectCommand::DataSource {
+                    kind: SourceKind::Postgres(pg),
+                },
+        } = cli.command
+        else {
+            panic!("not a postgres data source");
+        };
+        assert_eq!(pg.password.as_deref(), Some("-secret"));
+    }
 }

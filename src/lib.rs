@@ -23,5 +23,6 @@ pub mod cli;
 pub mod pipeline;
 pub mod serve;
 pub mod server;
+pub mod status;
 pub mod supervise;
 pub mod telemetry;

@@ -138,6 +138,16 @@ async fn run(cli: Cli) -> Result<u8> {
             )?;
             Ok(0)
         }
+        Command::Status { pipeline, format } => {
+            let report = skippr::status::collect(&config, pipeline.as_deref()).await?;
+            match format {
+                DiscoverFormat::Text => write!(stdout, "{}", skippr::status::render_text(&report))?,
+                DiscoverFormat::Json => {
+                    writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?
+                }
+            }
+            Ok(0)
+        }
         Command::Connect { .. } => Ok(0),
         Command::Serve => {
             skippr::serve::run(&config).await?;

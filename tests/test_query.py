@@ -115,6 +115,16 @@ def test_csv_format(synced):
     assert empty == [["id", "name"]], empty
 
 
+def test_unnamed_columns_are_named_as_postgres_names_them(synced):
+    """The headers `skipprd query` prints are the ones psql prints for the same SQL."""
+    sql = "SELECT count(*), sum(amount), max(id) + 1, o.id, CAST(o.customer_id AS text) FROM {s}orders o WHERE o.id = 7 GROUP BY o.id, o.customer_id"
+    header = csv_rows(query(synced, sql.format(s="analytics."), "csv"))[0]
+    with synced.db.connect() as conn:
+        cur = conn.execute(sql.format(s=""))
+        expected = [d.name for d in cur.description]
+    assert header == expected == ["count", "sum", "?column?", "id", "customer_id"], header
+
+
 def _dec(v):
     return None if v is None else Decimal(str(v))
 

@@ -4,6 +4,7 @@
 pub mod committed;
 pub mod format;
 pub mod live;
+pub mod naming;
 pub mod system;
 pub mod tail;
 pub mod tail_schema;
@@ -362,7 +363,7 @@ pub async fn run(
     let df = ctx.sql(sql).await.map_err(query_error)?;
     let schema = Arc::new(df.schema().as_arrow().clone());
     let batches = df.collect().await.map_err(query_error)?;
-    Ok((schema, batches))
+    naming::rename_like_postgres(&schema, batches)
 }
 
 fn query_error(e: DataFusionError) -> Error {

@@ -141,7 +141,7 @@ pub fn plan(
         wire_fields.push(Field::new(f.name(), dt, f.is_nullable()));
     }
     for f in wire_fields.iter_mut() {
-        let name = pg_column_name(f.name());
+        let name = crate::query::naming::pg_column_name(f.name());
         if name != *f.name() {
             *f = f.clone().with_name(name);
         }
@@ -282,77 +282,6 @@ fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResu
             Arc::new(out)
         }
     })
-}
-
-/// The name Postgres gives a result column the query did not name: a function call is named
-/// after the function (`count(*)` is `count`), a cast after what it casts, a bare column
-/// after the column, anything else `?column?`. Names the query gave stay as they are.
-fn pg_column_name(name: &str) -> String {
-    fn is_ident(s: &str) -> bool {
-        let mut chars = s.chars();
-        chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
-            && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '$')
-    }
-    if !name.contains('(') {
-        // A qualified column (`schema.table.column`) is named after the column; any other
-        // name (a column called `order-id`, say) is kept.
-        if name.contains('.') && name.split('.').all(is_ident) {
-            return name.rsplit('.').next().unwrap_or(name).to_string();
-        }
-        return name.to_string();
-    }
-    let Some((func, rest)) = name.split_once('(') else {
-        return "?column?".to_string();
-    };
-    // One call spanning the whole name: its opening parenthesis closes at the end.
-    let mut depth = 0usize;
-    let mut closes_at_end = false;
-    for (i, c) in rest.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' if depth == 0 => {
-                closes_at_end = i == rest.len() - 1;
-                break;
-            }
-            ')' => depth -= 1,
-            _ => {}
-        }
-    }
-    if !closes_at_end || !is_ident(func) {
-        return "?column?".to_string();
-    }
-    const LITERAL_TYPES: &[&str] = &[
-        "Int8",
-        "Int16",
-        "Int32",
-        "Int64",
-        "UInt8",
-        "UInt16",
-        "UInt32",
-        "UInt64",
-        "Float16",
-        "Float32",
-        "Float64",
-        "Utf8",
-        "Utf8View",
-        "LargeUtf8",
-        "Boolean",
-        "Decimal128",
-        "Date32",
-        "Binary",
-        "NULL",
-        "Null",
-    ];
-    if LITERAL_TYPES.contains(&func) || func.starts_with("Timestamp") || func.starts_with("Time64")
-    {
-        return "?column?".to_string();
-    }
-    if func.eq_ignore_ascii_case("cast") || func.eq_ignore_ascii_case("try_cast") {
-        let inner = &rest[..rest.len() - 1];
-        let inner = inner.rsplit_once(" AS ").map(|(e, _)| e).unwrap_or(inner);
-        return pg_column_name(inner.trim());
-    }
-    func.to_ascii_lowercase()
 }
 
 /// Postgres's binary `numeric`: digit count, weight, sign, display scale, then base-10000
@@ -621,23 +550,6 @@ mod tests {
             timestamp_text(0, Some(kolkata)),
             "1970-01-01 05:30:00+05:30"
         );
-    }
-
-    #[test]
-    fn unnamed_columns_are_named_like_postgres() {
-        assert_eq!(pg_column_name("id"), "id");
-        assert_eq!(pg_column_name("count(*)"), "count");
-        assert_eq!(pg_column_name("sum(analytics.orders.amount)"), "sum");
-        assert_eq!(pg_column_name("Int64(1)"), "?column?");
-        assert_eq!(
-            pg_column_name("analytics.orders.amount * Int64(2)"),
-            "?column?"
-        );
-        assert_eq!(pg_column_name("order-id"), "order-id");
-        assert_eq!(pg_column_name("CAST(analytics.t.id AS Utf8)"), "id");
-        assert_eq!(pg_column_name("analytics.t.id"), "id");
-        assert_eq!(pg_column_name("max(a) + min(b)"), "?column?");
-        assert_eq!(pg_column_name("version()"), "version");
     }
 
     #[test]

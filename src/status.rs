@@ -1,0 +1,254 @@
+//! `skipprd status`: what is running, read from the same places a pipeline writes (the
+//! Iceberg tables, the WAL folder, the replication slot) without disturbing it.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::change::Lsn;
+use crate::config::{Config, PipelineConfig};
+use crate::error::Result;
+use crate::query::{committed_lsn_text, tail_lag_seconds, Workspace};
+
+/// One table of a pipeline.
+#[derive(Debug, Serialize)]
+pub struct TableStatus {
+    pub table: String,
+    /// The source LSN the Iceberg table holds every change through.
+    pub committed_lsn: String,
+    /// Bytes of source WAL between the committed LSN and the source's current LSN.
+    pub lag_bytes: Option<u64>,
+    /// Age of the oldest change in the WAL tail that is not committed yet (0 when none).
+    pub lag_seconds: f64,
+    /// Changes in the WAL tail, not yet committed to Iceberg (already visible to queries).
+    pub tail_changes: u64,
+    /// When the table's current Iceberg snapshot was committed (RFC 3339).
+    pub last_commit_time: Option<String>,
+    pub rows: Option<u64>,
+    pub data_files: Option<u64>,
+    pub delete_files: Option<u64>,
+}
+
+/// One pipeline.
+#[derive(Debug, Serialize)]
+pub struct PipelineStatus {
+    pub pipeline: String,
+    /// `starting`, `streaming`, `reconnecting`, `storage_full`, `failed` or `stopped` as the
+    /// pipeline last recorded it, or `unknown` when it has recorded nothing.
+    pub state: String,
+    /// The error that stopped the pipeline, when it failed.
+    pub error: Option<String>,
+    pub slot: String,
+    /// The position up to which the source was acknowledged (durable in Skippr's WAL).
+    pub slot_confirmed_lsn: Option<String>,
+    /// The source's current WAL position.
+    pub source_current_lsn: Option<String>,
+    /// Bytes of source WAL not yet acknowledged.
+    pub slot_lag_bytes: Option<u64>,
+    /// Why the source could not be asked, when it could not.
+    pub source_error: Option<String>,
+    /// Bytes of Skippr's WAL on disk (changes not yet committed to Iceberg).
+    pub wal_bytes: u64,
+    pub tables: Vec<TableStatus>,
+}
+
+/// The slot and source position, asked of the source; `None` fields when it cannot answer.
+struct SlotPosition {
+    confirmed: Option<Lsn>,
+    current: Option<Lsn>,
+    error: Option<String>,
+}
+
+async fn slot_position(p: &PipelineConfig) -> SlotPosition {
+    let client = match crate::source::postgres::connect::connect(&p.source).await {
+        Ok(c) => c,
+        Err(e) => {
+            return SlotPosition {
+                confirmed: None,
+                current: None,
+                error: Some(e.to_string()),
+            }
+        }
+    };
+    let current = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .ok()
+        .and_then(|r| r.get::<_, Option<String>>(0))
+        .and_then(|s| Lsn::parse(&s).ok());
+    match client
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&p.source.slot],
+        )
+        .await
+    {
+        Ok(Some(row)) => SlotPosition {
+            confirmed: row
+                .get::<_, Option<String>>(0)
+                .and_then(|s| Lsn::parse(&s).ok()),
+            current,
+            error: None,
+        },
+        Ok(None) => SlotPosition {
+            confirmed: None,
+            current,
+            error: Some(format!(
+                "replication slot `{}` does not exist (it is created by the first `skipprd sync`)",
+                p.source.slot
+            )),
+        },
+        Err(e) => SlotPosition {
+            confirmed: None,
+            current,
+            error: Some(format!("reading pg_replication_slots: {e}")),
+        },
+    }
+}
+
+/// Total size of the files under `dir` (0 when it does not exist).
+fn folder_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => folder_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn summary_u64(snapshot: &iceberg::spec::Snapshot, key: &str) -> Option<u64> {
+    snapshot
+        .summary()
+        .additional_properties
+        .get(key)
+        .and_then(|v| v.parse().ok())
+}
+
+/// The recorded state of a pipeline: `(state, error)`.
+fn recorded_state(config: &Config, pipeline: &str) -> (String, Option<String>) {
+    crate::telemetry::state::read(&config.storage_path, pipeline)
+        .map(|s| (s.state.as_str().to_string(), s.error))
+        .unwrap_or_else(|| ("unknown".to_string(), None))
+}
+
+/// Collects the status of `only` (or every pipeline).
+pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<PipelineStatus>> {
+    let ws = Workspace::open(config).await?;
+    let states = ws.states().await?;
+    let mut out = Vec::new();
+    for p in &config.pipelines {
+        if only.is_some_and(|o| o != p.name) {
+            continue;
+        }
+        let pos = slot_position(p).await;
+        let (state, error) = recorded_state(config, &p.name);
+        let mut tables = Vec::new();
+        for s in states
+            .iter()
+            .filter(|s| s.pipeline.as_deref() == Some(&p.name))
+        {
+            let committed = crate::sink::iceberg::commit::committed_lsn(&s.table);
+            let snap = s.table.metadata().current_snapshot();
+            tables.push(TableStatus {
+                table: format!("{}.{}", ws.name, s.table.identifier().name()),
+                committed_lsn: committed_lsn_text(&s.table),
+                lag_bytes: pos
+                    .current
+                    .map(|cur| cur.0.saturating_sub(committed.unwrap_or_default().0)),
+                lag_seconds: tail_lag_seconds(&s.tail),
+                tail_changes: s.tail.changes,
+                last_commit_time: snap.and_then(|sn| {
+                    chrono::DateTime::from_timestamp_millis(sn.timestamp_ms())
+                        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                }),
+                rows: snap.and_then(|sn| summary_u64(sn, "total-records")),
+                data_files: snap.and_then(|sn| summary_u64(sn, "total-data-files")),
+                delete_files: snap.and_then(|sn| summary_u64(sn, "total-delete-files")),
+            });
+        }
+        out.push(PipelineStatus {
+            pipeline: p.name.clone(),
+            state,
+            error,
+            slot: p.source.slot.clone(),
+            slot_confirmed_lsn: pos.confirmed.map(|l| l.to_string()),
+            source_current_lsn: pos.current.map(|l| l.to_string()),
+            slot_lag_bytes: match (pos.current, pos.confirmed) {
+                (Some(cur), Some(conf)) => Some(cur.0.saturating_sub(conf.0)),
+                _ => None,
+            },
+            source_error: pos.error,
+            wal_bytes: folder_bytes(&config.storage_path.join("wal").join(&p.name)),
+            tables,
+        });
+    }
+    if let Some(name) = only {
+        if out.is_empty() {
+            return Err(crate::error::Error::config(format!(
+                "no pipeline named `{name}` in {}; `skipprd validate` lists them",
+                config.file.display()
+            )));
+        }
+    }
+    Ok(out)
+}
+
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map(|x| x.to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// Human-readable rendering.
+pub fn render_text(report: &[PipelineStatus]) -> String {
+    let mut s = String::new();
+    for p in report {
+        s.push_str(&format!("pipeline {}: {}\n", p.pipeline, p.state));
+        if let Some(e) = &p.error {
+            s.push_str(&format!("  error: {e}\n"));
+        }
+        s.push_str(&format!(
+            "  slot {}: confirmed {}, source at {}, lag {} bytes\n",
+            p.slot,
+            opt(&p.slot_confirmed_lsn),
+            opt(&p.source_current_lsn),
+            opt(&p.slot_lag_bytes)
+        ));
+        if let Some(e) = &p.source_error {
+            s.push_str(&format!("  source: {e}\n"));
+        }
+        s.push_str(&format!("  WAL on disk: {} bytes\n", p.wal_bytes));
+        s.push_str(&format!(
+            "  {:<32} {:>14} {:>12} {:>9} {:>8} {:>12} {:>6} {:>7}  {}\n",
+            "table",
+            "committed_lsn",
+            "lag_bytes",
+            "lag_s",
+            "tail",
+            "rows",
+            "files",
+            "deletes",
+            "last_commit"
+        ));
+        for t in &p.tables {
+            s.push_str(&format!(
+                "  {:<32} {:>14} {:>12} {:>9.1} {:>8} {:>12} {:>6} {:>7}  {}\n",
+                t.table,
+                t.committed_lsn,
+                opt(&t.lag_bytes),
+                t.lag_seconds,
+                t.tail_changes,
+                opt(&t.rows),
+                opt(&t.data_files),
+                opt(&t.delete_files),
+                opt(&t.last_commit_time)
+            ));
+        }
+    }
+    s
+}
