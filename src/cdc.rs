@@ -314,12 +314,14 @@ pub async fn run_continuous(
     let stream_wal = wal.clone();
     let stream_shutdown = shutdown.clone();
     let tx = durable_tx.clone();
+    let budget = p.transaction_memory_budget;
     let stream = tokio::spawn(async move {
         stream_to_wal(
             &cfg,
             &stream_wal,
             start,
             StopAt::Shutdown,
+            budget,
             stream_shutdown,
             &tx,
         )

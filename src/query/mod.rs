@@ -11,7 +11,7 @@ pub mod tail_schema;
 
 use crate::pipeline::WalReader;
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 

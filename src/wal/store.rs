@@ -172,9 +172,8 @@ impl WalStore {
             };
             let data = assemble();
             let _ = std::fs::remove_file(&scratch);
-            let data = data.with_context(|| {
-                format!("assembling WAL segment in {}", scratch_dir.display())
-            })?;
+            let data = data
+                .with_context(|| format!("assembling WAL segment in {}", scratch_dir.display()))?;
             return objects.write_segment(first, last, &data);
         }
         let name = format!("{:016X}-{:016X}.seg", first.0, last.0);

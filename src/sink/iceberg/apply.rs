@@ -20,8 +20,8 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
-use crate::error::{Context, Error, Result};
-use crate::source::postgres::types::{ColumnBuilder, PgType};
+use crate::error::{Error, Result};
+use crate::source::postgres::types::PgType;
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 
@@ -202,7 +202,7 @@ impl TableSink {
                 }
             }
         }
-        let relaxed = evolve::relax_not_null(&self.source, &self.table, client).await?;
+        let relaxed = evolve::relax_not_null(r, &self.table)?;
         self.take_optional(relaxed, catalog).await?;
         let columns = evolve::recorded_columns(&self.table);
         let mut map = vec![None; self.names.len()];

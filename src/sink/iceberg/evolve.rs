@@ -309,38 +309,26 @@ pub fn plan(
 }
 
 /// The schema with every field made optional whose source column no longer has NOT NULL,
-/// or `None` when there is none. Relation messages carry no nullability, so the catalog is
-/// read when one arrives; making a field optional is always safe (an optional field holds
-/// everything a required one does), so reading a catalog newer than the message is harmless.
-pub async fn relax_not_null(
-    source: &TableRef,
+/// or `None` when there is none. Relation messages carry no nullability, so the stream reads
+/// it from the catalog when one arrives and records it with the relation in the WAL; making
+/// a field optional is always safe (an optional field holds everything a required one does),
+/// so a catalog read newer than the message is harmless.
+pub fn relax_not_null(
+    r: &Relation,
     table: &iceberg::table::Table,
-    client: &Client,
 ) -> Result<Option<(Schema, Vec<String>)>> {
-    let rows = client
-        .query(
-            "SELECT attname::text, attnotnull FROM pg_attribute
-             WHERE attrelid = format('%I.%I', $1::text, $2::text)::regclass
-               AND attnum > 0 AND NOT attisdropped",
-            &[&source.schema, &source.name],
-        )
-        .await
-        .with_context(|| format!("reading the NOT NULL constraints of {source}"))?;
-    let nullable: Vec<String> = rows
-        .iter()
-        .filter(|r| !r.get::<_, bool>(1))
-        .map(|r| r.get::<_, String>(0))
-        .collect();
     let recorded = recorded_columns(table).unwrap_or_default();
     // The Iceberg field each nullable source column writes to.
-    let targets: Vec<&str> = nullable
+    let targets: Vec<&str> = r
+        .columns
         .iter()
-        .map(|n| {
+        .filter(|c| c.not_null == Some(false))
+        .map(|c| {
             recorded
                 .iter()
-                .find(|c| &c.name == n)
-                .map(|c| c.target())
-                .unwrap_or(n.as_str())
+                .find(|x| x.name == c.name)
+                .map(|x| x.target())
+                .unwrap_or(c.name.as_str())
         })
         .collect();
     make_optional(table, &targets)
