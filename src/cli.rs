@@ -345,9 +345,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_flag_without_its_value_is_an_error_naming_it() {
-        let args = [
+    /// `skipprd connect data-source postgres` with the required flags, `host_and_more`
+    /// standing where `--host` goes.
+    fn connect_postgres(host_and_more: &[&'static str]) -> Vec<&'static str> {
+        let mut args = vec![
             "skipprd",
             "connect",
             "data-source",
@@ -356,16 +357,15 @@ mod tests {
             "p",
             "--name",
             "n",
-            "--host",
-            "--port",
-            "5432",
-            "--user",
-            "u",
-            "--database",
-            "d",
-            "--tables",
-            "t",
         ];
+        args.extend_from_slice(host_and_more);
+        args.extend_from_slice(&["--user", "u", "--database", "d", "--tables", "t"]);
+        args
+    }
+
+    #[test]
+    fn a_flag_without_its_value_is_an_error_naming_it() {
+        let args = connect_postgres(&["--host", "--port", "5432"]);
         let err = Cli::try_parse_from(args).expect_err("`--host` without a value must fail");
         let msg = err.to_string();
         assert!(msg.contains("--host"), "{msg}");
@@ -373,26 +373,7 @@ mod tests {
 
     #[test]
     fn a_value_may_start_with_one_dash() {
-        let args = [
-            "skipprd",
-            "connect",
-            "data-source",
-            "postgres",
-            "--pipeline",
-            "p",
-            "--name",
-            "n",
-            "--host",
-            "h",
-            "--user",
-            "u",
-            "--password",
-            "-secret",
-            "--database",
-            "d",
-            "--tables",
-            "t",
-        ];
+        let args = connect_postgres(&["--host", "h", "--password", "-secret"]);
         let cli = Cli::try_parse_from(args).expect("parses");
         let Command::Connect {
             what:

@@ -21,26 +21,7 @@ pub async fn append(
     phase: &str,
     pipeline: &str,
 ) -> Result<Table> {
-    rowdelta::commit(
-        catalog,
-        table,
-        files,
-        Vec::new(),
-        false,
-        summary(lsn, phase, pipeline),
-    )
-    .await
-    .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
-}
-
-/// The snapshot summary every skipprd commit carries: the LSN it covers, the phase that
-/// wrote it and the pipeline.
-pub fn summary(lsn: Lsn, phase: &str, pipeline: &str) -> HashMap<String, String> {
-    HashMap::from([
-        (SUMMARY_LSN.to_string(), lsn.to_string()),
-        (SUMMARY_PHASE.to_string(), phase.to_string()),
-        (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
-    ])
+    commit_files(catalog, table, files, false, summary(lsn, phase, pipeline)).await
 }
 
 /// Replaces every file of the table with `files` in one snapshot (a table copied again):
@@ -53,15 +34,29 @@ pub async fn replace(
     phase: &str,
     pipeline: &str,
 ) -> Result<Table> {
-    super::rowdelta::commit(
-        catalog,
-        table,
-        files,
-        Vec::new(),
-        true,
-        summary(lsn, phase, pipeline),
-    )
-    .await
+    commit_files(catalog, table, files, true, summary(lsn, phase, pipeline)).await
+}
+
+async fn commit_files(
+    catalog: &LocalCatalog,
+    table: &Table,
+    files: Vec<DataFile>,
+    replace_all: bool,
+    props: HashMap<String, String>,
+) -> Result<Table> {
+    rowdelta::commit(catalog, table, files, Vec::new(), replace_all, props)
+        .await
+        .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
+}
+
+/// The snapshot summary every skipprd commit carries: the LSN it covers, the phase that
+/// wrote it and the pipeline.
+pub fn summary(lsn: Lsn, phase: &str, pipeline: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (SUMMARY_LSN.to_string(), lsn.to_string()),
+        (SUMMARY_PHASE.to_string(), phase.to_string()),
+        (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
+    ])
 }
 
 /// The newest snapshot written by skipprd: the current one, or, when another engine
