@@ -1035,11 +1035,21 @@ impl Validator<'_> {
                     self.report(at(), e);
                     Location::Local(PathBuf::new())
                 });
-                let lock_dir = std::env::temp_dir().join("skippr").join(
+                // Local bookkeeping of an S3 pipeline (its lock and watermark state) lives in
+                // the temp folder, per S3 location and per config folder, so two configs on
+                // one machine never share it.
+                let base_tag = base
+                    .to_string_lossy()
+                    .bytes()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                    });
+                let lock_dir = std::env::temp_dir().join("skippr").join(format!(
+                    "{}-{base_tag:016x}",
                     location
                         .display()
-                        .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"),
-                );
+                        .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+                ));
                 (lock_dir, location)
             }
         }
