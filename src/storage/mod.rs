@@ -185,6 +185,25 @@ impl Store {
         object_store::path::Path::from(join_key(prefix, key))
     }
 
+    /// What an S3 operation on `key` moves into its task: the client, the object's path and
+    /// how a person names it.
+    fn s3_target(
+        &self,
+        store: &Arc<object_store::aws::AmazonS3>,
+        prefix: &str,
+        key: &str,
+    ) -> (
+        Arc<object_store::aws::AmazonS3>,
+        object_store::path::Path,
+        String,
+    ) {
+        (
+            store.clone(),
+            Self::object_path(prefix, key),
+            self.describe(key),
+        )
+    }
+
     /// Writes `bytes` at `key`, replacing what was there, durably.
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<Version> {
         match self.conditional(key, bytes, PutMode::Overwrite).await? {
@@ -211,11 +230,7 @@ impl Store {
         match &self.backend {
             Backend::Local(dir) => local::put(&dir.join(key), &bytes, mode),
             Backend::S3 { store, prefix } => {
-                let (store, path, what) = (
-                    store.clone(),
-                    Self::object_path(prefix, key),
-                    self.describe(key),
-                );
+                let (store, path, what) = self.s3_target(store, prefix, key);
                 on_io(async move {
                     let opts = PutOptions::from(mode);
                     match store.put_opts(&path, PutPayload::from(bytes), opts).await {
@@ -238,11 +253,7 @@ impl Store {
         match &self.backend {
             Backend::Local(dir) => local::get(&dir.join(key)),
             Backend::S3 { store, prefix } => {
-                let (store, path, what) = (
-                    store.clone(),
-                    Self::object_path(prefix, key),
-                    self.describe(key),
-                );
+                let (store, path, what) = self.s3_target(store, prefix, key);
                 on_io(async move {
                     let got = match store.get(&path).await {
                         Ok(got) => got,
@@ -275,11 +286,7 @@ impl Store {
                 }
             },
             Backend::S3 { store, prefix } => {
-                let (store, path, what) = (
-                    store.clone(),
-                    Self::object_path(prefix, key),
-                    self.describe(key),
-                );
+                let (store, path, what) = self.s3_target(store, prefix, key);
                 on_io(async move {
                     match store.head(&path).await {
                         Ok(m) => Ok(Some(m.size)),
@@ -297,11 +304,7 @@ impl Store {
         match &self.backend {
             Backend::Local(dir) => local::get_range(&dir.join(key), range),
             Backend::S3 { store, prefix } => {
-                let (store, path, what) = (
-                    store.clone(),
-                    Self::object_path(prefix, key),
-                    self.describe(key),
-                );
+                let (store, path, what) = self.s3_target(store, prefix, key);
                 on_io(async move {
                     store
                         .get_range(&path, range)
@@ -359,11 +362,7 @@ impl Store {
         match &self.backend {
             Backend::Local(dir) => local::delete(&dir.join(key)),
             Backend::S3 { store, prefix } => {
-                let (store, path, what) = (
-                    store.clone(),
-                    Self::object_path(prefix, key),
-                    self.describe(key),
-                );
+                let (store, path, what) = self.s3_target(store, prefix, key);
                 on_io(async move {
                     match store.delete(&path).await {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
