@@ -539,7 +539,7 @@ def test_package_is_typed_and_python39_compatible() -> None:
         ast.parse(source.read_text(), filename=str(source), feature_version=(3, 9))
     installed = {p.name: p.read_bytes() for p in pkg.glob("*.py")}
     in_repo = {p.name: p.read_bytes() for p in (REPO / "python" / "src" / "skippr").glob("*.py")}
-    assert installed == in_repo, "the installed skippr package is stale: run tests/run (pip install ./python)"
+    assert installed == in_repo, "the installed skippr package is stale: run tests/run (it installs the skipprd wheel built from python/)"
 
 
 def test_mypy_strict() -> None:

@@ -23,6 +23,8 @@ Example::
     cfg.save("skippr.yml")
 """
 
+from typing import Optional
+
 from ._config import Config
 from ._errors import ConfigError
 from ._model import (
@@ -47,7 +49,31 @@ from ._model import (
     Text,
 )
 
-__version__ = "0.1.0"
+
+
+def _installed_version() -> str:
+    # The wheel's version is the crate's (maturin reads Cargo.toml), so it is also the version
+    # `skipprd --version` prints. A source tree used without installing has no metadata.
+    from importlib import metadata
+
+    try:
+        return metadata.version("skipprd")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _installed_version()
+
+
+def skipprd_path() -> Optional[str]:
+    """The ``skipprd`` binary installed with this package, else the one on ``PATH``, else None."""
+    import shutil
+    import sysconfig
+
+    scripts = sysconfig.get_path("scripts")
+    beside = shutil.which("skipprd", path=scripts) if scripts else None
+    return beside or shutil.which("skipprd")
+
 
 __all__ = [
     "Config",
@@ -72,4 +98,5 @@ __all__ = [
     "SinkConnector",
     "Text",
     "__version__",
+    "skipprd_path",
 ]
