@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+pub mod stops;
+
 /// What the operator (or a retry loop) can do about an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
