@@ -164,7 +164,7 @@ async fn run(cli: Cli) -> Result<u8> {
             engine,
             pipeline,
         } => {
-            let (schema, batches) = match engine {
+            match engine {
                 QueryEngine::Local => {
                     if pipeline.is_some() {
                         return Err(Error::config(
@@ -172,15 +172,15 @@ async fn run(cli: Cli) -> Result<u8> {
                         ));
                     }
                     let ctx = query::session(&config).await?;
-                    query::run(&ctx, &sql).await?
+                    let (schema, batches) = query::run(&ctx, &sql).await?;
+                    query::format::write(&mut stdout, format, &schema, &batches)?;
                 }
                 QueryEngine::Athena => {
                     let target = query::athena::AthenaTarget::pick(&config, pipeline.as_deref())?;
                     let out = query::athena::query(target, &sql).await?;
-                    (out.schema, out.batches)
+                    query::athena::write_output(&mut stdout, format, &out)?;
                 }
-            };
-            query::format::write(&mut stdout, format, &schema, &batches)?;
+            }
             Ok(0)
         }
     }

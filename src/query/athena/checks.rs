@@ -93,20 +93,32 @@ async fn check_bucket(sink: &AthenaIcebergSink, region: &str, key: &str) -> Sink
         ),
         Err((action, e)) => {
             let report = e.report();
-            let fix = if report.contains("NoSuchBucket") {
-                format!(
-                    "bucket `{bucket}` does not exist in region {region}: create it (aws s3 mb s3://{bucket} --region {region}) or fix {key}"
+            let (detail, fix) = if report.contains("NoSuchBucket") {
+                (
+                    format!("bucket `{bucket}` does not exist"),
+                    format!(
+                        "create it (aws s3 mb s3://{bucket} --region {region}) or fix {key}"
+                    ),
                 )
             } else if report.contains("AccessDenied") || report.contains("Forbidden") {
-                format!(
-                    "grant the credentials in use the IAM action {action} (and s3:GetObject, s3:PutObject, s3:DeleteObject) on {arn}, and s3:ListBucket on arn:aws:s3:::{bucket}"
+                (
+                    format!(
+                        "the credentials in use may not write to {} ({action} was refused)",
+                        location.display()
+                    ),
+                    format!(
+                        "grant s3:PutObject, s3:GetObject and s3:DeleteObject on {arn}, and s3:ListBucket on arn:aws:s3:::{bucket}"
+                    ),
                 )
             } else {
-                format!(
-                    "check that bucket `{bucket}` exists in region {region}, the network, AWS_REGION and AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL"
+                (
+                    report,
+                    format!(
+                        "check that bucket `{bucket}` exists in region {region}, the network, AWS_REGION and AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL"
+                    ),
                 )
             };
-            failed(name, report, fix)
+            failed(name, detail, fix)
         }
     }
 }

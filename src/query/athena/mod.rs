@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 
 use crate::config::{AthenaIcebergSink, Config, SinkConfig};
 use crate::error::{Error, ErrorKind, Result};
+use crate::query::format::OutputFormat;
 use crate::storage::aws;
 use crate::storage::aws_json::{AwsError, AwsJsonApi, AwsJsonClient};
 
@@ -573,6 +574,22 @@ pub async fn query(target: AthenaTarget, sql: &str) -> Result<QueryOutput> {
         .run(sql, &mut |id, s| progress.update(id, s), cancel)
         .await?;
     Ok(out)
+}
+
+/// Prints a query's rows as the local engine does. A statement without a result set (DDL)
+/// prints `(0 rows)` as a table and nothing as CSV or JSON.
+pub fn write_output(
+    out: &mut dyn std::io::Write,
+    format: OutputFormat,
+    output: &QueryOutput,
+) -> Result<()> {
+    if output.schema.fields().is_empty() {
+        if format == OutputFormat::Table {
+            writeln!(out, "(0 rows)")?;
+        }
+        return Ok(());
+    }
+    crate::query::format::write(out, format, &output.schema, &output.batches)
 }
 
 /// Completes on the first SIGINT or SIGTERM after this call.
