@@ -85,6 +85,19 @@ def keep_queries_queued(moto: Moto) -> None:
     })
 
 
+def start_queued_query(skippr: Skippr, moto: Moto):
+    """`skipprd query --engine athena` in the background, its query held QUEUED in Athena;
+    the process and the query id once Athena has it and skipprd is polling."""
+    flagship_config(skippr, ["orders"])
+    skippr.env.update(moto.env)
+    keep_queries_queued(moto)
+    proc = skippr.start("query", "--engine", "athena", "SELECT count(*) FROM orders")
+    qid = started_query(moto, proc)
+    time.sleep(1)
+    assert proc.poll() is None, "skipprd must wait while the query is queued"
+    return proc, qid
+
+
 def started_query(moto: Moto, proc, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -180,13 +193,7 @@ def test_a_missing_workgroup_fails_naming_it(skippr: Skippr, moto: Moto) -> None
 def test_a_query_cancelled_in_athena_exits_non_zero(skippr: Skippr, moto: Moto) -> None:
     """A query stopped outside skipprd (the console, another user) ends `query` with an
     error naming the CANCELLED state; nothing is printed on stdout."""
-    flagship_config(skippr, ["orders"])
-    skippr.env.update(moto.env)
-    keep_queries_queued(moto)
-    proc = skippr.start("query", "--engine", "athena", "SELECT count(*) FROM orders")
-    qid = started_query(moto, proc)
-    time.sleep(1)
-    assert proc.poll() is None, "skipprd must wait while the query is queued"
+    proc, qid = start_queued_query(skippr, moto)
     moto.client("athena").stop_query_execution(QueryExecutionId=qid)
     rc = wait_exit(proc)
     out = (skippr.workdir / "bg.stdout").read_text()
@@ -200,12 +207,7 @@ def test_a_query_cancelled_in_athena_exits_non_zero(skippr: Skippr, moto: Moto) 
 def test_ctrl_c_stops_the_query_in_athena(skippr: Skippr, moto: Moto) -> None:
     """SIGINT while Athena runs the query: skipprd calls StopQueryExecution (moto then shows
     the query CANCELLED) and exits non-zero saying so."""
-    flagship_config(skippr, ["orders"])
-    skippr.env.update(moto.env)
-    keep_queries_queued(moto)
-    proc = skippr.start("query", "--engine", "athena", "SELECT count(*) FROM orders")
-    qid = started_query(moto, proc)
-    time.sleep(1)
+    proc, qid = start_queued_query(skippr, moto)
     proc.send_signal(signal.SIGINT)
     rc = wait_exit(proc)
     err = (skippr.workdir / "bg.stderr").read_text()

@@ -153,6 +153,20 @@ fn never() -> impl Future<Output = Interrupt> {
     std::future::pending()
 }
 
+/// Runs `sql` against `fake`, expecting it to fail.
+async fn run_err(fake: &Arc<FakeAthena>, sql: &str) -> Failure {
+    athena(fake.clone())
+        .run(sql, &mut |_, _| {}, never())
+        .await
+        .unwrap_err()
+}
+
+/// What a `StartQueryExecution` refused with `code` and `message` fails with.
+async fn refused_start(code: &str, message: &str) -> Failure {
+    let fake = Arc::new(FakeAthena::new(&[], vec![]).failing_first(&[(code, message)]));
+    run_err(&fake, "SELECT 1").await
+}
+
 #[test]
 fn results_location_is_an_s3_folder() {
     assert_eq!(target().output_location, "s3://query-results/");
@@ -296,10 +310,7 @@ async fn a_failed_query_names_athenas_reason() {
     );
     failed["QueryExecution"]["Status"]["AthenaError"] = json!({ "ErrorCategory": 2, "ErrorType": 1006, "ErrorMessage": "COLUMN_NOT_FOUND: line 1:8: Column 'nope' cannot be resolved" });
     let fake = Arc::new(FakeAthena::new(&[status("RUNNING", None), failed], vec![]));
-    let f = athena(fake.clone())
-        .run("SELECT nope FROM t", &mut |_, _| {}, never())
-        .await
-        .unwrap_err();
+    let f = run_err(&fake, "SELECT nope FROM t").await;
     assert_eq!(f.kind, ErrorKind::Query);
     assert!(
         f.detail.contains(&format!("Athena query {ID} FAILED")),
@@ -331,10 +342,7 @@ async fn a_failed_query_without_access_says_which_permissions() {
         )],
         vec![],
     ));
-    let f = athena(fake)
-        .run("SELECT 1", &mut |_, _| {}, never())
-        .await
-        .unwrap_err();
+    let f = run_err(&fake, "SELECT 1").await;
     assert!(f.fix.contains("s3:PutObject"), "{}", f.fix);
     assert!(f.fix.contains("s3://query-results/"), "{}", f.fix);
 }
@@ -345,10 +353,7 @@ async fn a_cancelled_query_says_so() {
         &[status("CANCELLED", Some("Query cancelled by user"))],
         vec![],
     ));
-    let f = athena(fake)
-        .run("SELECT 1", &mut |_, _| {}, never())
-        .await
-        .unwrap_err();
+    let f = run_err(&fake, "SELECT 1").await;
     assert!(
         f.detail.contains("CANCELLED: Query cancelled by user"),
         "{}",
@@ -416,47 +421,41 @@ async fn throttling_is_retried_with_the_same_request_token() {
 async fn throttling_that_persists_is_retryable() {
     let errors = [("ThrottlingException", "Rate exceeded"); 5];
     let fake = Arc::new(FakeAthena::new(&[], vec![]).failing_first(&errors));
-    let f = athena(fake.clone())
-        .run("SELECT 1", &mut |_, _| {}, never())
-        .await
-        .unwrap_err();
+    let f = run_err(&fake, "SELECT 1").await;
     assert_eq!(f.kind, ErrorKind::Retryable);
     assert_eq!(fake.calls("StartQueryExecution").len(), 5);
     assert_eq!(Error::from(f).exit_code(), 75);
 }
 
+/// A refused start names what to fix: a missing workgroup is a configuration error naming
+/// the key; a refused permission names the IAM action and the others skipprd needs.
 #[tokio::test]
-async fn a_missing_workgroup_names_it_and_the_config_key() {
-    let fake = Arc::new(FakeAthena::new(&[], vec![]).failing_first(&[(
+async fn refused_starts_name_the_workgroup_or_the_iam_action() {
+    let wg = refused_start(
         "InvalidRequestException",
         "WorkGroup analysts is not found.",
-    )]));
-    let f = athena(fake)
-        .run("SELECT 1", &mut |_, _| {}, never())
-        .await
-        .unwrap_err();
-    assert_eq!(f.kind, ErrorKind::Config);
-    assert!(f.detail.contains("workgroup `analysts`"), "{}", f.detail);
-    assert!(
-        f.fix
-            .contains("data_sinks.lake.AthenaIceberg.athena_workgroup_name"),
-        "{}",
-        f.fix
-    );
-}
+    )
+    .await;
+    assert_eq!(wg.kind, ErrorKind::Config);
+    assert!(wg.detail.contains("workgroup `analysts`"), "{}", wg.detail);
+    let key = "data_sinks.lake.AthenaIceberg.athena_workgroup_name";
+    assert!(wg.fix.contains(key), "{}", wg.fix);
 
-#[tokio::test]
-async fn access_denied_names_the_iam_action() {
-    let fake = Arc::new(FakeAthena::new(&[], vec![]).failing_first(&[(
+    let denied = refused_start(
         "AccessDeniedException",
         "User: arn:aws:iam::1:user/x is not authorized to perform: athena:StartQueryExecution",
-    )]));
-    let f = athena(fake)
-        .run("SELECT 1", &mut |_, _| {}, never())
-        .await
-        .unwrap_err();
-    assert!(f.fix.contains("athena:StartQueryExecution"), "{}", f.fix);
-    assert!(f.fix.contains("athena:GetQueryResults"), "{}", f.fix);
+    )
+    .await;
+    assert!(
+        denied.fix.contains("athena:StartQueryExecution"),
+        "{}",
+        denied.fix
+    );
+    assert!(
+        denied.fix.contains("athena:GetQueryResults"),
+        "{}",
+        denied.fix
+    );
 }
 
 #[test]
