@@ -86,9 +86,14 @@ impl AthenaTarget {
             SinkConfig::LocalIceberg { .. } => None,
         })
         .collect();
+        // Sinks with the same Athena settings are one engine, whatever their names.
+        let same = |a: &AthenaTarget, b: &AthenaTarget| {
+            (&a.workgroup, &a.output_location, &a.database, &a.region)
+                == (&b.workgroup, &b.output_location, &b.database, &b.region)
+        };
         let mut distinct: Vec<&(&str, AthenaTarget)> = Vec::new();
         for c in &candidates {
-            if !distinct.iter().any(|d| d.1 == c.1) {
+            if !distinct.iter().any(|d| same(&d.1, &c.1)) {
                 distinct.push(c);
             }
         }
@@ -572,8 +577,9 @@ pub async fn query(target: AthenaTarget, sql: &str) -> Result<QueryOutput> {
     let mut progress = Progress::stderr();
     let out = athena
         .run(sql, &mut |id, s| progress.update(id, s), cancel)
-        .await?;
-    Ok(out)
+        .await;
+    progress.finish();
+    Ok(out?)
 }
 
 /// Prints a query's rows as the local engine does. A statement without a result set (DDL)

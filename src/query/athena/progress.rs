@@ -75,4 +75,13 @@ impl Progress {
             self.last = Some((status.state, now));
         }
     }
+
+    /// Ends a line left open on a terminal (an error or an interrupt came before a final
+    /// state), so that what is printed next starts on its own line.
+    pub fn finish(&mut self) {
+        if self.terminal && self.last.is_some_and(|(s, _)| !s.is_final()) {
+            let _ = writeln!(self.out);
+            self.last = None;
+        }
+    }
 }

@@ -634,6 +634,16 @@ fn progress_lines_show_state_time_and_bytes() {
         "{text}"
     );
     assert_eq!(human_bytes(0), "0 B");
+
+    // On a terminal one line is rewritten in place, and ended when the query stops early.
+    let tty = Sink::default();
+    let mut p = Progress::new(true, Box::new(tty.clone()));
+    p.update(ID, &running);
+    p.update(ID, &running);
+    p.finish();
+    let text = String::from_utf8(tty.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches("\r\x1b[2K").count(), 2, "{text:?}");
+    assert!(text.ends_with("scanned)\n"), "{text:?}");
     assert_eq!(human_bytes(10 * 1024 * 1024 + 1), "10.0 MiB");
 }
 
@@ -690,4 +700,11 @@ fn the_athena_sink_is_picked_from_the_config() {
         AthenaTarget::pick(&two, Some("other")).unwrap().workgroup,
         "etl"
     );
+
+    // Two sinks with the same Athena settings are one engine: nothing to choose.
+    let alike = config(&format!(
+        "  lake:\n    {ATHENA_SINK}\n  second:\n    {}\n",
+        ATHENA_SINK.replace("s3://lake/wh/", "s3://lake/wh2/")
+    ));
+    assert_eq!(AthenaTarget::pick(&alike, None).unwrap().sink, "lake");
 }
