@@ -63,6 +63,15 @@ pub enum CdcModeArg {
     SnapshotOnly,
 }
 
+/// The engine `skipprd query` runs a statement in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum QueryEngine {
+    /// The live tables, read by this process.
+    Local,
+    /// Athena, over the AthenaIceberg sink's Glue database.
+    Athena,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DiscoverFormat {
     Text,
@@ -118,7 +127,7 @@ pub enum Command {
 
     /// Run SQL over the workspace's tables.
     #[command(
-        after_help = "Examples:\n  skipprd query \"SELECT count(*), sum(amount) FROM analytics.orders\"\n  skipprd query --format csv \"SELECT * FROM analytics.customers\""
+        after_help = "Examples:\n  skipprd query \"SELECT count(*), sum(amount) FROM analytics.orders\"\n  skipprd query --format csv \"SELECT * FROM analytics.customers\"\n  skipprd query --engine athena \"SELECT count(*) FROM orders\"   # in Athena, over the Glue database"
     )]
     Query {
         /// The SQL statement.
@@ -126,6 +135,16 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
+        /// Where the statement runs: `local` reads the live tables here (committed Iceberg
+        /// plus the WAL tail); `athena` runs it in Athena over the committed history in
+        /// the AthenaIceberg sink's Glue database (workgroup athena_workgroup_name, results
+        /// in athena_results_s3_bucket). Ctrl-C stops an Athena query.
+        #[arg(long, value_enum, default_value_t = QueryEngine::Local, value_name = "ENGINE")]
+        engine: QueryEngine,
+        /// With `--engine athena`: the pipeline whose AthenaIceberg sink to query (may be
+        /// omitted when only one AthenaIceberg sink is configured).
+        #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
+        pipeline: Option<String>,
     },
 
     /// Show what is running: per pipeline and table, the committed LSN, the slot's confirmed

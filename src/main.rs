@@ -7,7 +7,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use serde_yaml::{Mapping, Value};
-use skippr::cli::{CdcModeArg, Cli, Command, ConnectCommand, DiscoverFormat, SinkKind, SourceKind};
+use skippr::cli::{
+    CdcModeArg, Cli, Command, ConnectCommand, DiscoverFormat, QueryEngine, SinkKind, SourceKind,
+};
 use skippr::config::connect::Connect;
 use skippr::config::{Config, PipelineConfig, SinkConfig};
 use skippr::error::{Error, Result};
@@ -106,7 +108,7 @@ async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Discover { pipeline, format } => {
             let p = pick(&config, pipeline.as_deref())?;
-            let report = source::postgres::discover::discover(p, &config.workspace).await?;
+            let (report, source_error) = discover(&config, p).await;
             match format {
                 DiscoverFormat::Text => write!(
                     stdout,
@@ -116,6 +118,9 @@ async fn run(cli: Cli) -> Result<u8> {
                 DiscoverFormat::Json => {
                     writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?
                 }
+            }
+            if let Some(e) = source_error {
+                return Err(e);
             }
             Ok(if report.ok() { 0 } else { 1 })
         }
@@ -153,12 +158,70 @@ async fn run(cli: Cli) -> Result<u8> {
             skippr::serve::run(&config).await?;
             Ok(0)
         }
-        Command::Query { sql, format } => {
-            let ctx = query::session(&config).await?;
-            let (schema, batches) = query::run(&ctx, &sql).await?;
-            query::format::write(&mut stdout, format, &schema, &batches)?;
+        Command::Query {
+            sql,
+            format,
+            engine,
+            pipeline,
+        } => {
+            match engine {
+                QueryEngine::Local => {
+                    if pipeline.is_some() {
+                        return Err(Error::config(
+                            "--pipeline goes with --engine athena; the local engine reads the tables of every pipeline",
+                        ));
+                    }
+                    let ctx = query::session(&config).await?;
+                    let (schema, batches) = query::run(&ctx, &sql).await?;
+                    query::format::write(&mut stdout, format, &schema, &batches)?;
+                }
+                QueryEngine::Athena => {
+                    let target = query::athena::AthenaTarget::pick(&config, pipeline.as_deref())?;
+                    let out = query::athena::query(target, &sql).await?;
+                    query::athena::write_output(&mut stdout, format, &out)?;
+                }
+            }
             Ok(0)
         }
+    }
+}
+
+/// `discover`: an AthenaIceberg sink is checked end to end first (bucket, Glue, Athena),
+/// then the source. When the source cannot be read at all, the report holds the sink's
+/// checks and the source's error comes back beside it.
+async fn discover(
+    config: &Config,
+    p: &PipelineConfig,
+) -> (source::postgres::discover::Report, Option<Error>) {
+    use source::postgres::discover::{Check, Report};
+    let sink_checks: Vec<Check> = match &p.sink {
+        SinkConfig::AthenaIceberg { name, sink } => query::athena::checks::check_sink(name, sink)
+            .await
+            .into_iter()
+            .map(|c| Check {
+                name: c.name,
+                ok: c.ok,
+                detail: c.detail,
+                fix: c.fix,
+            })
+            .collect(),
+        SinkConfig::LocalIceberg { .. } => Vec::new(),
+    };
+    match source::postgres::discover::discover(p, &config.workspace).await {
+        Ok(mut report) => {
+            report.checks.splice(0..0, sink_checks);
+            (report, None)
+        }
+        Err(e) => (
+            Report {
+                pipeline: p.name.clone(),
+                data_source: p.source.name.clone(),
+                cdc_mode: p.source.cdc_mode.as_str().to_string(),
+                tables: Vec::new(),
+                checks: sink_checks,
+            },
+            Some(e),
+        ),
     }
 }
 

@@ -65,7 +65,7 @@ impl SinkCatalog {
             .s3()
             .cloned()
             .ok_or_else(|| Error::fatal("an s3:// warehouse opened as a local store"))?;
-        let api = Arc::new(glue_api::HttpGlue::new(&region, s3)?);
+        let api = Arc::new(glue_api::http_glue(&region, s3)?);
         let file_io = FileIOBuilder::new(Arc::new(ObjectStorageFactory {
             region: Some(region),
         }))

@@ -1,6 +1,7 @@
 //! Queries: a DataFusion session over the workspace's live tables (Iceberg snapshot UNION
 //! WAL tail), used by `skipprd query` and by the Postgres-wire gateway of `skipprd serve`.
 
+pub mod athena;
 pub mod committed;
 pub mod format;
 pub mod live;

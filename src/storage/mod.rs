@@ -8,6 +8,7 @@
 //! still the current one).
 
 pub mod aws;
+pub mod aws_json;
 pub mod iceberg_io;
 mod local;
 
