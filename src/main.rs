@@ -133,7 +133,17 @@ async fn run(cli: Cli) -> Result<u8> {
             let (tx, rx) = tokio::sync::watch::channel(false);
             skippr::cdc::trap_signals(tx);
             let mode = skippr::supervise::Mode::Sync { once, resnapshot };
-            let report = skippr::supervise::run(&config, p, mode, rx).await?;
+            // With `skippr.metrics.listen` set, sync serves the same metrics as serve.
+            let metrics = if config.metrics_listen_set {
+                Some(skippr::serve::spawn_sync_metrics(&config, rx.clone()).await?)
+            } else {
+                None
+            };
+            let report = skippr::supervise::run(&config, p, mode, rx).await;
+            if let Some(endpoint) = metrics {
+                endpoint.abort();
+            }
+            let report = report?;
             writeln!(
                 stdout,
                 "sync of pipeline {} done: {} table(s) copied, {} already up to date",

@@ -4,16 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::Config;
-use crate::error::{Context, Error, Result};
+use crate::error::Result;
 use crate::query::{tail_lag_seconds, Workspace};
 use crate::server::Gateway;
-use crate::telemetry::metrics;
+use crate::telemetry::{endpoint, metrics};
 
 /// How long a stop waits for statements in flight.
 const QUERY_GRACE: Duration = Duration::from_secs(30);
@@ -29,22 +27,15 @@ pub async fn run(config: &Config) -> Result<()> {
     crate::cdc::trap_signals(stop_tx.clone());
     let ws = Workspace::open(config).await?;
     let gateway = Gateway::bind(&config.query, ws.clone()).await?;
-    let metrics_listener = TcpListener::bind(config.metrics_listen)
-        .await
-        .map_err(|e| {
-            Error::config(format!(
-                "cannot listen on {} (skippr.metrics.listen): {e}; choose a free port",
-                config.metrics_listen
-            ))
-        })?;
-    let metrics_addr = metrics_listener
-        .local_addr()
-        .context("reading the metrics address")?;
-    tracing::info!(address = %metrics_addr, "metrics at http://{metrics_addr}/metrics");
+    let metrics_listener = endpoint::bind(config.metrics_listen).await?;
 
     let mut services = JoinSet::new();
     services.spawn(gateway.run(stop_rx.clone(), QUERY_GRACE));
-    services.spawn(serve_metrics(metrics_listener, ws.clone(), stop_rx.clone()));
+    services.spawn(endpoint::serve(
+        metrics_listener,
+        Some(table_gauges(ws.clone(), false)),
+        stop_rx.clone(),
+    ));
     services.spawn(refresh_tables(ws.clone(), stop_rx.clone()));
 
     let mut pipelines = JoinSet::new();
@@ -112,77 +103,35 @@ async fn refresh_tables(ws: Arc<Workspace>, mut stop: watch::Receiver<bool>) -> 
     }
 }
 
-/// Serves `GET /metrics` until stopped.
-async fn serve_metrics(
-    listener: TcpListener,
-    ws: Arc<Workspace>,
-    mut stop: watch::Receiver<bool>,
-) -> Result<()> {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((socket, peer)) = accepted else { continue };
-                let ws = ws.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = metrics_request(socket, &ws).await {
-                        tracing::debug!(peer = %peer, error = %e, "metrics request failed");
-                    }
-                });
-            }
-            _ = stop.changed() => {
-                if *stop.borrow() {
-                    return Ok(());
-                }
-            }
-        }
-    }
+/// The endpoint of `skipprd sync` (when `skippr.metrics.listen` is set): the same metrics as
+/// serve's, over a workspace of its own that reads the table list again at each scrape, since
+/// the sync creates tables as it goes.
+pub async fn spawn_sync_metrics(
+    config: &Config,
+    stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<Result<()>>> {
+    let listener = endpoint::bind(config.metrics_listen).await?;
+    let ws = Workspace::open(config).await?;
+    Ok(tokio::spawn(endpoint::serve(
+        listener,
+        Some(table_gauges(ws, true)),
+        stop,
+    )))
 }
 
-async fn metrics_request(mut socket: tokio::net::TcpStream, ws: &Workspace) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    // Read the request head (bounded).
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-        let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut chunk))
-            .await
-            .map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out")
-            })??;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, content_type, body) =
-        if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
-            update_table_gauges(ws).await;
-            (
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                metrics::render(),
-            )
-        } else if method == "GET" && path == "/" {
-            (
-                "200 OK",
-                "text/plain; charset=utf-8",
-                "skipprd: metrics at /metrics\n".to_string(),
-            )
-        } else {
-            (
-                "404 Not Found",
-                "text/plain; charset=utf-8",
-                "not found: metrics are at /metrics\n".to_string(),
-            )
-        };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    socket.write_all(response.as_bytes()).await?;
-    socket.shutdown().await
+/// The scrape hook that sets the per-table gauges.
+fn table_gauges(ws: Arc<Workspace>, refresh: bool) -> endpoint::ScrapeHook {
+    Arc::new(move || {
+        let ws = ws.clone();
+        Box::pin(async move {
+            if refresh {
+                if let Err(e) = ws.refresh().await {
+                    tracing::warn!(error = %e.report(), "cannot list the workspace's tables");
+                }
+            }
+            update_table_gauges(&ws).await
+        })
+    })
 }
 
 /// Gauges that are read from the tables' state when scraped.

@@ -1,7 +1,9 @@
 //! Logging: structured `tracing` events on stderr, as text or JSON. Row values and secrets
 //! are never logged.
 
+pub mod endpoint;
 pub mod metrics;
+pub mod progress;
 pub mod state;
 
 use std::io::IsTerminal;

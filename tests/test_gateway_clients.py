@@ -1250,8 +1250,9 @@ def test_metrics_endpoint(gw):
     assert gw.metrics_port, "the gateway was started without a metrics port"
     with urllib.request.urlopen(f"http://127.0.0.1:{gw.metrics_port}/metrics", timeout=10) as resp:
         assert resp.status == 200
-        assert resp.headers.get("Content-Type", "").startswith("text/plain"), resp.headers
+        assert resp.headers.get("Content-Type", "").startswith("application/openmetrics-text"), resp.headers
         body = resp.read().decode()
+    assert body.endswith("# EOF\n"), body[-200:]
     assert re.search(r"^# TYPE skippr_\w+ (counter|gauge)", body, re.M), body[:2000]
     assert re.search(r'^skippr_\w+(\{[^}]*\})? [-+0-9.eE]+', body, re.M), body[:2000]
 

@@ -81,3 +81,66 @@ def test_status_text_and_unknown_pipeline(skippr: Skippr):
     assert_no_panic(bad)
     assert bad.returncode != 0
     assert "no pipeline named `nope`" in bad.stderr
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """Series name (with labels) -> value, from the OpenMetrics text of `/metrics`."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers.get("Content-Type", "").startswith("application/openmetrics-text")
+        body = resp.read().decode()
+    assert body.endswith("# EOF\n"), body[-200:]
+    out = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out[series] = float(value)
+    return out
+
+
+def test_sync_serves_metrics_when_metrics_listen_is_set(skippr: Skippr):
+    from conftest import free_port
+
+    skippr.db.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, amount int);"
+        "INSERT INTO orders SELECT i, i FROM generate_series(1, 100) i;"
+    )
+    port = free_port()
+    skippr.write_config(["orders"], metrics_listen=f"127.0.0.1:{port}", extra_pipeline={"commit_interval": "1h"})
+    proc = skippr.start("sync", "--pipeline", "app")
+    try:
+        deadline = time.time() + 60
+        metrics: dict[str, float] = {}
+        while time.time() < deadline:
+            try:
+                metrics = _scrape(port)
+            except OSError:
+                metrics = {}
+            if metrics.get('skippr_pipeline_state{pipeline="app",state="streaming"}') == 1.0:
+                break
+            time.sleep(0.3)
+        assert metrics.get('skippr_pipeline_state{pipeline="app",state="streaming"}') == 1.0, metrics
+        skippr.db.execute("INSERT INTO orders SELECT i, i FROM generate_series(101, 150) i")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            metrics = _scrape(port)
+            if metrics.get('skippr_source_changes_total{pipeline="app"}', 0) >= 50 and \
+                    metrics.get('skippr_table_wal_tail_rows{table="orders"}', 0) >= 50:
+                break
+            time.sleep(0.3)
+        assert metrics.get('skippr_source_changes_total{pipeline="app"}', 0) >= 50, metrics
+        assert metrics.get('skippr_table_wal_tail_rows{table="orders"}', 0) >= 50, metrics
+        assert metrics.get('skippr_table_committed_lsn{table="orders"}', 0) > 0, metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (skippr.workdir / "bg.stderr").read_text()
+
+
+def test_sync_serves_no_metrics_without_metrics_listen(skippr: Skippr):
+    """The default address belongs to serve: a sync without the setting binds nothing."""
+    skippr.db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    skippr.write_config(["t"])
+    proc = skippr.sync_once()
+    assert "metrics at" not in proc.stderr

@@ -219,6 +219,8 @@ pub struct Config {
     pub query: QueryConfig,
     /// The address of the Prometheus endpoint of `skipprd serve`.
     pub metrics_listen: std::net::SocketAddr,
+    /// Whether `skippr.metrics.listen` is given: `sync` serves metrics only then.
+    pub metrics_listen_set: bool,
     /// Retries after transient faults.
     pub reconnect: ReconnectConfig,
     pub pipelines: Vec<PipelineConfig>,
@@ -861,6 +863,11 @@ impl Validator<'_> {
                 .and_then(|m| m.listen.as_deref())
                 .unwrap_or(model::DEFAULT_METRICS_LISTEN),
         );
+        let metrics_listen_set = file
+            .skippr
+            .metrics
+            .as_ref()
+            .is_some_and(|m| m.listen.is_some());
         Config {
             file: cfg_path.to_path_buf(),
             workspace,
@@ -868,6 +875,7 @@ impl Validator<'_> {
             storage,
             query,
             metrics_listen,
+            metrics_listen_set,
             reconnect,
             pipelines,
             raw,

@@ -1,47 +1,84 @@
-//! Metrics: counters and gauges kept in process by every stage of the data flow, rendered in
-//! the Prometheus text format by the `/metrics` endpoint of `skipprd serve`.
+//! Metrics: counters and gauges kept in process by every stage of the data flow, held in a
+//! `prometheus-client` registry and rendered (OpenMetrics text) by the `/metrics` endpoint of
+//! `skipprd serve`, and of `skipprd sync` when `skippr.metrics.listen` is set (see `endpoint`).
+//!
+//! Stages name a metric where they count it (`add`, `set`); the family is registered on first
+//! use, so the set of metrics stays next to the code that produces them.
 
-use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// One series: metric name and its label pairs.
-type Series = (&'static str, Vec<(&'static str, String)>);
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
-struct Registry {
-    values: BTreeMap<Series, f64>,
-    help: BTreeMap<&'static str, (&'static str, &'static str)>,
+/// Label pairs of one series.
+type Labels = Vec<(&'static str, String)>;
+type Counters = Family<Labels, Counter<f64, AtomicU64>>;
+type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+
+#[derive(Default)]
+struct Metrics {
+    registry: Registry,
+    counters: HashMap<&'static str, Counters>,
+    gauges: HashMap<&'static str, Gauges>,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    values: BTreeMap::new(),
-    help: BTreeMap::new(),
-});
+static METRICS: LazyLock<Mutex<Metrics>> = LazyLock::new(Mutex::default);
 
-fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+fn metrics() -> MutexGuard<'static, Metrics> {
+    METRICS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Adds `v` to a counter.
-pub fn add(name: &'static str, help: &'static str, labels: &[(&'static str, &str)], v: f64) {
-    let mut r = registry();
-    r.help.entry(name).or_insert((help, "counter"));
-    let key = (
-        name,
-        labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
-    );
-    *r.values.entry(key).or_insert(0.0) += v;
+fn labels(labels: &[(&'static str, &str)]) -> Labels {
+    labels.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+/// The registry adds the period that ends a help text, and the `_total` that ends a counter.
+fn help_text(help: &str) -> &str {
+    help.strip_suffix('.').unwrap_or(help)
+}
+
+/// Adds `v` to a counter (its name ends in `_total`).
+pub fn add(name: &'static str, help: &'static str, l: &[(&'static str, &str)], v: f64) {
+    let family = {
+        let mut m = metrics();
+        let Metrics {
+            registry, counters, ..
+        } = &mut *m;
+        counters
+            .entry(name)
+            .or_insert_with(|| {
+                let family = Counters::default();
+                let base = name.strip_suffix("_total").unwrap_or(name);
+                registry.register(base, help_text(help), family.clone());
+                family
+            })
+            .clone()
+    };
+    family.get_or_create(&labels(l)).inc_by(v);
 }
 
 /// Sets a gauge.
-pub fn set(name: &'static str, help: &'static str, labels: &[(&'static str, &str)], v: f64) {
-    let mut r = registry();
-    r.help.entry(name).or_insert((help, "gauge"));
-    let key = (
-        name,
-        labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
-    );
-    r.values.insert(key, v);
+pub fn set(name: &'static str, help: &'static str, l: &[(&'static str, &str)], v: f64) {
+    let family = {
+        let mut m = metrics();
+        let Metrics {
+            registry, gauges, ..
+        } = &mut *m;
+        gauges
+            .entry(name)
+            .or_insert_with(|| {
+                let family = Gauges::default();
+                registry.register(name, help_text(help), family.clone());
+                family
+            })
+            .clone()
+    };
+    family.get_or_create(&labels(l)).set(v);
 }
 
 /// A statement of the gateway finished.
@@ -61,34 +98,15 @@ pub fn query_done(elapsed: Duration, ok: bool) {
     );
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+/// The media type of `render`'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Everything, in the Prometheus text exposition format.
+/// Everything, in the OpenMetrics text format (which Prometheus scrapes).
 pub fn render() -> String {
-    let r = registry();
+    let m = metrics();
     let mut out = String::new();
-    let mut last: Option<&str> = None;
-    for ((name, labels), v) in &r.values {
-        if last != Some(name) {
-            if let Some((help, kind)) = r.help.get(name) {
-                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            }
-            last = Some(name);
-        }
-        out.push_str(name);
-        if !labels.is_empty() {
-            let l: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                .collect();
-            out.push_str(&format!("{{{}}}", l.join(",")));
-        }
-        out.push_str(&format!(" {v}\n"));
-    }
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &m.registry);
     out
 }
 
@@ -112,8 +130,12 @@ mod tests {
         );
         set("skippr_test_gauge", "A test gauge.", &[], 7.5);
         let text = render();
-        assert!(text.contains("# TYPE skippr_test_total counter"));
-        assert!(text.contains("skippr_test_total{pipeline=\"a\\\"b\"} 3"));
+        assert!(text.contains("# HELP skippr_test A test counter.\n# TYPE skippr_test counter"));
+        assert!(
+            text.contains("skippr_test_total{pipeline=\"a\\\"b\"} 3.0"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE skippr_test_gauge gauge\nskippr_test_gauge 7.5"));
+        assert!(text.ends_with("# EOF\n"));
     }
 }

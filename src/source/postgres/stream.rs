@@ -189,6 +189,7 @@ pub async fn stream_to_wal(
     // peer timeout of silence a heartbeat (a logical message) is asked for; after the whole
     // timeout the peer counts as dead and the stream ends with a retryable error.
     let heartbeat = Heartbeat::spawn(cfg.clone());
+    let mut progress = crate::telemetry::progress::CatchUp::new(&pipeline);
     let mut last_heard = Instant::now();
     let mut pinged = false;
 
@@ -377,6 +378,7 @@ pub async fn stream_to_wal(
                 // Nothing received and not yet durable: caught up, whatever else the server
                 // wrote meanwhile (other databases, tables outside the publication).
                 let behind = if builder.is_empty() && current.is_none() {
+                    progress.caught_up();
                     0
                 } else {
                     server_end.0.saturating_sub(last_durable.0)
@@ -390,6 +392,7 @@ pub async fn stream_to_wal(
             }
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {
                 if let Some(t) = &current {
+                    progress.on_commit(t.changes(), Lsn(end_lsn.0), server_end);
                     metrics::add(
                         "skippr_source_changes_total",
                         "Row changes received from the source.",
