@@ -126,7 +126,7 @@ async fn run(cli: Cli) -> Result<u8> {
         } => {
             let p = pick(&config, pipeline.as_deref())?;
             let (tx, rx) = tokio::sync::watch::channel(false);
-            skippr::cdc::trap_signals(tx);
+            skippr::pipeline::trap_signals(tx);
             let mode = skippr::supervise::Mode::Sync { once, resnapshot };
             let report = skippr::supervise::run(&config, p, mode, rx).await?;
             writeln!(

@@ -1,0 +1,1 @@
+//! In-memory doubles of the pipeline seams, for the unit tests.
