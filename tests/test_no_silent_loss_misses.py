@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import Database, Skippr, assert_no_panic, describe_run
-from test_cdc import assert_fails, assert_synced, insert_lsn, table_lsn
+from test_cdc import assert_fails, assert_synced, insert_lsn
 from test_no_silent_loss_sink import snapshot_ids, synced_round, wal_segments
 
 SETUP = """
@@ -45,7 +45,6 @@ def test_change_of_a_row_iceberg_does_not_hold_stops_and_resnapshot_fixes_it(ski
     delete_in_iceberg(skippr, 7)
     rows_before = skippr.read_pyiceberg("ledger", ["id"])
     snapshots_before = snapshot_ids(skippr, "ledger")
-    lsn_before = table_lsn(skippr, "ledger")  # found through the other engine's snapshot
 
     # changes before and after the miss, in their own transactions and in other tables
     db.execute("INSERT INTO ledger VALUES (100, 'before the miss', 1)")
@@ -61,7 +60,6 @@ def test_change_of_a_row_iceberg_does_not_hold_stops_and_resnapshot_fixes_it(ski
         # nothing of the round reached Iceberg, and the change stays in the WAL
         assert skippr.read_pyiceberg("ledger", ["id"]) == rows_before, f"Iceberg changed ({attempt})"
         assert snapshot_ids(skippr, "ledger") == snapshots_before, f"a snapshot was committed ({attempt})"
-        assert table_lsn(skippr, "ledger") == lsn_before
         assert wal_segments(skippr), f"the WAL no longer holds the change ({attempt})"
 
     # the fix the message names
