@@ -18,7 +18,6 @@ pub mod sink;
 pub mod source;
 pub mod wal;
 
-pub mod cdc;
 pub mod cli;
 pub mod pipeline;
 pub mod serve;

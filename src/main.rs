@@ -131,7 +131,7 @@ async fn run(cli: Cli) -> Result<u8> {
         } => {
             let p = pick(&config, pipeline.as_deref())?;
             let (tx, rx) = tokio::sync::watch::channel(false);
-            skippr::cdc::trap_signals(tx);
+            skippr::pipeline::trap_signals(tx);
             let mode = skippr::supervise::Mode::Sync { once, resnapshot };
             // With `skippr.metrics.listen` set, sync serves the same metrics as serve.
             let metrics = if config.metrics_listen_set {

@@ -24,7 +24,7 @@ const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 /// the other pipelines keep running.
 pub async fn run(config: &Config) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    crate::cdc::trap_signals(stop_tx.clone());
+    crate::pipeline::trap_signals(stop_tx.clone());
     let ws = Workspace::open(config).await?;
     let gateway = Gateway::bind(&config.query, ws.clone()).await?;
     let metrics_listener = endpoint::bind(config.metrics_listen).await?;

@@ -15,7 +15,7 @@ use iceberg::io::FileIOBuilder;
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
-use crate::config::AthenaIcebergSink;
+use crate::config::{AthenaIcebergSink, SinkConfig};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::storage::iceberg_io::ObjectStorageFactory;
 use crate::storage::{aws, Location, Store};
@@ -81,6 +81,14 @@ impl SinkCatalog {
             pointer: Pointer::Glue(glue),
             loaded: Arc::default(),
         })
+    }
+
+    /// The catalog a pipeline's data sink names (its sqlite warehouse or Glue database).
+    pub async fn for_sink(sink: &SinkConfig) -> Result<Self> {
+        match sink {
+            SinkConfig::LocalIceberg { warehouse, .. } => Self::open(warehouse).await,
+            SinkConfig::AthenaIceberg { sink, .. } => Self::open_glue(sink),
+        }
     }
 
     /// The table's current state for a query. While its metadata file has not changed,

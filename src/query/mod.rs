@@ -10,7 +10,6 @@ pub mod system;
 pub mod tail;
 pub mod tail_schema;
 
-use crate::pipeline::WalReader;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,6 +29,7 @@ use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::apply::whole_row_key;
 use crate::sink::iceberg::schema as ice_schema;
 use crate::sink::iceberg::{evolve, PROP_PRIMARY_KEY};
+use crate::wal::WalReader;
 use live::LiveTable;
 use tail::{ReducedCache, TableShape, TailCache, TailSnapshot, WalRead};
 
@@ -90,14 +90,14 @@ impl Workspace {
                 Some(i) => i,
                 None => {
                     warehouses.push(warehouse.clone());
-                    sinks.push(crate::pipeline::open_sink(p).await?);
+                    sinks.push(LocalCatalog::for_sink(&p.sink).await?);
                     pipelines.push(Vec::new());
                     sinks.len() - 1
                 }
             };
             pipelines[i].push((
                 p.name.clone(),
-                crate::pipeline::wal_reader(config, p)?,
+                WalReader::for_pipeline(&config.storage, &config.storage_path, &p.name)?,
                 p.source.tables.clone(),
             ));
         }

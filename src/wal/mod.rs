@@ -13,10 +13,12 @@
 //! spilled to disk while it streams (see `spill`) and copied into its segment from there.
 
 pub mod codec;
+mod locate;
 mod objects;
 pub mod spill;
 pub mod store;
 
 pub use crate::change::{Change, Op, Txn};
 pub use codec::Record;
+pub use locate::WalReader;
 pub use store::{SegmentInfo, WalStore};

@@ -1,0 +1,370 @@
+//! The change half of a pipeline: streams the source into the change log (durable, then
+//! acknowledged), and commits the log to the table sinks in batches, per table exactly once;
+//! the log is truncated only through what every table has committed. The steps run through
+//! the seams of `seams`, so the unit tests drive this very code with in-memory doubles.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use iceberg::NamespaceIdent;
+use tokio::sync::watch;
+
+use super::checks::check_source;
+use super::seams::{ChangeLog, ChangeSource, IcebergTable, TableSink, Until};
+use super::shutdown::{bounded, AbortOnDrop};
+use crate::catalog::LocalCatalog;
+use crate::change::{Lsn, Relation};
+use crate::config::{PipelineConfig, TableRef};
+use crate::error::{Error, ErrorKind, Result};
+use crate::wal::{Op, Record};
+
+/// Changes held in memory before a commit is forced, whatever the interval.
+const COMMIT_MAX_CHANGES: u64 = 500_000;
+/// Approximate bytes of pending rows before a commit is forced (wide rows hit this first).
+const COMMIT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// The destination side of every table of a pipeline.
+pub struct Sinks<T: TableSink> {
+    tables: Vec<T>,
+    by_name: HashMap<TableRef, usize>,
+    /// Relation id -> (table, latest description, whether the table has taken it yet).
+    rel: HashMap<u32, (usize, Relation, bool)>,
+    append_only: Vec<TableRef>,
+    /// End LSN of the last log transaction applied (duplicates at or below it are skipped).
+    applied_through: Lsn,
+    /// The pipeline's state file, where each table's watermark is kept.
+    state_file: PathBuf,
+}
+
+impl<T: TableSink> Sinks<T> {
+    /// The pipeline's tables; those in `append_only` refuse updates and deletes.
+    pub fn new(tables: Vec<T>, append_only: Vec<TableRef>, state_file: PathBuf) -> Self {
+        let by_name = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.source().clone(), i))
+            .collect();
+        let applied_through = tables
+            .iter()
+            .map(|t| t.committed())
+            .min()
+            .unwrap_or_default();
+        Self {
+            tables,
+            by_name,
+            rel: HashMap::new(),
+            append_only,
+            applied_through,
+            state_file,
+        }
+    }
+
+    /// Each table and the LSN through which it holds all its changes, idle stretches
+    /// included.
+    pub fn watermarks(&self) -> Vec<(TableRef, Lsn)> {
+        self.tables
+            .iter()
+            .map(|t| (t.source().clone(), t.covered()))
+            .collect()
+    }
+
+    /// The LSN below which every table has committed all its changes.
+    pub fn covered(&self) -> Lsn {
+        self.tables
+            .iter()
+            .map(|t| t.covered())
+            .min()
+            .unwrap_or_default()
+    }
+
+    fn pending_changes(&self) -> u64 {
+        self.tables.iter().map(|t| t.pending_changes()).sum()
+    }
+
+    fn pending_bytes(&self) -> u64 {
+        self.tables.iter().map(|t| t.pending_bytes()).sum()
+    }
+
+    /// Applies WAL records in order. A relation description is taken by its table only when
+    /// a change that follows it is applied, so replaying a segment never re-applies a schema
+    /// the table has already moved past.
+    pub async fn apply(&mut self, records: Vec<Record>) -> Result<()> {
+        for rec in records {
+            match rec {
+                Record::Relation(r) => {
+                    let name = TableRef {
+                        schema: r.namespace.clone(),
+                        name: r.name.clone(),
+                    };
+                    if let Some(&i) = self.by_name.get(&name) {
+                        self.rel.insert(r.id, (i, r, false));
+                    }
+                }
+                Record::Txn(t) => {
+                    let skipped = t.end_lsn <= self.applied_through;
+                    for c in &t.changes {
+                        // A transaction already applied still carries the descriptions the
+                        // later transactions of its segment are read with.
+                        if skipped && c.op != Op::Relation {
+                            continue;
+                        }
+                        if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
+                            let name = TableRef {
+                                schema: r.namespace.clone(),
+                                name: r.name.clone(),
+                            };
+                            if let Some(&i) = self.by_name.get(&name) {
+                                self.rel.insert(r.id, (i, r.clone(), false));
+                            }
+                            continue;
+                        }
+                        // Only tables of this pipeline have a description here (the WAL
+                        // refuses a change without one when it is read).
+                        let Some((i, _, taken)) = self.rel.get(&c.rel) else {
+                            continue;
+                        };
+                        let (i, taken) = (*i, *taken);
+                        if t.end_lsn <= self.tables[i].committed() {
+                            continue;
+                        }
+                        if !taken {
+                            // The description in the WAL is complete: the source is not asked.
+                            if let Some(rel) = self.rel.get(&c.rel).map(|x| x.1.clone()) {
+                                self.tables[i].describe(&rel).await?;
+                            }
+                            if let Some(entry) = self.rel.get_mut(&c.rel) {
+                                entry.2 = true;
+                            }
+                        }
+                        let sink = &mut self.tables[i];
+                        if matches!(c.op, Op::Update | Op::Delete)
+                            && self.append_only.contains(sink.source())
+                        {
+                            return Err(Error::unrepresentable(format!(
+                                "table {} is marked append_only, but an {} arrived (transaction {}); give the table a primary key or REPLICA IDENTITY FULL and remove it from `append_only`, then run `skipprd sync --resnapshot`",
+                                sink.source(),
+                                if c.op == Op::Update { "UPDATE" } else { "DELETE" },
+                                t.xid
+                            )));
+                        }
+                        sink.apply(c, t.end_lsn)?;
+                    }
+                    if skipped {
+                        continue;
+                    }
+                    for sink in &mut self.tables {
+                        sink.advance(t.end_lsn);
+                    }
+                    self.applied_through = t.end_lsn;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn commit(&mut self) -> Result<()> {
+        for t in &mut self.tables {
+            t.commit().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies every log segment not yet applied, commits, and removes what every table now
+/// holds.
+pub async fn apply_log<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T>) -> Result<()> {
+    for seg in log.segments()? {
+        if seg.last <= sinks.applied_through {
+            continue;
+        }
+        let records = log.read(&seg)?;
+        sinks.apply(records).await?;
+        if sinks.pending_changes() >= COMMIT_MAX_CHANGES
+            || sinks.pending_bytes() >= COMMIT_MAX_BYTES
+        {
+            sinks.commit().await?;
+        }
+    }
+    sinks.commit().await?;
+    // The watermarks are recorded before the log that backs them goes, and only what every
+    // table has durably committed goes (the commits fsynced their files).
+    let covered = sinks.covered();
+    super::state::record_commit(&sinks.state_file, &sinks.watermarks(), covered)?;
+    crate::sink::iceberg::durable::pause_point(
+        crate::sink::iceberg::durable::PAUSE_BEFORE_WAL_REMOVAL,
+    )
+    .await;
+    let removed = log.remove_through(covered)?;
+    if removed > 0 {
+        tracing::debug!(
+            segments = removed,
+            "WAL segments committed to Iceberg and removed"
+        );
+    }
+    Ok(())
+}
+
+/// The tables a CDC run commits to, loaded afresh at its start (and after an apply that
+/// failed, since a failed apply leaves staged changes behind), and the check that the
+/// source still sends every table's changes.
+#[async_trait]
+pub trait Tables: Send + Sync {
+    type Sink: TableSink;
+    async fn load(&self) -> Result<Sinks<Self::Sink>>;
+    /// Fails when a table was dropped at the source or left the publication.
+    async fn check_source(&self) -> Result<()>;
+}
+
+/// A pipeline's Iceberg tables.
+pub struct IcebergTables<'a> {
+    pub catalog: &'a LocalCatalog,
+    pub namespace: &'a NamespaceIdent,
+    pub p: &'a PipelineConfig,
+}
+
+#[async_trait]
+impl Tables for IcebergTables<'_> {
+    type Sink = IcebergTable;
+
+    async fn load(&self) -> Result<Sinks<IcebergTable>> {
+        let tables = IcebergTable::load_all(self.catalog, self.namespace, self.p).await?;
+        Ok(Sinks::new(
+            tables,
+            self.p.source.append_only.clone(),
+            self.p.state_file.clone(),
+        ))
+    }
+
+    async fn check_source(&self) -> Result<()> {
+        check_source(self.p).await
+    }
+}
+
+/// The timing of a continuous run.
+#[derive(Debug, Clone)]
+pub struct Cadence {
+    pub pipeline: String,
+    /// How often the log is committed to the tables.
+    pub commit_interval: Duration,
+    /// How long the source may stay silent before it counts as gone.
+    pub peer_timeout: Duration,
+}
+
+impl Cadence {
+    pub fn of(p: &PipelineConfig) -> Self {
+        Self {
+            pipeline: p.name.clone(),
+            commit_interval: p.commit_interval,
+            peer_timeout: p.source.peer_timeout,
+        }
+    }
+}
+
+/// How often a running pipeline checks that its tables still exist and are published.
+const SOURCE_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// `sync --once`: streams everything committed before this call into the log, acknowledges
+/// what is durable there, commits it to the tables, and returns.
+pub async fn catch_up_once<S, L, T>(source: &mut S, log: &L, tables: &T) -> Result<()>
+where
+    S: ChangeSource<L>,
+    L: ChangeLog,
+    T: Tables,
+{
+    let (_shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (durable_tx, _) = watch::channel(Lsn::default());
+    let start = log.resume_point()?;
+    let durable = source
+        .stream_into(log, start, Until::Now, shutdown_rx, &durable_tx)
+        .await?;
+    source.acknowledge(durable).await?;
+    let mut sinks = tables.load().await?;
+    apply_log(log, &mut sinks).await
+}
+
+/// Continuous `sync`: streams and commits until `shutdown` turns true, then flushes,
+/// commits and returns. A transient fault (the stream breaking, the source restarting, a
+/// full disk) commits what is already durable and returns its retryable error: the caller
+/// (`supervise`) waits and runs the pipeline again, which resumes where the log ends.
+pub async fn run_continuous<S, L, T>(
+    source: S,
+    log: &L,
+    tables: &T,
+    cadence: &Cadence,
+    shutdown: watch::Receiver<bool>,
+) -> Result<()>
+where
+    S: ChangeSource<L>,
+    L: ChangeLog,
+    T: Tables,
+{
+    let pipeline = &cadence.pipeline;
+    let mut sinks = tables.load().await?;
+    // Anything already in the log (from before a crash) is committed first. When a value
+    // there cannot be stored, the change that fixes it (the row updated or deleted at the
+    // source) may still be in the slot: stream first, and let the next apply of both decide.
+    if let Err(e) = apply_log(log, &mut sinks).await {
+        if e.kind() != ErrorKind::Unrepresentable {
+            return Err(e);
+        }
+        tracing::warn!(pipeline = %pipeline, error = %e.report(), "the WAL holds a change that cannot be applied yet; streaming first, in case a later change replaces it");
+        sinks = tables.load().await?;
+    }
+    let (durable_tx, _) = watch::channel(Lsn::default());
+    let start = log.resume_point()?;
+    let stream_log = log.clone();
+    let stream_shutdown = shutdown.clone();
+    let tx = durable_tx.clone();
+    let mut source = source;
+    let stream = tokio::spawn(async move {
+        let streamed = source
+            .stream_into(&stream_log, start, Until::Shutdown, stream_shutdown, &tx)
+            .await;
+        (source, streamed)
+    });
+    // An early return (a failed commit) must not leave the stream running beside the next
+    // try: it would hold the slot and write the same log.
+    let mut stream = AbortOnDrop(stream);
+    let mut ticker = tokio::time::interval(cadence.commit_interval);
+    let mut checked = std::time::Instant::now();
+    ticker.tick().await;
+    let outcome = loop {
+        tokio::select! {
+            res = &mut stream.0 => break res,
+            _ = ticker.tick() => {
+                apply_log(log, &mut sinks).await?;
+                if checked.elapsed() >= SOURCE_CHECK_INTERVAL {
+                    bounded(cadence.peer_timeout, "checking the source's tables and publication", tables.check_source()).await?;
+                    checked = std::time::Instant::now();
+                }
+            }
+        }
+    };
+    let (mut source, stream_result) =
+        outcome.map_err(|e| Error::fatal(format!("the replication task failed: {e}")))?;
+    match stream_result {
+        Ok(durable) => {
+            apply_log(log, &mut sinks).await?;
+            bounded(
+                cadence.peer_timeout,
+                "acknowledging the slot",
+                source.acknowledge(durable),
+            )
+            .await?;
+            tracing::info!(pipeline = %pipeline, "stopped: changes flushed, committed and acknowledged");
+            Ok(())
+        }
+        Err(e) => {
+            if e.kind() == ErrorKind::Retryable {
+                // What the stream made durable before the fault goes to the tables now; if
+                // that fails too, the next try does it.
+                if let Err(commit) = apply_log(log, &mut sinks).await {
+                    tracing::debug!(pipeline = %pipeline, error = %commit.report(), "commit after a replication fault failed; the next try commits");
+                }
+            }
+            Err(e)
+        }
+    }
+}

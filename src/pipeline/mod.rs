@@ -1,0 +1,89 @@
+//! `skipprd sync`: runs one pipeline from the source to the sink. The snapshot phase copies
+//! every table not yet copied (see `snapshot`); the CDC phase then streams changes into the
+//! WAL and commits them to Iceberg (see `cdc`) through the seams of `seams`, until `--once`
+//! has caught up or a shutdown is asked for (see `shutdown`).
+
+use tokio::sync::watch;
+
+pub mod cdc;
+mod checks;
+#[cfg(test)]
+mod doubles;
+mod lock;
+pub mod seams;
+pub mod shutdown;
+mod snapshot;
+pub mod state;
+#[cfg(test)]
+mod tests;
+
+pub use lock::PipelineLock;
+pub use shutdown::{bounded, trap_signals};
+
+use crate::catalog::LocalCatalog;
+use crate::config::{Config, PipelineConfig};
+use crate::error::Result;
+use crate::source::postgres::connect::connect;
+use crate::wal::WalStore;
+use cdc::{Cadence, IcebergTables};
+use checks::watch_partitions;
+use seams::PostgresSource;
+use snapshot::{resnapshot_reset, snapshot_phase};
+
+/// What one `sync --once` did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    pub copied: Vec<String>,
+    pub skipped: Vec<String>,
+}
+
+/// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change
+/// stream: up to the server's position at the start of the call with `once`, or until
+/// `shutdown` otherwise.
+pub async fn sync(
+    config: &Config,
+    p: &PipelineConfig,
+    once: bool,
+    resnapshot: bool,
+    shutdown: watch::Receiver<bool>,
+) -> Result<SyncReport> {
+    let _lock = PipelineLock::acquire(config, &p.name)?;
+    if resnapshot {
+        resnapshot_reset(config, p).await?;
+    }
+    let mut report = snapshot_phase(config, p).await?;
+    if p.source.cdc_mode.needs_replication() {
+        let catalog = LocalCatalog::for_sink(&p.sink).await?;
+        let namespace = catalog.ensure_namespace(&config.workspace).await?;
+        let wal = WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?;
+        let tables = IcebergTables {
+            catalog: &catalog,
+            namespace: &namespace,
+            p,
+        };
+        if once {
+            let client = connect(&p.source).await?;
+            let mut source = PostgresSource::new(p, Some(client));
+            cdc::catch_up_once(&mut source, &wal, &tables).await?;
+        } else {
+            let cadence = Cadence::of(p);
+            loop {
+                // The stream stops (flushed, committed, acknowledged) when the user asks or
+                // when a followed partitioned table gains or loses a partition; the table is
+                // then copied again and the stream goes on.
+                let (stop_tx, stop_rx) = watch::channel(false);
+                let watcher = tokio::spawn(watch_partitions(p.clone(), shutdown.clone(), stop_tx));
+                let source = PostgresSource::new(p, None);
+                let streamed = cdc::run_continuous(source, &wal, &tables, &cadence, stop_rx).await;
+                watcher.abort();
+                streamed?;
+                if *shutdown.borrow() {
+                    break;
+                }
+                let again = snapshot_phase(config, p).await?;
+                report.copied.extend(again.copied);
+            }
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,285 @@
+//! The seams the CDC phase drives, source -> change log (WAL) -> table sinks: each is a narrow
+//! trait whose doc comment states its contract, with the real implementation beside it (the
+//! Postgres slot, Skippr's `WalStore`, an Iceberg table). The unit tests drive the same
+//! orchestration code with in-memory doubles of each (see `doubles`).
+
+use async_trait::async_trait;
+use iceberg::{NamespaceIdent, TableIdent};
+use tokio::sync::watch;
+
+use crate::catalog::LocalCatalog;
+use crate::change::{Change, Lsn, Relation, Txn};
+use crate::config::{PipelineConfig, PostgresConfig, TableRef};
+use crate::error::{Context, Result};
+use crate::sink::iceberg::apply::TableSink as IcebergSink;
+use crate::source::postgres::slot::advance_slot;
+use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
+use crate::wal::store::SegmentBuilder;
+use crate::wal::{Record, SegmentInfo, WalStore};
+
+/// When a stream of changes stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// Once everything the source committed before the call is durable in the log
+    /// (`sync --once`).
+    Now,
+    /// When the shutdown channel turns true (continuous `sync`, `serve`).
+    Shutdown,
+}
+
+/// Where changes come from: the source's committed transactions, in order.
+///
+/// Contract:
+/// - Transactions arrive whole and in commit-LSN order: each one's end LSN is greater than
+///   the one before it, and a transaction is never split between two appends to the log.
+/// - A transaction is appended to the log, durably, before its end LSN is published on
+///   `durable` or reported to the source as received; nothing that is not durable in the
+///   log is ever acknowledged.
+/// - [`ChangeSource::acknowledge`] of an LSN means everything up to it may be discarded by
+///   the source: it is never delivered again. The pipeline acknowledges only what `stream_into`
+///   returned as durable.
+#[async_trait]
+pub trait ChangeSource<L: ChangeLog>: Send + 'static {
+    /// Streams into `log` every transaction the source committed after `start` (after the
+    /// source's own acknowledged position when `start` is zero) until `until`. Returns the
+    /// last LSN durable in `log` (at least `start`). An error leaves in the log only whole,
+    /// durable transactions.
+    async fn stream_into(
+        &mut self,
+        log: &L,
+        start: Lsn,
+        until: Until,
+        shutdown: watch::Receiver<bool>,
+        durable: &watch::Sender<Lsn>,
+    ) -> Result<Lsn>;
+
+    /// Tells the source it may discard everything up to `lsn`.
+    async fn acknowledge(&mut self, lsn: Lsn) -> Result<()>;
+}
+
+/// The change log (Skippr's WAL): what the source delivered, kept until every table has
+/// committed it.
+///
+/// Contract:
+/// - [`ChangeLog::append`] is durable before it returns (fsynced, or stored by the object
+///   store): a crash afterwards loses nothing of it; a crash during it leaves nothing of it.
+/// - Segments are listed oldest first; each holds whole transactions with increasing end
+///   LSNs (`first..=last`) and the relation descriptions they are read with, so a reader can
+///   start at any segment and skip those that end at or below an LSN it already has.
+/// - [`ChangeLog::remove_through`] deletes only segments whose every transaction ends at or
+///   below the given LSN; the pipeline passes only an LSN that every table has committed.
+pub trait ChangeLog: Clone + Send + Sync + 'static {
+    /// Appends whole transactions, read with `relations` (the descriptions in effect for the
+    /// relations they change, as far as the transactions do not describe them inline).
+    /// Returns the last end LSN made durable; `None` when there was nothing to append.
+    fn append(&self, relations: &[Relation], txns: &[Txn]) -> Result<Option<Lsn>>;
+
+    /// The complete segments, oldest first.
+    fn segments(&self) -> Result<Vec<SegmentInfo>>;
+
+    /// Every record of a segment. A damaged segment is an error, never skipped.
+    fn read(&self, seg: &SegmentInfo) -> Result<Vec<Record>>;
+
+    /// Deletes the segments whose every transaction ends at or below `lsn`.
+    fn remove_through(&self, lsn: Lsn) -> Result<usize>;
+
+    /// Where the next stream resumes: the end of the newest transaction held (zero when the
+    /// log is empty: the source's own acknowledged position then).
+    fn resume_point(&self) -> Result<Lsn> {
+        Ok(self.segments()?.last().map(|s| s.last).unwrap_or_default())
+    }
+}
+
+/// One destination table.
+///
+/// Contract:
+/// - [`TableSink::committed`] is the end LSN of the last transaction the table's last commit
+///   holds (recorded in the same atomic commit as its rows). Changes of transactions ending
+///   at or below it are already in the table: the pipeline does not apply them again, so
+///   replaying the log after a crash creates no duplicates (apply is idempotent above the
+///   committed LSN).
+/// - [`TableSink::apply`] stages a change; nothing is visible to readers until
+///   [`TableSink::commit`], which makes everything staged durable in one atomic commit (the
+///   log is truncated only after it). An UPDATE or DELETE whose old row cannot be found is an
+///   error, never ignored.
+/// - [`TableSink::covered`] is the LSN through which the table holds every change, stretches
+///   without a change for it included; while changes are staged it is the committed LSN.
+#[async_trait]
+pub trait TableSink: Send {
+    /// The source table this sink follows.
+    fn source(&self) -> &TableRef;
+    fn committed(&self) -> Lsn;
+    fn covered(&self) -> Lsn;
+    /// Takes the relation description the following changes are read with.
+    async fn describe(&mut self, relation: &Relation) -> Result<()>;
+    /// Stages one change of a transaction ending at `end_lsn`.
+    fn apply(&mut self, change: &Change, end_lsn: Lsn) -> Result<()>;
+    /// Marks the table complete through `end_lsn` although the transaction did not change it.
+    fn advance(&mut self, end_lsn: Lsn);
+    fn pending_changes(&self) -> u64;
+    fn pending_bytes(&self) -> u64;
+    /// Commits everything staged, atomically and durably, with its LSN.
+    async fn commit(&mut self) -> Result<()>;
+}
+
+/// The Postgres replication slot of a pipeline.
+pub struct PostgresSource {
+    cfg: PostgresConfig,
+    /// Memory budget of one transaction before it spills to disk.
+    budget: u64,
+    /// A plain SQL session (marks and acknowledgements), opened when first needed.
+    client: Option<tokio_postgres::Client>,
+}
+
+impl PostgresSource {
+    pub fn new(p: &PipelineConfig, client: Option<tokio_postgres::Client>) -> Self {
+        Self {
+            cfg: p.source.clone(),
+            budget: p.transaction_memory_budget,
+            client,
+        }
+    }
+
+    async fn client(&mut self) -> Result<&tokio_postgres::Client> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            self.client = Some(crate::source::postgres::connect::connect(&self.cfg).await?);
+        }
+        self.client
+            .as_ref()
+            .ok_or_else(|| crate::error::Error::fatal("the source session was not opened"))
+    }
+}
+
+#[async_trait]
+impl ChangeSource<WalStore> for PostgresSource {
+    async fn stream_into(
+        &mut self,
+        log: &WalStore,
+        start: Lsn,
+        until: Until,
+        shutdown: watch::Receiver<bool>,
+        durable: &watch::Sender<Lsn>,
+    ) -> Result<Lsn> {
+        let stop = match until {
+            Until::Shutdown => StopAt::Shutdown,
+            Until::Now => {
+                // A logical message marks "now" in the stream: everything committed before it
+                // has arrived when it does.
+                let nonce = uuid::Uuid::new_v4().to_string();
+                self.client()
+                    .await?
+                    .query_one(
+                        "SELECT pg_logical_emit_message(false, $1, $2)::text",
+                        &[&ONCE_MARKER_PREFIX, &nonce],
+                    )
+                    .await
+                    .context("marking the current WAL position (pg_logical_emit_message)")?;
+                StopAt::Marker(nonce)
+            }
+        };
+        stream_to_wal(&self.cfg, log, start, stop, self.budget, shutdown, durable).await
+    }
+
+    async fn acknowledge(&mut self, lsn: Lsn) -> Result<()> {
+        let slot = self.cfg.slot.clone();
+        advance_slot(self.client().await?, &slot, lsn).await
+    }
+}
+
+impl ChangeLog for WalStore {
+    fn append(&self, relations: &[Relation], txns: &[Txn]) -> Result<Option<Lsn>> {
+        let mut builder = SegmentBuilder::default();
+        for r in relations {
+            builder.relation(r.clone());
+        }
+        for t in txns {
+            builder.push(t);
+        }
+        builder.flush(self)
+    }
+
+    fn segments(&self) -> Result<Vec<SegmentInfo>> {
+        WalStore::segments(self)
+    }
+
+    fn read(&self, seg: &SegmentInfo) -> Result<Vec<Record>> {
+        WalStore::read(self, seg)
+    }
+
+    fn remove_through(&self, lsn: Lsn) -> Result<usize> {
+        WalStore::remove_through(self, lsn)
+    }
+}
+
+/// One Iceberg table of a pipeline, with the catalog it commits through.
+pub struct IcebergTable {
+    sink: IcebergSink,
+    catalog: LocalCatalog,
+    pipeline: String,
+}
+
+impl IcebergTable {
+    /// Loads every table of the pipeline from its catalog: committed LSN and key index.
+    pub async fn load_all(
+        catalog: &LocalCatalog,
+        namespace: &NamespaceIdent,
+        p: &PipelineConfig,
+    ) -> Result<Vec<Self>> {
+        let mut tables = Vec::new();
+        for t in &p.source.tables {
+            let ident = TableIdent::new(namespace.clone(), t.iceberg_name());
+            let table = catalog
+                .catalog
+                .load_table(&ident)
+                .await
+                .with_context(|| format!("loading Iceberg table {ident}"))?;
+            tables.push(Self {
+                sink: IcebergSink::load(t.clone(), table).await?,
+                catalog: catalog.clone(),
+                pipeline: p.name.clone(),
+            });
+        }
+        Ok(tables)
+    }
+}
+
+#[async_trait]
+impl TableSink for IcebergTable {
+    fn source(&self) -> &TableRef {
+        &self.sink.source
+    }
+
+    fn committed(&self) -> Lsn {
+        self.sink.lsn
+    }
+
+    fn covered(&self) -> Lsn {
+        self.sink.covered()
+    }
+
+    async fn describe(&mut self, relation: &Relation) -> Result<()> {
+        self.sink
+            .relation(relation, &self.catalog, &self.pipeline)
+            .await
+    }
+
+    fn apply(&mut self, change: &Change, end_lsn: Lsn) -> Result<()> {
+        self.sink.apply(change, end_lsn)
+    }
+
+    fn advance(&mut self, end_lsn: Lsn) {
+        self.sink.advance(end_lsn)
+    }
+
+    fn pending_changes(&self) -> u64 {
+        self.sink.pending_changes()
+    }
+
+    fn pending_bytes(&self) -> u64 {
+        self.sink.pending_bytes()
+    }
+
+    async fn commit(&mut self) -> Result<()> {
+        self.sink.commit(&self.catalog, &self.pipeline).await
+    }
+}

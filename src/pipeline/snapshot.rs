@@ -1,0 +1,344 @@
+//! The snapshot phase of a pipeline: decides which tables must be copied (never copied, a
+//! copy cut short, or rows that can no longer be trusted complete), runs the refusals, creates
+//! the slot with an exported snapshot and copies the tables inside it, then records each
+//! table's watermark.
+
+use std::path::Path;
+
+use super::checks::{
+    check_owner, check_replication_ready, require_published, require_slot_if_synced,
+    require_slot_not_moved, require_via_root,
+};
+use super::state::{PipelineState, TableState};
+use super::SyncReport;
+use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
+use crate::config::{CdcMode, Config, PipelineConfig};
+use crate::error::{Context, Error, Result};
+use crate::sink::iceberg::{commit, schema as ice_schema, PROP_PRIMARY_KEY};
+use crate::source::postgres::connect::connect;
+use crate::source::postgres::schema::{check_partition_overlap, describe, TableSchema};
+use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
+use crate::source::postgres::snapshot::{copy_tables, TableJob};
+use crate::wal::WalStore;
+
+/// Drops the pipeline's tables, WAL and slot so the next snapshot starts from scratch.
+pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Result<()> {
+    let catalog = LocalCatalog::for_sink(&p.sink).await?;
+    let namespace = catalog.ensure_namespace(&config.workspace).await?;
+    for t in &p.source.tables {
+        let ident = iceberg::TableIdent::new(namespace.clone(), t.iceberg_name());
+        if iceberg::Catalog::table_exists(catalog.catalog.as_ref(), &ident)
+            .await
+            .context("looking up a table")?
+        {
+            iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
+                .await
+                .with_context(|| format!("dropping Iceberg table {ident} for the re-snapshot"))?;
+        }
+    }
+    WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?.clear()?;
+    PipelineState::remove(&p.state_file)?;
+    if p.source.cdc_mode.needs_replication() {
+        let client = connect(&p.source).await?;
+        if slot_info(&client, &p.source.slot).await?.is_some() {
+            client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&p.source.slot])
+                .await
+                .with_context(|| format!("dropping replication slot `{}` for the re-snapshot (is another process using it?)", p.source.slot))?;
+        }
+    }
+    tracing::info!(pipeline = %p.name, "re-snapshot: tables, WAL and slot reset");
+    Ok(())
+}
+
+/// The snapshot of every table that has no committed snapshot yet, or whose committed rows
+/// can no longer be trusted to be complete (see [`copy_again`]).
+pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncReport> {
+    let cfg = &p.source;
+    let catalog = LocalCatalog::for_sink(&p.sink).await?;
+    let namespace = catalog.ensure_namespace(&config.workspace).await?;
+    let client = connect(cfg).await?;
+
+    let mut schemas = Vec::new();
+    for t in &cfg.tables {
+        schemas.push(describe(&client, t).await?);
+    }
+    check_partition_overlap(&schemas)?;
+    if cfg.cdc_mode.needs_replication() {
+        check_replication_ready(&client, p, &schemas).await?;
+    }
+
+    let prior = PipelineState::load(&p.state_file)?;
+    // Tables that left `tables:` leave the state: nothing follows them any more.
+    let mut state = PipelineState {
+        wal_removed_through: prior
+            .as_ref()
+            .map(|s| s.wal_removed_through)
+            .unwrap_or_default(),
+        ..PipelineState::default()
+    };
+    let mut report = SyncReport::default();
+    let mut todo = Vec::new();
+    let mut synced_partitioned = Vec::new();
+    for ts in schemas {
+        let table = ice_schema::create_or_load(&catalog, &namespace, &ts).await?;
+        let Some(lsn) = commit::committed_lsn(&table) else {
+            remove_uncommitted_files(&table)?;
+            todo.push(job(ts, table, false)?);
+            continue;
+        };
+        check_owner(&table, &ts, p)?;
+        let recorded = prior.as_ref().and_then(|s| s.table(&ts.table));
+        match copy_again(prior.as_ref(), recorded, &ts, lsn) {
+            None => {
+                // Without a state yet (a pipeline from before it was kept), adopt what
+                // Iceberg records.
+                let watermark = recorded.map(|r| r.watermark).unwrap_or(lsn).max(lsn);
+                let partitions = recorded
+                    .map(|r| r.partitions.clone())
+                    .unwrap_or_else(|| ts.partitions.clone());
+                state.tables.insert(
+                    ts.table.to_string(),
+                    TableState {
+                        watermark,
+                        partitions,
+                        copying_at: None,
+                    },
+                );
+                if ts.partitioned {
+                    synced_partitioned.push(ts.table.to_string());
+                }
+                report.skipped.push(ts.table.to_string());
+            }
+            Some(reason) => {
+                tracing::warn!(table = %ts.table, committed_lsn = %lsn, reason = %reason, "copying the table again");
+                let (table, replace) = if same_columns(&table, &ts) {
+                    (table, true)
+                } else {
+                    // The source's columns changed while nothing followed them: start the
+                    // Iceberg table afresh from the source's current shape.
+                    (recreate(&catalog, &namespace, &ts).await?, false)
+                };
+                todo.push(job(ts, table, replace)?);
+            }
+        }
+    }
+
+    if cfg.cdc_mode.needs_replication() {
+        let via_root = require_via_root(&client, p, &todo, &synced_partitioned).await?;
+        require_published(&client, p, &report).await?;
+        slot::ensure_publication(&client, cfg, via_root).await?;
+        require_slot_if_synced(&client, p, &report).await?;
+        require_slot_not_moved(config, &client, p, &report, prior.is_some(), &state).await?;
+    }
+
+    match cfg.cdc_mode {
+        CdcMode::SnapshotOnly => {
+            if !todo.is_empty() {
+                // A plain transaction exports the snapshot; its LSN is informational.
+                let exporter = connect(cfg).await?;
+                exporter
+                    .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await
+                    .context("starting the snapshot transaction")?;
+                let row = exporter
+                    .query_one(
+                        "SELECT pg_export_snapshot(), pg_current_wal_lsn()::text",
+                        &[],
+                    )
+                    .await
+                    .context("exporting a snapshot")?;
+                let name: String = row.get(0);
+                let lsn = Lsn::parse(&row.get::<_, String>(1)).map_err(Error::fatal)?;
+                report.copied = names(&todo);
+                mark_copying(&mut state, &todo, lsn, &p.state_file)?;
+                copy_tables(cfg, &name, lsn, todo, &catalog, &p.name).await?;
+                exporter
+                    .batch_execute("COMMIT")
+                    .await
+                    .context("ending the snapshot")?;
+            }
+        }
+        CdcMode::SnapshotThenCdc => {
+            if !todo.is_empty() {
+                let existing = slot_info(&client, &cfg.slot).await?;
+                // The pipeline's slot is created once, with the first snapshot. A later snapshot
+                // (an interrupted one, or a table added since) uses a temporary slot of its own:
+                // the pipeline slot keeps what it holds, and each table records its own LSN.
+                let exported = match existing {
+                    None => create_slot_exporting_snapshot(cfg, &cfg.slot, false).await?,
+                    Some(_) => {
+                        let tmp = format!("{}_snap_{}", cfg.slot, std::process::id());
+                        create_slot_exporting_snapshot(cfg, &tmp, true).await?
+                    }
+                };
+                report.copied = names(&todo);
+                let lsn = exported.consistent_point;
+                mark_copying(&mut state, &todo, lsn, &p.state_file)?;
+                copy_tables(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
+                drop(exported.session);
+            }
+        }
+        CdcMode::CdcOnly => {
+            let start = match slot_info(&client, &cfg.slot).await? {
+                Some(s) => s.confirmed_flush.unwrap_or_default(),
+                None => {
+                    let created = create_slot_exporting_snapshot(cfg, &cfg.slot, false).await?;
+                    created.consistent_point
+                }
+            };
+            // No snapshot: each new table starts empty at the slot's position.
+            mark_copying(&mut state, &todo, start, &p.state_file)?;
+            for job in todo {
+                if job.replace {
+                    commit::replace(&catalog, &job.table, Vec::new(), start, "cdc", &p.name)
+                        .await?;
+                } else {
+                    commit::append(&catalog, &job.table, Vec::new(), start, "cdc", &p.name).await?;
+                }
+                report.copied.push(job.schema.table.to_string());
+            }
+        }
+    }
+    for t in state.tables.values_mut() {
+        if let Some(lsn) = t.copying_at.take() {
+            t.watermark = lsn;
+        }
+    }
+    state.save(&p.state_file)?;
+    Ok(report)
+}
+
+fn job(schema: TableSchema, table: iceberg::table::Table, replace: bool) -> Result<TableJob> {
+    let arrow = ice_schema::arrow_schema(&table)?;
+    Ok(TableJob {
+        schema,
+        table,
+        arrow,
+        replace,
+    })
+}
+
+/// Records the tables about to be copied at `lsn` before the copy starts, so that a copy cut
+/// short is found and started over (see [`TableState::copying_at`]).
+fn mark_copying(
+    state: &mut PipelineState,
+    todo: &[TableJob],
+    lsn: Lsn,
+    path: &std::path::Path,
+) -> Result<()> {
+    for j in todo {
+        state.tables.insert(
+            j.schema.table.to_string(),
+            TableState {
+                watermark: Lsn::default(),
+                partitions: j.schema.partitions.clone(),
+                copying_at: Some(lsn),
+            },
+        );
+    }
+    state.save(path)
+}
+
+/// Why a table whose Iceberg table records `lsn` must be copied again, if it must: its
+/// rows may lack changes that no slot or WAL can deliver any more.
+fn copy_again(
+    prior: Option<&PipelineState>,
+    recorded: Option<&TableState>,
+    ts: &TableSchema,
+    lsn: Lsn,
+) -> Option<String> {
+    // Without a state the pipeline predates it: trust the Iceberg table once.
+    let prior = prior?;
+    let Some(recorded) = recorded else {
+        return Some(
+            "the pipeline did not follow it for a while (it was left out of `tables:`), so changes made meanwhile are missing".into(),
+        );
+    };
+    if let Some(at) = recorded.copying_at {
+        if lsn < at {
+            return Some(format!("its copy at {at} was cut short"));
+        }
+        return None;
+    }
+    if recorded.partitions != ts.partitions {
+        return Some(
+            "partitions were attached or detached since it was copied; replication does not carry the rows they bring or take away".into(),
+        );
+    }
+    let complete_through = recorded.watermark.max(lsn);
+    if complete_through < prior.wal_removed_through {
+        return Some(format!(
+            "it is known complete only through {complete_through}, but the pipeline's WAL was already removed through {}",
+            prior.wal_removed_through
+        ));
+    }
+    None
+}
+
+/// Whether the Iceberg table was made from the source's current columns and key, so that a
+/// new copy can replace its rows in place.
+fn same_columns(table: &iceberg::table::Table, ts: &TableSchema) -> bool {
+    let Some(recorded) = crate::sink::iceberg::evolve::recorded_columns(table) else {
+        return false;
+    };
+    let key = table
+        .metadata()
+        .properties()
+        .get(PROP_PRIMARY_KEY)
+        .cloned()
+        .unwrap_or_default();
+    key == ts.primary_key.join(",")
+        && recorded.len() == ts.columns.len()
+        && recorded.iter().zip(&ts.columns).all(|(r, c)| {
+            r.field.is_none() && r.name == c.name && r.oid == c.type_oid && r.typmod == c.typmod
+        })
+}
+
+/// Drops the Iceberg table and creates it again from the source's current shape.
+async fn recreate(
+    catalog: &LocalCatalog,
+    namespace: &iceberg::NamespaceIdent,
+    ts: &TableSchema,
+) -> Result<iceberg::table::Table> {
+    let ident = iceberg::TableIdent::new(namespace.clone(), ts.table.iceberg_name());
+    iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
+        .await
+        .with_context(|| format!("dropping Iceberg table {ident} to copy it again"))?;
+    ice_schema::create_or_load(catalog, namespace, ts).await
+}
+
+fn names(todo: &[TableJob]) -> Vec<String> {
+    todo.iter().map(|j| j.schema.table.to_string()).collect()
+}
+
+/// Deletes data files left by an interrupted snapshot of a table that has no snapshot yet:
+/// nothing references them, and the copy starts over.
+fn remove_uncommitted_files(table: &iceberg::table::Table) -> Result<()> {
+    if table.metadata().current_snapshot().is_some() {
+        return Ok(());
+    }
+    let location = table.metadata().location();
+    let Some(path) = location.strip_prefix("file://") else {
+        return Ok(());
+    };
+    let data = Path::new(path).join("data");
+    if data.is_dir() {
+        let mut removed = 0;
+        for entry in
+            std::fs::read_dir(&data).with_context(|| format!("listing {}", data.display()))?
+        {
+            let entry = entry.with_context(|| format!("listing {}", data.display()))?;
+            if entry.path().extension().is_some_and(|e| e == "parquet") {
+                std::fs::remove_file(entry.path())
+                    .with_context(|| format!("removing {}", entry.path().display()))?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(table = %table.identifier(), files = removed, "removed files of an interrupted snapshot");
+        }
+    }
+    Ok(())
+}
