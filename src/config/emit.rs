@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 40] = [
+const KEY_ORDER: [&str; 42] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -45,6 +45,8 @@ const KEY_ORDER: [&str; 40] = [
     "password",
     "key",
     "database",
+    "sslmode",
+    "sslrootcert",
     "tables",
     "cdc_mode",
     "publication",

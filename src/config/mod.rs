@@ -9,6 +9,7 @@ pub mod emit;
 pub mod locate;
 pub mod model;
 mod overlap;
+mod source_tls;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -167,6 +168,11 @@ pub struct PostgresConfig {
     pub user: String,
     pub password: Option<String>,
     pub database: String,
+    /// TLS to the server (libpq's `sslmode`).
+    pub sslmode: SslMode,
+    /// CA certificates (PEM) the server's certificate must chain to; `None`: libpq's
+    /// default, `~/.postgresql/root.crt`.
+    pub sslrootcert: Option<PathBuf>,
     pub tables: Vec<TableRef>,
     pub cdc_mode: CdcMode,
     pub publication: String,
@@ -776,7 +782,7 @@ impl Validator<'_> {
             let source = source.and_then(|(sname, s)| {
                 s.postgres
                     .as_ref()
-                    .and_then(|pg| self.postgres(sname, pg, &workspace, name))
+                    .and_then(|pg| self.postgres(sname, pg, &workspace, name, base))
                     .map(|pg| PostgresConfig {
                         peer_timeout: reconnect.peer_timeout,
                         ..pg
@@ -1081,6 +1087,7 @@ impl Validator<'_> {
         pg: &PostgresSource,
         workspace: &str,
         pipeline: &str,
+        base: &Path,
     ) -> Option<PostgresConfig> {
         let at = |field: &str| keys(&["data_sources", source_name, "Postgres", field]);
         let before = self.problems.len();
@@ -1156,6 +1163,8 @@ impl Validator<'_> {
                 "must be between 1 and 4096 (MiB)",
             );
         }
+        let sslmode = pg.sslmode.unwrap_or_default();
+        let sslrootcert = self.source_tls(&at, &pg.host, sslmode, pg.sslrootcert.as_deref(), base);
         if self.problems.len() != before {
             return None;
         }
@@ -1166,6 +1175,8 @@ impl Validator<'_> {
             user: pg.user.clone(),
             password: pg.password.clone(),
             database: pg.database.clone(),
+            sslmode,
+            sslrootcert,
             tables,
             cdc_mode: pg.cdc_mode(),
             publication: pg

@@ -230,13 +230,35 @@ impl CdcMode {
     }
 }
 
-/// TLS mode for the connections to Postgres.
+/// TLS on the connections to the source Postgres, with libpq's `sslmode` names and meaning.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum SslMode {
-    /// Plain TCP.
-    #[default]
+    /// Plain TCP only.
     Disable,
+    /// TLS when the server offers it, plain TCP otherwise; the certificate is not checked.
+    #[default]
+    Prefer,
+    /// TLS or no connection. The certificate is checked as with `verify-ca` when a root
+    /// certificate is available (`sslrootcert`, or `~/.postgresql/root.crt`), not otherwise.
+    Require,
+    /// TLS with a certificate signed by a trusted CA (`sslrootcert`).
+    VerifyCa,
+    /// As `verify-ca`, and the certificate must name the host connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The name written in `skippr.yml` (libpq's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
 }
 
 /// Connection and replication settings of a Postgres source.
@@ -255,6 +277,14 @@ pub struct PostgresSource {
     pub password: Option<String>,
     /// Database name.
     pub database: String,
+    /// TLS to the server: `disable`, `prefer` (default), `require`, `verify-ca` or
+    /// `verify-full`, as libpq's `sslmode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sslmode: Option<SslMode>,
+    /// CA certificates (PEM) the server's certificate must chain to, relative to
+    /// `skippr.yml` (default `~/.postgresql/root.crt`, as libpq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sslrootcert: Option<String>,
     /// Tables to follow: `name` (schema `public`) or `schema.name`.
     pub tables: Vec<String>,
     /// How the tables are read: `snapshot_then_cdc` (default), `cdc_only`, `snapshot_only`.

@@ -465,6 +465,27 @@ class DataSourcePostgresSourceCdcMode(str, enum.Enum):
 _CDC_ALLOWED = ", ".join(m.value for m in DataSourcePostgresSourceCdcMode)
 
 
+class DataSourcePostgresSourceSslMode(str, enum.Enum):
+    """TLS to a Postgres source (``sslmode``), with libpq's names and meaning."""
+
+    #: Plain TCP only.
+    DISABLE = "disable"
+    #: TLS when the server offers it, plain otherwise; the certificate is not checked (default).
+    PREFER = "prefer"
+    #: TLS always; the certificate is checked only when ``sslrootcert`` is given.
+    REQUIRE = "require"
+    #: TLS with a certificate signed by the CA in ``sslrootcert``.
+    VERIFYCA = "verify-ca"
+    #: As ``verify-ca``, and the certificate must name the host.
+    VERIFYFULL = "verify-full"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_SSL_ALLOWED = ", ".join(m.value for m in DataSourcePostgresSourceSslMode)
+
+
 class DataSourcePostgres(_Value):
     """A Postgres database, read by snapshot and logical replication (``Postgres:``).
 
@@ -474,7 +495,7 @@ class DataSourcePostgres(_Value):
 
     #: Fields in the order they are written.
     _fields = (
-        "host", "port", "user", "password", "database", "tables", "cdc_mode",
+        "host", "port", "user", "password", "database", "sslmode", "sslrootcert", "tables", "cdc_mode",
         "publication", "slot", "append_only", "snapshot_parallelism",
         "parquet_target_file_size_mb",
     )
@@ -484,6 +505,9 @@ class DataSourcePostgres(_Value):
     user: Text
     password: Optional[Text]
     database: Text
+    sslmode: Optional[DataSourcePostgresSourceSslMode]
+    #: PEM file of the CA the server's certificate must chain to, relative to ``skippr.yml``.
+    sslrootcert: Optional[Text]
     tables: Tuple[str, ...]
     cdc_mode: Optional[DataSourcePostgresSourceCdcMode]
     publication: Optional[Text]
@@ -502,6 +526,8 @@ class DataSourcePostgres(_Value):
         tables: Sequence[str],
         port: Optional[int] = None,
         password: Optional[Text] = None,
+        sslmode: Union[DataSourcePostgresSourceSslMode, str, None] = None,
+        sslrootcert: Optional[Text] = None,
         cdc_mode: Union[DataSourcePostgresSourceCdcMode, str, None] = None,
         publication: Optional[Text] = None,
         slot: Optional[Text] = None,
@@ -515,6 +541,11 @@ class DataSourcePostgres(_Value):
         self._set("user", c.text("user", user, required=True))
         self._set("password", c.text("password", password, required=False))
         self._set("database", c.text("database", database, required=True))
+        self._set("sslmode", _ssl_mode(c, sslmode))
+        rootcert = c.text("sslrootcert", sslrootcert, required=False)
+        if isinstance(rootcert, str) and not rootcert.strip():
+            c.fail(["sslrootcert"], "must not be empty: give the path of the CA certificate file (PEM), or leave it out")
+        self._set("sslrootcert", rootcert)
         the_tables = c.tables("tables", tables, required=True)
         self._set("tables", the_tables)
         self._set("cdc_mode", _cdc_mode(c, cdc_mode))
@@ -547,6 +578,22 @@ class DataSourcePostgres(_Value):
                 "parquet_target_file_size_mb", parquet_target_file_size_mb, 1, 4096, "a size in MiB"
             ),
         )
+
+
+def _ssl_mode(c: _Check, value: object) -> Optional[DataSourcePostgresSourceSslMode]:
+    if value is None or isinstance(value, DataSourcePostgresSourceSslMode):
+        return value
+    if isinstance(value, str):
+        if has_reference(value):
+            return value  # type: ignore[return-value]
+        for m in DataSourcePostgresSourceSslMode:
+            if m.value == value:
+                return m
+        c.fail(["sslmode"], f"unknown value `{value}`; allowed: {_SSL_ALLOWED}")
+    c.fail(
+        ["sslmode"],
+        f"expected a DataSourcePostgresSourceSslMode or one of {_SSL_ALLOWED}, found {describe(value)}",
+    )
 
 
 def _cdc_mode(c: _Check, value: object) -> Optional[DataSourcePostgresSourceCdcMode]:
@@ -784,6 +831,7 @@ __all__ = [
     "DataSinkRef",
     "DataSourcePostgres",
     "DataSourcePostgresSourceCdcMode",
+    "DataSourcePostgresSourceSslMode",
     "DataSourceRef",
     "EnvRef",
     "LocalStorage",
