@@ -32,7 +32,7 @@ pub struct Sinks {
     /// End LSN of the last WAL transaction applied (duplicates at or below it are skipped).
     applied_through: Lsn,
     /// The pipeline's state file, where each table's watermark is kept.
-    state_file: std::path::PathBuf,
+    state_file: crate::storage::state_file::StateFile,
 }
 
 impl Sinks {

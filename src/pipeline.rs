@@ -130,6 +130,7 @@ pub async fn sync(
     shutdown: watch::Receiver<bool>,
 ) -> Result<SyncReport> {
     let _lock = PipelineLock::acquire(config, &p.name)?;
+    let _lease = state::hold_lease(config, &p.name).await?;
     if resnapshot {
         resnapshot_reset(config, p).await?;
     }
@@ -424,7 +425,7 @@ fn mark_copying(
     state: &mut PipelineState,
     todo: &[TableJob],
     lsn: Lsn,
-    path: &std::path::Path,
+    path: &state::StateFile,
 ) -> Result<()> {
     for j in todo {
         state.tables.insert(

@@ -6,6 +6,7 @@
 
 pub mod connect;
 pub mod emit;
+mod lease;
 pub mod locate;
 pub mod model;
 mod overlap;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde_yaml::Value;
 
 use crate::error::Error;
+use crate::storage::state_file::StateFile;
 use locate::{display_path, Locator, Position, Segment};
 pub use model::*;
 
@@ -207,8 +209,9 @@ pub struct PipelineConfig {
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
-    /// The pipeline's state file in the state folder (tables followed, their watermarks).
-    pub state_file: PathBuf,
+    /// The pipeline's state (tables followed, their watermarks): a file in the state folder,
+    /// or an object in the S3 state prefix.
+    pub state_file: StateFile,
 }
 
 /// The loaded, validated configuration.
@@ -227,6 +230,8 @@ pub struct Config {
     pub metrics_listen: std::net::SocketAddr,
     /// Retries after transient faults.
     pub reconnect: ReconnectConfig,
+    /// How the pipeline leases of S3 mode are renewed and expire.
+    pub lease: crate::storage::lease::LeaseSettings,
     pub pipelines: Vec<PipelineConfig>,
     /// The file as written, with `${VAR}` references still literal.
     pub raw: Value,
@@ -682,6 +687,7 @@ impl Validator<'_> {
         let (storage_path, storage) = self.storage(&file.skippr, base);
 
         let reconnect = self.reconnect(file);
+        let lease = self.lease(file);
 
         for (name, def) in &file.data_sources {
             if def.postgres.is_none() && !self.reported_under(&["data_sources", name]) {
@@ -848,9 +854,14 @@ impl Validator<'_> {
                     source,
                     sink,
                     schema_sink,
-                    state_file: storage_path
-                        .join("pipelines")
-                        .join(format!("{name}.state.json")),
+                    state_file: match &storage {
+                        crate::storage::Location::Local(_) => StateFile::Local(
+                            storage_path
+                                .join("pipelines")
+                                .join(format!("{name}.state.json")),
+                        ),
+                        s3 => StateFile::object(s3, &format!("pipelines/{name}.state.json")),
+                    },
                 });
             }
         }
@@ -875,6 +886,7 @@ impl Validator<'_> {
             query,
             metrics_listen,
             reconnect,
+            lease,
             pipelines,
             raw,
         }
@@ -1041,8 +1053,8 @@ impl Validator<'_> {
                     self.report(at(), e);
                     Location::Local(PathBuf::new())
                 });
-                // Local bookkeeping of an S3 pipeline (its lock and watermark state) lives in
-                // the temp folder, per S3 location and per config folder, so two configs on
+                // Local bookkeeping of an S3 pipeline (its process lock and scratch files)
+                // lives in the temp folder, per S3 location and per config folder, so two configs on
                 // one machine never share it.
                 let base_tag = base
                     .to_string_lossy()

@@ -67,6 +67,24 @@ pub struct Settings {
     /// How pipelines ride out transient faults (the source restarting, a broken connection).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconnect: Option<ReconnectSettings>,
+    /// The pipeline leases of `skipprd_el_storage_mode: s3` (one writer per pipeline across
+    /// machines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseSettingsDef>,
+}
+
+/// `skippr.lease`: with the WAL and state on S3, each running pipeline holds a lease object
+/// in the state prefix; another `sync` of it is refused until the lease expires.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseSettingsDef {
+    /// How often the holder renews its lease (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_every: Option<String>,
+    /// How long after its last renewal a lease expires and may be taken over (default 2m;
+    /// at least twice `renew_every`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_after: Option<String>,
 }
 
 /// Longest wait between two tries after a transient fault.

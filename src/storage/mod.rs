@@ -9,7 +9,9 @@
 
 pub mod aws;
 pub mod iceberg_io;
+pub mod lease;
 mod local;
+pub mod state_file;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
