@@ -783,3 +783,29 @@ def test_gateway_settings_round_trip_and_survive_connect(tmp_path: Path) -> None
     assert written.startswith(text.split("\n\n")[0]), f"skipprd connect changed skippr:\n{written}"
     loaded = Config.load(config)
     assert loaded.get_query() == cfg.get_query() and loaded.get_metrics() == cfg.get_metrics()
+
+
+def test_lease_settings_round_trip_and_validate(tmp_path: Path) -> None:
+    """`skippr.lease` written by Python reads back equal, and skipprd accepts it."""
+    from skippr import LeaseSettings, S3Storage
+
+    cfg = Config().workspace("w").storage(S3Storage("s3://state-bucket/prefix")).lease(
+        LeaseSettings(renew_every="1s", expire_after="4s")
+    )
+    src = cfg.data_source("db", DataSourcePostgres(host="h", user="u", database="d", tables=["t"]))
+    lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./w"))
+    cfg.pipeline("p", Pipeline(data_source=src, data_sink=lake))
+    path = tmp_path / "skippr.yml"
+    cfg.save(path)
+    text = path.read_text()
+    assert "  lease:\n    renew_every: 1s\n    expire_after: 4s\n" in text, text
+    assert Config.load(path) == cfg
+    with pytest.raises(ConfigError, match="not a duration of at least 1s"):
+        LeaseSettings(expire_after="10ms")
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    proc = run_binary(["--config", str(path), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    path.write_text(text.replace("expire_after: 4s", "expire_after: 1s"))
+    proc = run_binary(["--config", str(path), "validate"], cwd=tmp_path)
+    assert proc.returncode == 2 and "at least twice renew_every" in proc.stderr, describe(proc)

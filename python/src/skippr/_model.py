@@ -412,6 +412,31 @@ class MetricsSettings(_Value):
         self._set("listen", _Check("MetricsSettings").text("listen", listen, required=False))
 
 
+class LeaseSettings(_Value):
+    """Pipeline leases in S3 mode (``skippr.lease``): ``renew_every`` (how often the running
+    ``sync`` or ``serve`` renews the lease of each pipeline, default ``30s``) and
+    ``expire_after`` (how long after its last renewal a lease expires and another process may
+    take the pipeline over, default ``2m``). Each is a duration of at least ``1s``."""
+
+    _fields = ("renew_every", "expire_after")
+    __slots__ = _fields
+    renew_every: Optional[str]
+    expire_after: Optional[str]
+
+    def __init__(self, renew_every: Optional[str] = None, expire_after: Optional[str] = None) -> None:
+        for name, value in (("renew_every", renew_every), ("expire_after", expire_after)):
+            text = _Check("LeaseSettings").string(name, value, required=False)
+            if text is not None and not has_reference(text):
+                m = _DURATION.match(text)
+                if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < 1000:
+                    raise field_error(
+                        "LeaseSettings",
+                        [name],
+                        f"`{text}` is not a duration of at least 1s: write e.g. `30s` or `2m`",
+                    )
+            self._set(name, text)
+
+
 class ReconnectSettings(_Value):
     """Retries after transient faults (``skippr.reconnect``): ``max_backoff`` (longest wait
     between tries, default ``30s``), ``give_up_after`` (how long ``sync`` retries before it
