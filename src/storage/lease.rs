@@ -23,6 +23,15 @@ use serde::{Deserialize, Serialize};
 use super::{Put, Store, Version};
 use crate::error::{Error, ErrorKind, Result};
 
+/// Words of the refusal when another process holds the lease (see [`held_elsewhere`]).
+const HELD_ELSEWHERE: &str = "is already running: its lease";
+
+/// Whether `e` is the refusal of a lease that another live process holds: `serve` then
+/// stands by and takes the pipeline over once that lease expires.
+pub fn held_elsewhere(e: &Error) -> bool {
+    e.kind() == ErrorKind::Source && e.message().contains(HELD_ELSEWHERE)
+}
+
 /// Default time between two renewals of a lease.
 pub const DEFAULT_RENEW_EVERY: &str = "30s";
 /// Default time after its last renewal when a lease expires and may be taken over.
@@ -171,7 +180,7 @@ impl Lease {
                     return Err(Error::new(
                         ErrorKind::Source,
                         format!(
-                            "pipeline `{pipeline}` is already running: its lease {} is held by skipprd on {}. Only one sync (or serve) may write a pipeline; stop that one first, or, if it died, wait until its lease expires (skippr.lease.expire_after, {}s) and start again",
+                            "pipeline `{pipeline}` {HELD_ELSEWHERE} {} is held by skipprd on {}. Only one sync (or serve) may write a pipeline; stop that one first, or, if it died, wait until its lease expires (skippr.lease.expire_after, {}s) and start again",
                             store.describe(key),
                             current.describe(),
                             settings.expire_after.as_secs()

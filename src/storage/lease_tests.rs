@@ -54,6 +54,8 @@ async fn a_live_lease_refuses_a_second_holder_and_names_the_first() -> Result<()
     assert!(msg.contains("since "), "{msg}");
     assert!(msg.contains("expire_after"), "{msg}");
     assert_eq!(e.kind(), ErrorKind::Source);
+    assert!(held_elsewhere(&e));
+    assert!(!held_elsewhere(&Error::source_err("something else")));
     drop(first);
     Ok(())
 }
