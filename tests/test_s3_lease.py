@@ -115,3 +115,60 @@ def test_two_syncs_one_is_refused_then_takes_over_after_the_holder_dies(skippr: 
 
     spec = pg_table_spec(db, "orders")
     assert_rows_equal(expected_rows(db, spec), read_glue_pyiceberg(moto, "orders", ["id"]), spec, "pyiceberg")
+
+
+def test_a_serve_replica_stands_by_and_takes_over(skippr: Skippr, moto: Moto, tmp_path: Path) -> None:
+    """`serve` on "another machine" does not write a pipeline whose lease is held; once the
+    holder dies and its lease expires, the replica takes the pipeline over and carries on."""
+    from conftest import free_port
+
+    db = skippr.db
+    db.execute("CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2), note text)")
+    db.execute("INSERT INTO orders SELECT g, g * 0.5, 'o' || g FROM generate_series(1, 500) g")
+    flagship_config(skippr, ["orders"], commit_interval="1s")
+    _with_short_lease(skippr)
+    skippr.env.update(moto.env)
+    other_dir = tmp_path / "replica"
+    other_dir.mkdir()
+    text = skippr.config_path.read_text().replace(
+        "  lease:\n",
+        f"  query:\n    listen: 127.0.0.1:{free_port()}\n  metrics:\n    listen: 127.0.0.1:{free_port()}\n  lease:\n",
+    )
+    (other_dir / "skippr.yml").write_text(text)
+    replica = Skippr(db=db, workdir=other_dir, env=dict(skippr.env))
+
+    holder = skippr.start("sync", "--pipeline", "app")
+    standby = None
+    try:
+        _wait(lambda: (_lease(moto) or {}).get("pid") == holder.pid, "the holder's lease", proc=holder,
+              log=skippr.workdir / "bg.stderr")
+        standby = replica.start("serve")
+        log = other_dir / "bg.stderr"
+        _wait(lambda: "standing by" in log.read_text(), "the replica to stand by", timeout=60, proc=standby, log=log)
+        assert (_lease(moto) or {}).get("pid") == holder.pid
+        db.execute("INSERT INTO orders SELECT g, 2, 'later' FROM generate_series(501, 700) g")
+        db.execute("DELETE FROM orders WHERE id % 5 = 0")
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+        _wait(lambda: (_lease(moto) or {}).get("pid") == standby.pid, "the replica to take over",
+              timeout=EXPIRE_S * 10, proc=standby, log=log)
+        db.execute("UPDATE orders SET note = 'after takeover' WHERE id < 50")
+        spec = pg_table_spec(db, "orders")
+
+        def caught_up() -> bool:
+            try:
+                got = read_glue_pyiceberg(moto, "orders", ["id"])
+                assert_rows_equal(expected_rows(db, spec), got, spec, "pyiceberg")
+                return True
+            except AssertionError:
+                return False
+
+        _wait(caught_up, "the replica's commits to equal Postgres", timeout=120, proc=standby, log=log)
+    finally:
+        if holder.poll() is None:
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.wait(timeout=30)
+        if standby is not None and standby.poll() is None:
+            standby.send_signal(signal.SIGTERM)
+            standby.wait(timeout=60)
+    assert (_lease(moto) or {}).get("released") is True
