@@ -72,6 +72,30 @@ pub enum QueryEngine {
     Athena,
 }
 
+/// `--sslmode` values (libpq's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SslModeArg {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslModeArg {
+    /// The mode it selects in `skippr.yml`.
+    pub fn mode(self) -> crate::config::SslMode {
+        use crate::config::SslMode;
+        match self {
+            SslModeArg::Disable => SslMode::Disable,
+            SslModeArg::Prefer => SslMode::Prefer,
+            SslModeArg::Require => SslMode::Require,
+            SslModeArg::VerifyCa => SslMode::VerifyCa,
+            SslModeArg::VerifyFull => SslMode::VerifyFull,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DiscoverFormat {
     Text,
@@ -242,6 +266,17 @@ pub struct PostgresArgs {
     /// Database that holds the tables.
     #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "DATABASE")]
     pub database: String,
+    /// TLS to the server, as libpq's sslmode: `disable`; `prefer` (TLS when offered, plain
+    /// otherwise); `require` (TLS always; certificate checked only with --sslrootcert);
+    /// `verify-ca` (certificate signed by the CA in --sslrootcert); `verify-full` (that, and
+    /// the certificate names --host). Managed Postgres (RDS, Cloud SQL, Azure) wants
+    /// `verify-full` with the provider's CA bundle [default: prefer].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub sslmode: Option<SslModeArg>,
+    /// PEM file of the CA certificate(s) the server's certificate must chain to, relative to
+    /// the config file, e.g. `./rds-global-bundle.pem` [default: ~/.postgresql/root.crt].
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "PATH")]
+    pub sslrootcert: Option<String>,
     /// A table to follow (`name` or `schema.name`); repeat for more.
     #[arg(long = "tables", allow_hyphen_values = true, value_parser = flag_value, required = true, value_name = "TABLE")]
     pub tables: Vec<String>,

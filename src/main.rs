@@ -310,6 +310,13 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
             put(&mut m, "user", Some(Value::String(a.user.clone())));
             put(&mut m, "password", s(&a.password));
             put(&mut m, "database", Some(Value::String(a.database.clone())));
+            put(
+                &mut m,
+                "sslmode",
+                a.sslmode
+                    .map(|v| Value::String(v.mode().as_str().to_string())),
+            );
+            put(&mut m, "sslrootcert", s(&a.sslrootcert));
             put(&mut m, "tables", list(&a.tables));
             put(
                 &mut m,

@@ -90,12 +90,26 @@ async fn run_inner(
         Mode::Serve => (false, false),
     };
     let mut failing_since: Option<Instant> = None;
+    let mut standing_by = false;
     loop {
         state::set(&p.name, State::Starting, None);
         let e = match pipeline::sync(config, p, once, resnapshot, shutdown.clone()).await {
             Ok(report) => return Ok(report),
             Err(e) => e,
         };
+        if matches!(mode, Mode::Serve) && crate::storage::lease::held_elsewhere(&e) {
+            // Another process writes this pipeline (S3 mode): this replica serves reads and
+            // stands by, taking the pipeline over once that process's lease expires.
+            if !standing_by {
+                tracing::info!(pipeline = %p.name, holder = %e.report(), "standing by: another skipprd writes this pipeline; taking over if its lease expires");
+                standing_by = true;
+            }
+            state::retry(&p.name, State::Reconnecting, e.report());
+            tokio::select! {
+                _ = tokio::time::sleep(config.lease.renew_every) => continue,
+                _ = shutdown.wait_for(|stop| *stop) => return Ok(SyncReport::default()),
+            }
+        }
         if e.kind() != ErrorKind::Retryable {
             tracing::error!(pipeline = %p.name, error = %e.report(), "pipeline stopped: this needs a person");
             return Err(e);

@@ -25,6 +25,7 @@ from skippr import (
     DataSinkLocalIceberg,
     DataSourcePostgres,
     DataSourcePostgresSourceCdcMode,
+    DataSourcePostgresSourceSslMode,
     EnvRef,
     LocalStorage,
     MetricsSettings,
@@ -120,6 +121,7 @@ def full_config() -> Config:
         "app_db",
         DataSourcePostgres(
             host="127.0.0.1", port=5433, user="reader", password="it's ${SECRET}", database="app",
+            sslmode=DataSourcePostgresSourceSslMode.VERIFYFULL, sslrootcert="./ca.pem",
             tables=["orders", "sales.refunds", "events"],
             cdc_mode=DataSourcePostgresSourceCdcMode.CDCONLY, publication="pub_shop",
             slot="slot_shop", append_only=["events"], snapshot_parallelism=8,
@@ -156,6 +158,8 @@ data_sources:
       user: reader
       password: 'it''s ${SECRET}'
       database: app
+      sslmode: verify-full
+      sslrootcert: ./ca.pem
       tables: [orders, sales.refunds, events]
       cdc_mode: cdc_only
       publication: pub_shop
@@ -231,7 +235,8 @@ FULL_CONNECT_COMMANDS = [
     [
         "--workspace", "shop", "connect", "data-source", "postgres", "--pipeline", "shop_pipe",
         "--name", "app_db", "--host", "127.0.0.1", "--port", "5433", "--user", "reader",
-        "--password", "it's ${SECRET}", "--database", "app", "--tables", "orders",
+        "--password", "it's ${SECRET}", "--database", "app", "--sslmode", "verify-full",
+        "--sslrootcert", "./ca.pem", "--tables", "orders",
         "--tables", "sales.refunds", "--tables", "events", "--cdc-mode", "cdc_only",
         "--publication", "pub_shop", "--slot", "slot_shop", "--append-only", "events",
         "--snapshot-parallelism", "8", "--parquet-target-file-size-mb", "256",
@@ -330,6 +335,8 @@ def test_written_files_pass_skipprd_validate(tmp_path: Path) -> None:
     for name, cfg in (("issue.yml", snippet_config()), ("full.yml", full_config())):
         cfg.save(tmp_path / name)
         paths.append(tmp_path / name)
+    # verify-full's sslrootcert must exist for validate to pass.
+    (tmp_path / "ca.pem").write_text("")
     assert (tmp_path / "full.yml").read_text() == FULL_EXPECTED
     if not skipprd_bin().exists():
         pytest.skip(f"skipprd binary not found at {skipprd_bin()}: the files were written but not validated")
@@ -603,6 +610,9 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("password newline", lambda: pg(password="a\nb"), "DataSourcePostgres.password", "control character"),
     ("cdc mode value", lambda: pg(cdc_mode="sometimes"), "DataSourcePostgres.cdc_mode", "unknown value `sometimes`; allowed: snapshot_then_cdc, snapshot_only, cdc_only"),
     ("cdc mode type", lambda: pg(cdc_mode=1), "DataSourcePostgres.cdc_mode", "expected a DataSourcePostgresSourceCdcMode"),
+    ("sslmode value", lambda: pg(sslmode="verify_full"), "DataSourcePostgres.sslmode", "unknown value `verify_full`; allowed: disable, prefer, require, verify-ca, verify-full"),
+    ("sslmode type", lambda: pg(sslmode=True), "DataSourcePostgres.sslmode", "expected a DataSourcePostgresSourceSslMode"),
+    ("sslrootcert empty", lambda: pg(sslrootcert=" "), "DataSourcePostgres.sslrootcert", "must not be empty"),
     ("publication", lambda: pg(publication="Pub-1"), "DataSourcePostgres.publication", "not a valid publication name: use at most 63 lower-case letters"),
     ("slot", lambda: pg(slot="s" * 64), "DataSourcePostgres.slot", "not a valid slot name"),
     ("append_only", lambda: pg(append_only=["events"]), "DataSourcePostgres.append_only[0]", "`events` is not one of the source's tables"),
@@ -773,3 +783,29 @@ def test_gateway_settings_round_trip_and_survive_connect(tmp_path: Path) -> None
     assert written.startswith(text.split("\n\n")[0]), f"skipprd connect changed skippr:\n{written}"
     loaded = Config.load(config)
     assert loaded.get_query() == cfg.get_query() and loaded.get_metrics() == cfg.get_metrics()
+
+
+def test_lease_settings_round_trip_and_validate(tmp_path: Path) -> None:
+    """`skippr.lease` written by Python reads back equal, and skipprd accepts it."""
+    from skippr import LeaseSettings, S3Storage
+
+    cfg = Config().workspace("w").storage(S3Storage("s3://state-bucket/prefix")).lease(
+        LeaseSettings(renew_every="1s", expire_after="4s")
+    )
+    src = cfg.data_source("db", DataSourcePostgres(host="h", user="u", database="d", tables=["t"]))
+    lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./w"))
+    cfg.pipeline("p", Pipeline(data_source=src, data_sink=lake))
+    path = tmp_path / "skippr.yml"
+    cfg.save(path)
+    text = path.read_text()
+    assert "  lease:\n    renew_every: 1s\n    expire_after: 4s\n" in text, text
+    assert Config.load(path) == cfg
+    with pytest.raises(ConfigError, match="not a duration of at least 1s"):
+        LeaseSettings(expire_after="10ms")
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    proc = run_binary(["--config", str(path), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    path.write_text(text.replace("expire_after: 4s", "expire_after: 1s"))
+    proc = run_binary(["--config", str(path), "validate"], cwd=tmp_path)
+    assert proc.returncode == 2 and "at least twice renew_every" in proc.stderr, describe(proc)

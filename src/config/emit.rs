@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 40] = [
+const KEY_ORDER: [&str; 45] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -24,6 +24,9 @@ const KEY_ORDER: [&str; 40] = [
     "max_backoff",
     "give_up_after",
     "peer_timeout",
+    "lease",
+    "renew_every",
+    "expire_after",
     "listen",
     "users",
     "name",
@@ -45,6 +48,8 @@ const KEY_ORDER: [&str; 40] = [
     "password",
     "key",
     "database",
+    "sslmode",
+    "sslrootcert",
     "tables",
     "cdc_mode",
     "publication",

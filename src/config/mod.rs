@@ -6,9 +6,11 @@
 
 pub mod connect;
 pub mod emit;
+mod lease;
 pub mod locate;
 pub mod model;
 mod overlap;
+mod source_tls;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde_yaml::Value;
 
 use crate::error::Error;
+use crate::storage::state_file::StateFile;
 use locate::{display_path, Locator, Position, Segment};
 pub use model::*;
 
@@ -167,6 +170,11 @@ pub struct PostgresConfig {
     pub user: String,
     pub password: Option<String>,
     pub database: String,
+    /// TLS to the server (libpq's `sslmode`).
+    pub sslmode: SslMode,
+    /// CA certificates (PEM) the server's certificate must chain to; `None`: libpq's
+    /// default, `~/.postgresql/root.crt`.
+    pub sslrootcert: Option<PathBuf>,
     pub tables: Vec<TableRef>,
     pub cdc_mode: CdcMode,
     pub publication: String,
@@ -201,8 +209,9 @@ pub struct PipelineConfig {
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
-    /// The pipeline's state file in the state folder (tables followed, their watermarks).
-    pub state_file: PathBuf,
+    /// The pipeline's state (tables followed, their watermarks): a file in the state folder,
+    /// or an object in the S3 state prefix.
+    pub state_file: StateFile,
 }
 
 /// The loaded, validated configuration.
@@ -223,6 +232,8 @@ pub struct Config {
     pub metrics_listen_set: bool,
     /// Retries after transient faults.
     pub reconnect: ReconnectConfig,
+    /// How the pipeline leases of S3 mode are renewed and expire.
+    pub lease: crate::storage::lease::LeaseSettings,
     pub pipelines: Vec<PipelineConfig>,
     /// The file as written, with `${VAR}` references still literal.
     pub raw: Value,
@@ -678,6 +689,7 @@ impl Validator<'_> {
         let (storage_path, storage) = self.storage(&file.skippr, base);
 
         let reconnect = self.reconnect(file);
+        let lease = self.lease(file);
 
         for (name, def) in &file.data_sources {
             if def.postgres.is_none() && !self.reported_under(&["data_sources", name]) {
@@ -778,7 +790,7 @@ impl Validator<'_> {
             let source = source.and_then(|(sname, s)| {
                 s.postgres
                     .as_ref()
-                    .and_then(|pg| self.postgres(sname, pg, &workspace, name))
+                    .and_then(|pg| self.postgres(sname, pg, &workspace, name, base))
                     .map(|pg| PostgresConfig {
                         peer_timeout: reconnect.peer_timeout,
                         ..pg
@@ -844,9 +856,14 @@ impl Validator<'_> {
                     source,
                     sink,
                     schema_sink,
-                    state_file: storage_path
-                        .join("pipelines")
-                        .join(format!("{name}.state.json")),
+                    state_file: match &storage {
+                        crate::storage::Location::Local(_) => StateFile::Local(
+                            storage_path
+                                .join("pipelines")
+                                .join(format!("{name}.state.json")),
+                        ),
+                        s3 => StateFile::object(s3, &format!("pipelines/{name}.state.json")),
+                    },
                 });
             }
         }
@@ -877,6 +894,7 @@ impl Validator<'_> {
             metrics_listen,
             metrics_listen_set,
             reconnect,
+            lease,
             pipelines,
             raw,
         }
@@ -1043,8 +1061,8 @@ impl Validator<'_> {
                     self.report(at(), e);
                     Location::Local(PathBuf::new())
                 });
-                // Local bookkeeping of an S3 pipeline (its lock and watermark state) lives in
-                // the temp folder, per S3 location and per config folder, so two configs on
+                // Local bookkeeping of an S3 pipeline (its process lock and scratch files)
+                // lives in the temp folder, per S3 location and per config folder, so two configs on
                 // one machine never share it.
                 let base_tag = base
                     .to_string_lossy()
@@ -1089,6 +1107,7 @@ impl Validator<'_> {
         pg: &PostgresSource,
         workspace: &str,
         pipeline: &str,
+        base: &Path,
     ) -> Option<PostgresConfig> {
         let at = |field: &str| keys(&["data_sources", source_name, "Postgres", field]);
         let before = self.problems.len();
@@ -1164,6 +1183,8 @@ impl Validator<'_> {
                 "must be between 1 and 4096 (MiB)",
             );
         }
+        let sslmode = pg.sslmode.unwrap_or_default();
+        let sslrootcert = self.source_tls(&at, &pg.host, sslmode, pg.sslrootcert.as_deref(), base);
         if self.problems.len() != before {
             return None;
         }
@@ -1174,6 +1195,8 @@ impl Validator<'_> {
             user: pg.user.clone(),
             password: pg.password.clone(),
             database: pg.database.clone(),
+            sslmode,
+            sslrootcert,
             tables,
             cdc_mode: pg.cdc_mode(),
             publication: pg

@@ -67,6 +67,24 @@ pub struct Settings {
     /// How pipelines ride out transient faults (the source restarting, a broken connection).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconnect: Option<ReconnectSettings>,
+    /// The pipeline leases of `skipprd_el_storage_mode: s3` (one writer per pipeline across
+    /// machines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseSettingsDef>,
+}
+
+/// `skippr.lease`: with the WAL and state on S3, each running pipeline holds a lease object
+/// in the state prefix; another `sync` of it is refused until the lease expires.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseSettingsDef {
+    /// How often the holder renews its lease (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_every: Option<String>,
+    /// How long after its last renewal a lease expires and may be taken over (default 2m;
+    /// at least twice `renew_every`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_after: Option<String>,
 }
 
 /// Longest wait between two tries after a transient fault.
@@ -230,13 +248,35 @@ impl CdcMode {
     }
 }
 
-/// TLS mode for the connections to Postgres.
+/// TLS on the connections to the source Postgres, with libpq's `sslmode` names and meaning.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum SslMode {
-    /// Plain TCP.
-    #[default]
+    /// Plain TCP only.
     Disable,
+    /// TLS when the server offers it, plain TCP otherwise; the certificate is not checked.
+    #[default]
+    Prefer,
+    /// TLS or no connection. The certificate is checked as with `verify-ca` when a root
+    /// certificate is available (`sslrootcert`, or `~/.postgresql/root.crt`), not otherwise.
+    Require,
+    /// TLS with a certificate signed by a trusted CA (`sslrootcert`).
+    VerifyCa,
+    /// As `verify-ca`, and the certificate must name the host connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The name written in `skippr.yml` (libpq's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
 }
 
 /// Connection and replication settings of a Postgres source.
@@ -255,6 +295,14 @@ pub struct PostgresSource {
     pub password: Option<String>,
     /// Database name.
     pub database: String,
+    /// TLS to the server: `disable`, `prefer` (default), `require`, `verify-ca` or
+    /// `verify-full`, as libpq's `sslmode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sslmode: Option<SslMode>,
+    /// CA certificates (PEM) the server's certificate must chain to, relative to
+    /// `skippr.yml` (default `~/.postgresql/root.crt`, as libpq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sslrootcert: Option<String>,
     /// Tables to follow: `name` (schema `public`) or `schema.name`.
     pub tables: Vec<String>,
     /// How the tables are read: `snapshot_then_cdc` (default), `cdc_only`, `snapshot_only`.

@@ -4,7 +4,6 @@
 //! the seams of `seams`, so the unit tests drive this very code with in-memory doubles.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -35,12 +34,16 @@ pub struct Sinks<T: TableSink> {
     /// End LSN of the last log transaction applied (duplicates at or below it are skipped).
     applied_through: Lsn,
     /// The pipeline's state file, where each table's watermark is kept.
-    state_file: PathBuf,
+    state_file: crate::storage::state_file::StateFile,
 }
 
 impl<T: TableSink> Sinks<T> {
     /// The pipeline's tables; those in `append_only` refuse updates and deletes.
-    pub fn new(tables: Vec<T>, append_only: Vec<TableRef>, state_file: PathBuf) -> Self {
+    pub fn new(
+        tables: Vec<T>,
+        append_only: Vec<TableRef>,
+        state_file: crate::storage::state_file::StateFile,
+    ) -> Self {
         let by_name = tables
             .iter()
             .enumerate()

@@ -429,7 +429,7 @@ impl TableSink for MemTable {
 pub struct MemTables {
     pub tables: Vec<(TableRef, Arc<Mutex<Stored>>)>,
     pub append_only: Vec<TableRef>,
-    pub state_file: PathBuf,
+    pub state_file: crate::storage::state_file::StateFile,
 }
 
 impl MemTables {
@@ -440,7 +440,9 @@ impl MemTables {
                 .map(|n| (table(n), Arc::new(Mutex::new(Stored::default()))))
                 .collect(),
             append_only: Vec::new(),
-            state_file: state_dir.join("app.state.json"),
+            state_file: crate::storage::state_file::StateFile::Local(
+                state_dir.join("app.state.json"),
+            ),
         }
     }
 

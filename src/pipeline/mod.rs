@@ -48,6 +48,7 @@ pub async fn sync(
     shutdown: watch::Receiver<bool>,
 ) -> Result<SyncReport> {
     let _lock = PipelineLock::acquire(config, &p.name)?;
+    let _lease = state::hold_lease(config, &p.name).await?;
     if resnapshot {
         resnapshot_reset(config, p).await?;
     }

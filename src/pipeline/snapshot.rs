@@ -226,7 +226,7 @@ fn mark_copying(
     state: &mut PipelineState,
     todo: &[TableJob],
     lsn: Lsn,
-    path: &std::path::Path,
+    path: &super::state::StateFile,
 ) -> Result<()> {
     for j in todo {
         state.tables.insert(

@@ -5,14 +5,13 @@
 //! tables must be copied again; the commit loop advances it before it truncates the WAL.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::change::Lsn;
 use crate::config::TableRef;
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, Result};
+pub use crate::storage::state_file::StateFile;
 
 /// Version of the file layout; an unknown newer version is refused, never guessed at.
 const STATE_VERSION: u32 = 1;
@@ -90,58 +89,37 @@ mod opt_lsn_text {
 
 impl PipelineState {
     /// Reads the state; `None` when the pipeline has never written one.
-    pub fn load(path: &Path) -> Result<Option<Self>> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(Error::from(e))
-                    .with_context(|| format!("reading the pipeline state {}", path.display()))
-            }
+    pub fn load(file: &StateFile) -> Result<Option<Self>> {
+        let Some(text) = file.read()? else {
+            return Ok(None);
         };
-        let state: Self = serde_json::from_str(&text).map_err(|e| {
+        let state: Self = serde_json::from_slice(&text).map_err(|e| {
             Error::fatal(format!(
                 "the pipeline state {} is damaged ({e}); restore it, or run `skipprd sync --resnapshot` to copy every table again",
-                path.display()
+                file.describe()
             ))
         })?;
         if state.version > STATE_VERSION {
             return Err(Error::fatal(format!(
                 "the pipeline state {} was written by a newer skipprd (format {}, this one reads up to {STATE_VERSION}); upgrade skipprd",
-                path.display(),
+                file.describe(),
                 state.version
             )));
         }
         Ok(Some(state))
     }
 
-    /// Writes the state atomically and durably (temporary file, fsync, rename, fsync of the
-    /// folder): a crash leaves the old state or the new one, never half of one.
-    pub fn save(&self, path: &Path) -> Result<()> {
+    /// Writes the state atomically and durably (see [`StateFile::write`]): a crash leaves
+    /// the old state or the new one, never half of one.
+    pub fn save(&self, file: &StateFile) -> Result<()> {
         let mut state = self.clone();
         state.version = STATE_VERSION;
-        let text = serde_json::to_vec_pretty(&state)?;
-        let dir = path.parent().unwrap_or_else(|| Path::new("."));
-        let tmp = path.with_extension("json.tmp");
-        let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(dir)?;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&text)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            std::fs::File::open(dir)?.sync_all()
-        };
-        write().with_context(|| format!("writing the pipeline state {}", path.display()))
+        file.write(serde_json::to_vec_pretty(&state)?.into())
     }
 
     /// Removes the state (a re-snapshot starts from nothing).
-    pub fn remove(path: &Path) -> Result<()> {
-        match std::fs::remove_file(path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::from(e))
-                .with_context(|| format!("removing the pipeline state {}", path.display())),
-        }
+    pub fn remove(file: &StateFile) -> Result<()> {
+        file.remove()
     }
 
     pub fn table(&self, t: &TableRef) -> Option<&TableState> {
@@ -160,7 +138,7 @@ impl PipelineState {
 /// watermark of every followed table. Written first so that a crash between the two leaves a
 /// state that claims no more than Iceberg holds.
 pub fn record_commit(
-    path: &Path,
+    path: &StateFile,
     watermarks: &[(TableRef, Lsn)],
     removing_through: Lsn,
 ) -> Result<()> {
@@ -180,6 +158,22 @@ pub fn record_commit(
     Ok(())
 }
 
+/// Takes the pipeline's lease when its WAL and state are on S3, where processes on several
+/// machines could otherwise both write it (see [`crate::storage::lease`]). In local mode the
+/// file lock of `sync` is enough: `None`.
+pub async fn hold_lease(
+    config: &crate::config::Config,
+    pipeline: &str,
+) -> Result<Option<crate::storage::lease::Lease>> {
+    use crate::storage::{lease, Location, Store};
+    match &config.storage {
+        Location::Local(_) => Ok(None),
+        s3 => Ok(Some(
+            lease::hold_pipeline(Store::open(s3, None)?, pipeline, config.lease).await?,
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,7 +188,7 @@ mod tests {
     #[test]
     fn round_trip_and_advance() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("app.state.json");
+        let path = StateFile::Local(dir.path().join("app.state.json"));
         assert_eq!(PipelineState::load(&path).unwrap(), None);
         let mut s = PipelineState::default();
         s.tables.insert(
@@ -220,8 +214,8 @@ mod tests {
     #[test]
     fn damaged_state_is_an_error_that_names_the_fix() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("app.state.json");
-        std::fs::write(&path, "{not json").unwrap();
+        let path = StateFile::Local(dir.path().join("app.state.json"));
+        std::fs::write(path.local_path().unwrap(), "{not json").unwrap();
         let e = PipelineState::load(&path).unwrap_err();
         assert!(e.message().contains("--resnapshot"), "{}", e.message());
     }

@@ -10,7 +10,9 @@
 pub mod aws;
 pub mod aws_json;
 pub mod iceberg_io;
+pub mod lease;
 mod local;
+pub mod state_file;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -20,6 +20,7 @@ from ._model import (
     LocalStorage,
     S3Storage,
     MetricsSettings,
+    LeaseSettings,
     ReconnectSettings,
     Pipeline,
     QuerySettings,
@@ -70,6 +71,7 @@ class Config:
         self._query: Optional[QuerySettings] = None
         self._metrics: Optional[MetricsSettings] = None
         self._reconnect: Optional[ReconnectSettings] = None
+        self._lease: Optional[LeaseSettings] = None
         self._pipelines: Dict[str, Pipeline] = {}
         self._data_sources: Dict[str, DataSourcePostgres] = {}
         self._data_sinks: Dict[str, DataSinkDef] = {}
@@ -113,6 +115,21 @@ class Config:
             )
         self._metrics = settings
         return self
+
+    def lease(self, settings: LeaseSettings) -> Config:
+        """Sets the pipeline leases of S3 mode (``skippr.lease``)."""
+        if not isinstance(settings, LeaseSettings):
+            raise ConfigError(
+                "expected LeaseSettings(renew_every, expire_after), "
+                f"found {describe(settings)}",
+                "skippr.lease",
+            )
+        self._lease = settings
+        return self
+
+    def get_lease(self) -> Optional[LeaseSettings]:
+        """``skippr.lease``, if set."""
+        return self._lease
 
     def reconnect(self, settings: ReconnectSettings) -> Config:
         """Sets the retries after transient faults (``skippr.reconnect``)."""
@@ -286,7 +303,7 @@ class Config:
     def _state(self) -> Tuple[Any, ...]:
         return (
             self._workspace, self._storage, self._query, self._metrics, self._reconnect,
-            self._pipelines,
+            self._lease, self._pipelines,
             self._data_sources, self._data_sinks, self._schema_sinks,
         )
 
@@ -341,6 +358,13 @@ class Config:
                 if value is not None:
                     reconnect[key] = value
             skippr["reconnect"] = reconnect
+        if self._lease is not None:
+            lease: Dict[str, Node] = {}
+            for key in LeaseSettings._fields:
+                value = getattr(self._lease, key)
+                if value is not None:
+                    lease[key] = value
+            skippr["lease"] = lease
         pipelines: Dict[str, Node] = {}
         for name, p in self._pipelines.items():
             entry: Dict[str, Node] = {
@@ -531,7 +555,7 @@ class _Reader:
             ("skippr",), settings,
             (
                 "workspace", "skipprd_el_storage_mode", "skipprd_el_storage_path", "query",
-                "metrics", "reconnect",
+                "metrics", "reconnect", "lease",
             ),
             ("workspace",),
         )
@@ -597,6 +621,11 @@ class _Reader:
             r = self.mapping(at_r, settings["reconnect"], "a mapping (max_backoff, give_up_after, peer_timeout)")
             self.keys(at_r, r, ReconnectSettings._fields)
             cfg.reconnect(self.build(at_r, ReconnectSettings, {k: r.get(k) for k in ReconnectSettings._fields}))
+        if "lease" in settings:
+            at_l: Tuple[Segment, ...] = ("skippr", "lease")
+            lm = self.mapping(at_l, settings["lease"], "a mapping (renew_every, expire_after)")
+            self.keys(at_l, lm, LeaseSettings._fields)
+            cfg.lease(self.build(at_l, LeaseSettings, {k: lm.get(k) for k in LeaseSettings._fields}))
 
         # data_sources
         sources = self.mapping(("data_sources",), top.get("data_sources"), "a mapping of data sources")

@@ -412,6 +412,31 @@ class MetricsSettings(_Value):
         self._set("listen", _Check("MetricsSettings").text("listen", listen, required=False))
 
 
+class LeaseSettings(_Value):
+    """Pipeline leases in S3 mode (``skippr.lease``): ``renew_every`` (how often the running
+    ``sync`` or ``serve`` renews the lease of each pipeline, default ``30s``) and
+    ``expire_after`` (how long after its last renewal a lease expires and another process may
+    take the pipeline over, default ``2m``). Each is a duration of at least ``1s``."""
+
+    _fields = ("renew_every", "expire_after")
+    __slots__ = _fields
+    renew_every: Optional[str]
+    expire_after: Optional[str]
+
+    def __init__(self, renew_every: Optional[str] = None, expire_after: Optional[str] = None) -> None:
+        for name, value in (("renew_every", renew_every), ("expire_after", expire_after)):
+            text = _Check("LeaseSettings").string(name, value, required=False)
+            if text is not None and not has_reference(text):
+                m = _DURATION.match(text)
+                if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < 1000:
+                    raise field_error(
+                        "LeaseSettings",
+                        [name],
+                        f"`{text}` is not a duration of at least 1s: write e.g. `30s` or `2m`",
+                    )
+            self._set(name, text)
+
+
 class ReconnectSettings(_Value):
     """Retries after transient faults (``skippr.reconnect``): ``max_backoff`` (longest wait
     between tries, default ``30s``), ``give_up_after`` (how long ``sync`` retries before it
@@ -465,6 +490,27 @@ class DataSourcePostgresSourceCdcMode(str, enum.Enum):
 _CDC_ALLOWED = ", ".join(m.value for m in DataSourcePostgresSourceCdcMode)
 
 
+class DataSourcePostgresSourceSslMode(str, enum.Enum):
+    """TLS to a Postgres source (``sslmode``), with libpq's names and meaning."""
+
+    #: Plain TCP only.
+    DISABLE = "disable"
+    #: TLS when the server offers it, plain otherwise; the certificate is not checked (default).
+    PREFER = "prefer"
+    #: TLS always; the certificate is checked only when ``sslrootcert`` is given.
+    REQUIRE = "require"
+    #: TLS with a certificate signed by the CA in ``sslrootcert``.
+    VERIFYCA = "verify-ca"
+    #: As ``verify-ca``, and the certificate must name the host.
+    VERIFYFULL = "verify-full"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_SSL_ALLOWED = ", ".join(m.value for m in DataSourcePostgresSourceSslMode)
+
+
 class DataSourcePostgres(_Value):
     """A Postgres database, read by snapshot and logical replication (``Postgres:``).
 
@@ -474,7 +520,7 @@ class DataSourcePostgres(_Value):
 
     #: Fields in the order they are written.
     _fields = (
-        "host", "port", "user", "password", "database", "tables", "cdc_mode",
+        "host", "port", "user", "password", "database", "sslmode", "sslrootcert", "tables", "cdc_mode",
         "publication", "slot", "append_only", "snapshot_parallelism",
         "parquet_target_file_size_mb",
     )
@@ -484,6 +530,9 @@ class DataSourcePostgres(_Value):
     user: Text
     password: Optional[Text]
     database: Text
+    sslmode: Optional[DataSourcePostgresSourceSslMode]
+    #: PEM file of the CA the server's certificate must chain to, relative to ``skippr.yml``.
+    sslrootcert: Optional[Text]
     tables: Tuple[str, ...]
     cdc_mode: Optional[DataSourcePostgresSourceCdcMode]
     publication: Optional[Text]
@@ -502,6 +551,8 @@ class DataSourcePostgres(_Value):
         tables: Sequence[str],
         port: Optional[int] = None,
         password: Optional[Text] = None,
+        sslmode: Union[DataSourcePostgresSourceSslMode, str, None] = None,
+        sslrootcert: Optional[Text] = None,
         cdc_mode: Union[DataSourcePostgresSourceCdcMode, str, None] = None,
         publication: Optional[Text] = None,
         slot: Optional[Text] = None,
@@ -515,6 +566,11 @@ class DataSourcePostgres(_Value):
         self._set("user", c.text("user", user, required=True))
         self._set("password", c.text("password", password, required=False))
         self._set("database", c.text("database", database, required=True))
+        self._set("sslmode", _ssl_mode(c, sslmode))
+        rootcert = c.text("sslrootcert", sslrootcert, required=False)
+        if isinstance(rootcert, str) and not rootcert.strip():
+            c.fail(["sslrootcert"], "must not be empty: give the path of the CA certificate file (PEM), or leave it out")
+        self._set("sslrootcert", rootcert)
         the_tables = c.tables("tables", tables, required=True)
         self._set("tables", the_tables)
         self._set("cdc_mode", _cdc_mode(c, cdc_mode))
@@ -547,6 +603,22 @@ class DataSourcePostgres(_Value):
                 "parquet_target_file_size_mb", parquet_target_file_size_mb, 1, 4096, "a size in MiB"
             ),
         )
+
+
+def _ssl_mode(c: _Check, value: object) -> Optional[DataSourcePostgresSourceSslMode]:
+    if value is None or isinstance(value, DataSourcePostgresSourceSslMode):
+        return value
+    if isinstance(value, str):
+        if has_reference(value):
+            return value  # type: ignore[return-value]
+        for m in DataSourcePostgresSourceSslMode:
+            if m.value == value:
+                return m
+        c.fail(["sslmode"], f"unknown value `{value}`; allowed: {_SSL_ALLOWED}")
+    c.fail(
+        ["sslmode"],
+        f"expected a DataSourcePostgresSourceSslMode or one of {_SSL_ALLOWED}, found {describe(value)}",
+    )
 
 
 def _cdc_mode(c: _Check, value: object) -> Optional[DataSourcePostgresSourceCdcMode]:
@@ -784,6 +856,7 @@ __all__ = [
     "DataSinkRef",
     "DataSourcePostgres",
     "DataSourcePostgresSourceCdcMode",
+    "DataSourcePostgresSourceSslMode",
     "DataSourceRef",
     "EnvRef",
     "LocalStorage",

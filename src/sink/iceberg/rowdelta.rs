@@ -129,6 +129,7 @@ pub async fn commit(
     replace_all: bool,
     props: HashMap<String, String>,
 ) -> Result<Table> {
+    let pipeline = props.get(super::SUMMARY_PIPELINE).cloned();
     let meta = table.metadata();
     let file_io = table.file_io();
     let commit_id = uuid::Uuid::now_v7();
@@ -268,6 +269,10 @@ pub async fn commit(
         .with_schema_id(meta.current_schema_id())
         .build();
 
+    // A process that lost its pipeline's lease (S3 mode) must not make anything current.
+    if let Some(pipeline) = &pipeline {
+        crate::storage::lease::ensure_held(pipeline)?;
+    }
     commit_metadata(catalog, table, &new_files, |b| {
         b.add_snapshot(snapshot)?.set_ref(
             MAIN_BRANCH,

@@ -10,4 +10,6 @@ pub mod schema;
 pub mod slot;
 pub mod snapshot;
 pub mod stream;
+pub mod tls;
+pub mod tunnel;
 pub mod types;

@@ -4,7 +4,7 @@
 use pgwire_replication::ReplicationClient;
 use tokio_postgres::Client;
 
-use super::connect::replication_config;
+use super::connect::replication_session;
 use crate::change::Lsn;
 use crate::config::{quote_ident, PostgresConfig, TableRef};
 use crate::error::{replication_kind, Context, Error, Result};
@@ -181,7 +181,7 @@ pub async fn create_slot_exporting_snapshot(
     slot: &str,
     temporary: bool,
 ) -> Result<ExportedSlot> {
-    let rc = replication_config(cfg, slot);
+    let rc = replication_session(cfg, slot).await?;
     let mut session = ReplicationClient::connect_gated(rc).await.map_err(|e| {
         Error::new(
             replication_kind(&e),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use tokio::sync::watch;
 
-use super::connect::replication_config;
+use super::connect::replication_session;
 use super::pgoutput::{self, Message};
 use crate::change::{Datum, Lsn, Relation};
 use crate::config::PostgresConfig;
@@ -135,7 +135,8 @@ pub async fn stream_to_wal(
     let peer_timeout = cfg.peer_timeout;
     // Status updates at least every third of the peer timeout: the server's
     // `wal_sender_timeout` (60s by default) is then never reached while we are alive.
-    let rc = replication_config(cfg, &cfg.slot)
+    let rc = replication_session(cfg, &cfg.slot)
+        .await?
         .with_start_lsn(pgwire_replication::Lsn(start.0))
         .with_status_interval(Duration::from_secs(1))
         .with_wakeup_interval((peer_timeout / 3).max(Duration::from_secs(1)));
