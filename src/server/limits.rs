@@ -91,6 +91,15 @@ impl Interrupts {
         Running(self)
     }
 
+    /// The next statement of the same message starts: a new deadline of `timeout` from
+    /// now. Unlike [`Interrupts::begin`], a cancel request that arrived for the message
+    /// still applies.
+    pub fn restart(&self, timeout: Option<Duration>) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) =
+            timeout.map(|t| Instant::now() + t);
+        self.wake.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// A client's cancel request: stops the statement running now, if any.
     pub fn cancel(&self) {
         if self.running.load(Ordering::SeqCst) {
@@ -308,6 +317,19 @@ mod tests {
         drop(running);
         let _next = i.begin(None);
         assert_eq!(i.check(), None, "a cancel applies to one statement only");
+    }
+
+    #[tokio::test]
+    async fn each_statement_of_a_message_gets_its_own_deadline() {
+        let i = Interrupts::default();
+        let _running = i.begin(Some(Duration::from_millis(300)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        i.restart(Some(Duration::from_millis(300)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(i.check(), None, "the second statement has its own 300 ms");
+        i.cancel();
+        i.restart(Some(Duration::from_secs(60)));
+        assert_eq!(i.check(), Some(Interruption::Cancel), "a pending cancel still applies");
     }
 
     #[tokio::test]
