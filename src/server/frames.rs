@@ -496,11 +496,11 @@ mod tests {
         ] {
             let mut all = startup();
             all.extend(bytes);
-            let mut checked = Checked::new(&[][..], BytesMut::from(&all[..]));
+            let mut checked = Checked::new(&b""[..], BytesMut::from(&all[..]));
             checked.cut().ok();
             assert!(checked.cut().is_err(), "{all:?}");
         }
-        let mut checked = Checked::new(&[][..], BytesMut::from(&startup()[..]));
+        let mut checked = Checked::new(&b""[..], BytesMut::from(&startup()[..]));
         checked.authenticated();
         checked.pending.extend_from_slice(&[b'Q', 0, 1, 0, 0]);
         assert!(checked.cut().is_ok(), "a large query after authentication waits for its bytes");

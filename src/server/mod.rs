@@ -24,6 +24,7 @@ mod settings;
 mod simple;
 mod startup;
 mod statements;
+mod table_command;
 mod wire;
 
 use std::net::SocketAddr;

@@ -367,6 +367,9 @@ async fn prepare_sql(
     shared: &Shared,
     relations: &Relations,
 ) -> PgWireResult<(String, Rewritten)> {
+    // `TABLE name` first: what follows reads it as the SELECT it means.
+    let expanded = super::table_command::expand(sql);
+    let sql = expanded.as_deref().unwrap_or(sql);
     let replaced = known::rewrite(sql, &shared.ws).await;
     let sql = replaced.as_deref().unwrap_or(sql);
     let mut rewritten = rewrite::rewrite(sql);
