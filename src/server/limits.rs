@@ -4,7 +4,6 @@
 //! planning future or the stream of result batches, which stops the engine's tasks.
 
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -12,8 +11,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result as DfResult;
-use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
-use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use futures::{Stream, StreamExt};
 use pgwire::api::cancel::CancelHandler;
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
@@ -34,7 +31,7 @@ pub enum Interruption {
 impl Interruption {
     pub fn error(self) -> PgWireError {
         let message = match self {
-            Interruption::Timeout => "canceling statement due to statement timeout",
+            Interruption::Timeout => crate::query::limits::TIMEOUT_MESSAGE,
             Interruption::Cancel => "canceling statement due to user request",
         };
         PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -268,20 +265,6 @@ impl CancelHandler for Canceller {
             None => tracing::debug!(pid = request.pid, "cancel request matches no connection"),
         }
     }
-}
-
-/// The engine's runtime for one statement: the shared runtime (object stores, caches, disk
-/// for spilling) with a memory pool of `limit` bytes of its own. Operators that can spill
-/// (sorts, aggregates, joins that support it) do when the pool is full; others fail with
-/// "resources exhausted" (SQLSTATE 53200), and only that statement fails.
-pub fn statement_runtime(base: &RuntimeEnv, limit: usize) -> DfResult<Arc<RuntimeEnv>> {
-    let pool = TrackConsumersPool::new(
-        FairSpillPool::new(limit),
-        NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN),
-    );
-    RuntimeEnvBuilder::from_runtime_env(base)
-        .with_memory_pool(Arc::new(pool))
-        .build_arc()
 }
 
 #[cfg(test)]

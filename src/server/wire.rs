@@ -21,7 +21,8 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
 
-use super::limits::{statement_runtime, Interrupted, Interrupts};
+use super::limits::{Interrupted, Interrupts};
+use crate::query::limits::statement_runtime;
 use crate::query::live::PG_TYPE_META;
 
 /// Widest numeric the binary numeric encoder represents exactly.
