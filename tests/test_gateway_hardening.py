@@ -38,7 +38,7 @@ from test_gateway_clients import (
     unique_workspace,
     watchdog,  # noqa: F401  (bounds every test of this module too)
 )
-from test_gateway_security import REFUSED, SLOW, count_items, sgw  # noqa: F401  (fixture)
+from test_gateway_security import REFUSED, SLOW, compile_java, count_items, sgw  # noqa: F401  (fixture)
 
 # --------------------------------------------------------------------------------------------
 # pgjdbc: one JVM runs a list of statements on one connection
@@ -100,14 +100,7 @@ public class StatementsProbe {
 
 @pytest.fixture(scope="module")
 def statements_probe(tmp_path_factory) -> Path:
-    javac = shutil.which("javac")
-    assert javac, "javac not installed (tests/run installs default-jdk-headless)"
-    assert JDBC_JAR.exists(), f"{JDBC_JAR} missing (tests/run installs libpostgresql-jdbc-java)"
-    d = tmp_path_factory.mktemp("java_statements")
-    (d / "StatementsProbe.java").write_text(JAVA_STATEMENTS)
-    proc = run_tool([javac, "-d", d, d / "StatementsProbe.java"], timeout=300)
-    assert proc.returncode == 0, describe_run(proc, "javac failed")
-    return d
+    return compile_java(tmp_path_factory, "StatementsProbe", JAVA_STATEMENTS)
 
 
 def run_statements_jdbc(classes: Path, gw: Gateway, statements: list[str], tmp: Path) -> list[tuple[str, str, str]]:
@@ -392,3 +385,33 @@ def test_sigterm_sends_57P01_over_tls(tls_gateway):
     finally:
         idle.close()
         in_transaction.close()
+
+
+# --------------------------------------------------------------------------------------------
+# skipprd query honours the same limits
+# --------------------------------------------------------------------------------------------
+
+RUNAWAY_JOIN = ("SELECT count(*) FROM generate_series(1, 30000000) a(x) "
+                "JOIN generate_series(1, 30000000) b(y) ON a.x = b.y")
+
+
+def test_cli_query_honours_statement_timeout_and_memory(db, skippr):
+    small_source(db)
+    skippr.write_config(["items"], query={"statement_timeout": "1s", "max_query_memory": "64MiB"})
+    skippr.sync_once()
+    proc = skippr.run("query", "SELECT count(*) FROM analytics.items", check=False)
+    assert proc.returncode == 0 and "25" in proc.stdout, describe_run(proc)
+    t0 = time.monotonic()
+    proc = skippr.run("query", SLOW, check=False)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, describe_run(proc, "a runaway CLI query must fail")
+    assert "canceling statement due to statement timeout" in proc.stderr, describe_run(proc)
+    assert "skippr.query.statement_timeout" in proc.stderr, describe_run(proc)
+    assert took < 30, f"the CLI query stopped after {took:.1f}s"
+    # Memory: a timeout long enough for the join to hit its pool first.
+    skippr.write_config(["items"], query={"statement_timeout": "5min", "max_query_memory": "64MiB"})
+    proc = skippr.run("query", RUNAWAY_JOIN, check=False)
+    assert proc.returncode == 1, describe_run(proc, "a CLI query over its memory must fail")
+    assert "Resources exhausted" in proc.stderr and "skippr.query.max_query_memory" in proc.stderr, \
+        describe_run(proc)
+    assert "panicked" not in proc.stderr

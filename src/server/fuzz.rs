@@ -86,6 +86,19 @@ fn cstr(buf: &mut Vec<u8>, s: &[u8]) {
     buf.push(0);
 }
 
+/// Damages `buf`: `choice` 0 cuts it short, 1 flips a byte.
+fn damage(rng: &mut Rng, choice: usize, buf: &mut BytesMut) {
+    if buf.is_empty() {
+        return;
+    }
+    let at = rng.below(buf.len());
+    if choice == 0 {
+        buf.truncate(at);
+    } else {
+        buf[at] ^= rng.next() as u8 | 1;
+    }
+}
+
 /// A start-up, SSL, cancel or query-phase message, well formed or damaged.
 fn frontend_message(rng: &mut Rng) -> (BytesMut, DecodeContext) {
     let mut ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
@@ -145,15 +158,9 @@ fn frontend_message(rng: &mut Rng) -> (BytesMut, DecodeContext) {
         message(Some(kind), &body)
     };
     // Damage some: truncate, flip a byte, or lie about the length.
-    match rng.below(6) {
-        0 if !buf.is_empty() => {
-            let at = rng.below(buf.len());
-            buf.truncate(at);
-        }
-        1 if !buf.is_empty() => {
-            let at = rng.below(buf.len());
-            buf[at] ^= rng.next() as u8 | 1;
-        }
+    let choice = rng.below(6);
+    match choice {
+        0 | 1 => damage(rng, choice, &mut buf),
         2 if buf.len() > 5 => {
             let at = if starting { 0 } else { 1 };
             let lie = (rng.next() as i32).to_be_bytes();
@@ -354,14 +361,12 @@ fn extended_message(rng: &mut Rng) -> Vec<u8> {
         }
     }
     // Damage most of them.
-    match rng.below(5) {
-        0 if !body.is_empty() => {
-            let at = rng.below(body.len());
-            body.truncate(at);
-        }
-        1 if !body.is_empty() => {
-            let at = rng.below(body.len());
-            body[at] ^= rng.next() as u8 | 1;
+    let choice = rng.below(5);
+    match choice {
+        0 | 1 => {
+            let mut b = BytesMut::from(&body[..]);
+            damage(rng, choice, &mut b);
+            body = b.to_vec();
         }
         2 => body.extend(rng.bytes(1 + rng.below(4))),
         _ => {}
