@@ -68,7 +68,10 @@ public class StatementsProbe {
                                 int n = r.getMetaData().getColumnCount();
                                 while (r.next()) {
                                     b.append('\t');
-                                    for (int i = 1; i <= n; i++) b.append(i > 1 ? "," : "").append(r.getString(i));
+                                    for (int i = 1; i <= n; i++) {
+                                        String v = r.getString(i);
+                                        b.append(i > 1 ? "," : "").append(v == null ? "null" : v.replace('\n', ' '));
+                                    }
                                 }
                             }
                         }
@@ -338,7 +341,7 @@ def test_malformed_messages_get_08P01_and_close(sgw):
             s.sendall(raw + message(b"S", b""))
             replies = read_messages(s)
         errors = [error_fields(body) for kind, body in replies if kind == b"E"]
-        assert errors, f"{name}: no ErrorResponse in {replies}"
+        assert errors, f"{name}: no ErrorResponse in {replies}\n{sgw.log()[max(0, sgw.log().find('panicked') - 300):][:2500]}"
         assert errors[-1].get("C") == "08P01" and errors[-1].get("S") == "FATAL", f"{name}: {errors}"
         assert replies[-1][0] == b"E", f"{name}: the connection went on after the error: {replies}"
     # The server keeps serving: a fresh client, and nothing panicked.

@@ -368,7 +368,10 @@ fn extended_message(rng: &mut Rng) -> Vec<u8> {
             damage(rng, choice, &mut b);
             body = b.to_vec();
         }
-        2 => body.extend(rng.bytes(1 + rng.below(4))),
+        2 => {
+            let n = 1 + rng.below(4);
+            body.extend(rng.bytes(n));
+        }
         _ => {}
     }
     let mut m = vec![kind];
