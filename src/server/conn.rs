@@ -11,8 +11,8 @@ use futures::{SinkExt, StreamExt};
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
-use pgwire::tokio::server::{negotiate_tls, process_error, process_message, MaybeTls};
 use pgwire::tokio::server::PgWireMessageServerCodec;
+use pgwire::tokio::server::{negotiate_tls, process_error, process_message, MaybeTls};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::codec::{Framed, FramedParts};
@@ -130,8 +130,12 @@ pub(super) async fn serve(
                 errors.on_error(&socket, &mut e);
                 let info = ErrorInfo::from(e);
                 let fatal = info.is_fatal();
-                process_error(&mut socket, PgWireError::UserError(Box::new(info)), is_extended)
-                    .await?;
+                process_error(
+                    &mut socket,
+                    PgWireError::UserError(Box::new(info)),
+                    is_extended,
+                )
+                .await?;
                 if fatal {
                     return Ok(());
                 }

@@ -195,9 +195,8 @@ pub fn check_typed(kind: u8, body: &[u8], first_password: bool) -> Result<(), Vi
             f.cstring()?;
             let len = f.i32()?;
             if len != -1 {
-                let len = usize::try_from(len).map_err(|_| {
-                    bad("invalid authentication message: negative data length")
-                })?;
+                let len = usize::try_from(len)
+                    .map_err(|_| bad("invalid authentication message: negative data length"))?;
                 f.take(len)?;
             }
         }
@@ -223,9 +222,7 @@ fn check_bind(f: &mut Fields<'_>) -> Result<(), Violation> {
     for _ in 0..values {
         let len = f.i32()?;
         if len < -1 {
-            return Err(bad(format!(
-                "invalid Bind message: parameter length {len}"
-            )));
+            return Err(bad(format!("invalid Bind message: parameter length {len}")));
         }
         if len > 0 {
             f.take(len as usize)?;
@@ -405,7 +402,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Checked<S> {
 
 /// The violation an I/O error of a [`Checked`] stream carries, if it is one.
 pub fn violation_of(e: &io::Error) -> Option<&Violation> {
-    e.get_ref().and_then(|inner| inner.downcast_ref::<Violation>())
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<Violation>())
 }
 
 #[cfg(test)]
@@ -503,7 +501,10 @@ mod tests {
         let mut checked = Checked::new(&b""[..], BytesMut::from(&startup()[..]));
         checked.authenticated();
         checked.pending.extend_from_slice(&[b'Q', 0, 1, 0, 0]);
-        assert!(checked.cut().is_ok(), "a large query after authentication waits for its bytes");
+        assert!(
+            checked.cut().is_ok(),
+            "a large query after authentication waits for its bytes"
+        );
     }
 
     #[test]

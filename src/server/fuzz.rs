@@ -304,9 +304,11 @@ async fn assert_not_a_write(ctx: &SessionContext, statement: &Statement, allowed
 /// then often damaged: fields cut short, counts that disagree with what follows, lengths
 /// that lie, bytes left over.
 fn extended_message(rng: &mut Rng) -> Vec<u8> {
-    let kind = *[b'P', b'B', b'E', b'D', b'C', b'S', b'H', b'Q', b'd', b'c', b'f', b'p', b'F']
-        .get(rng.below(13))
-        .unwrap_or(&b'B');
+    let kind = *[
+        b'P', b'B', b'E', b'D', b'C', b'S', b'H', b'Q', b'd', b'c', b'f', b'p', b'F',
+    ]
+    .get(rng.below(13))
+    .unwrap_or(&b'B');
     let mut body = Vec::new();
     let small = |rng: &mut Rng| rng.below(4) as u16;
     match kind {
@@ -411,7 +413,9 @@ async fn no_message_panics_the_decoder_and_checked_ones_decode_whole() {
         }
         // A client's messages after start-up: one to three, each through the check.
         let mut stream = startup.to_vec();
-        let sent: Vec<Vec<u8>> = (0..1 + rng.below(3)).map(|_| extended_message(&mut rng)).collect();
+        let sent: Vec<Vec<u8>> = (0..1 + rng.below(3))
+            .map(|_| extended_message(&mut rng))
+            .collect();
         for m in &sent {
             stream.extend_from_slice(m);
         }
@@ -442,7 +446,9 @@ async fn no_message_panics_the_decoder_and_checked_ones_decode_whole() {
                 // Each decoded message is exactly one message as sent.
                 let whole: Vec<usize> = sent.iter().take(lengths.len()).map(Vec::len).collect();
                 if lengths != whole {
-                    failures.push(format!("decoded lengths {lengths:?}, sent {whole:?}: {sent:?}"));
+                    failures.push(format!(
+                        "decoded lengths {lengths:?}, sent {whole:?}: {sent:?}"
+                    ));
                 }
                 passed += lengths.len();
             }
@@ -452,10 +458,21 @@ async fn no_message_panics_the_decoder_and_checked_ones_decode_whole() {
         refused += usize::from(violation);
     }
     std::panic::set_hook(quiet);
-    assert_eq!(startup_panics, 0, "the decoder panicked on a start-up message");
-    assert!(failures.is_empty(), "{} failures, first: {}", failures.len(), failures[0]);
+    assert_eq!(
+        startup_panics, 0,
+        "the decoder panicked on a start-up message"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures, first: {}",
+        failures.len(),
+        failures[0]
+    );
     // The generator must exercise both sides, or the property says nothing.
-    assert!(passed > 0 && refused > 0, "passed {passed}, refused {refused}");
+    assert!(
+        passed > 0 && refused > 0,
+        "passed {passed}, refused {refused}"
+    );
 }
 
 #[tokio::test]

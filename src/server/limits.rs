@@ -312,7 +312,11 @@ mod tests {
         assert_eq!(i.check(), None, "the second statement has its own 300 ms");
         i.cancel();
         i.restart(Some(Duration::from_secs(60)));
-        assert_eq!(i.check(), Some(Interruption::Cancel), "a pending cancel still applies");
+        assert_eq!(
+            i.check(),
+            Some(Interruption::Cancel),
+            "a pending cancel still applies"
+        );
     }
 
     #[tokio::test]

@@ -624,8 +624,7 @@ impl Session {
         }
         if allowed != Allowed::Declare {
             for hook in &self.hooks {
-                if let Some(result) = hook.handle_simple_query(statement, &self.ctx, client).await
-                {
+                if let Some(result) = hook.handle_simple_query(statement, &self.ctx, client).await {
                     return result;
                 }
             }

@@ -161,10 +161,7 @@ mod tests {
             ex("COPY (TABLE a) TO STDOUT"),
             "COPY (SELECT * FROM a) TO STDOUT"
         );
-        assert_eq!(
-            ex("PREPARE p AS TABLE a"),
-            "PREPARE p AS SELECT * FROM a"
-        );
+        assert_eq!(ex("PREPARE p AS TABLE a"), "PREPARE p AS SELECT * FROM a");
         assert_eq!(
             ex("DECLARE c CURSOR FOR TABLE a"),
             "DECLARE c CURSOR FOR SELECT * FROM a"
