@@ -130,10 +130,7 @@ fn offset(sql: &str, at: Location) -> Option<usize> {
         sql.match_indices('\n').nth(line - 1)?.0 + 1
     };
     let rest = sql.get(line_start..)?;
-    match rest.char_indices().nth(column) {
-        Some((i, _)) => Some(line_start + i),
-        None => None,
-    }
+    rest.char_indices().nth(column).map(|(i, _)| line_start + i)
 }
 
 #[cfg(test)]
