@@ -144,18 +144,23 @@ public class SecurityProbe {
 """
 
 
-@pytest.fixture(scope="module")
-def security_probe(tmp_path_factory) -> Path:
+def compile_java(tmp_path_factory, name: str, source: str) -> Path:
+    """Compiles the Java class `name` from `source`; returns the folder of its class file."""
     import shutil
 
     javac = shutil.which("javac")
     assert javac, "javac not installed (tests/run installs default-jdk-headless)"
     assert JDBC_JAR.exists(), f"{JDBC_JAR} missing (tests/run installs libpostgresql-jdbc-java)"
-    d = tmp_path_factory.mktemp("java")
-    (d / "SecurityProbe.java").write_text(JAVA_PROBE)
-    proc = run_tool([javac, "-d", d, d / "SecurityProbe.java"], timeout=300)
+    d = tmp_path_factory.mktemp(name)
+    (d / f"{name}.java").write_text(source)
+    proc = run_tool([javac, "-d", d, d / f"{name}.java"], timeout=300)
     assert proc.returncode == 0, describe_run(proc, "javac failed")
     return d
+
+
+@pytest.fixture(scope="module")
+def security_probe(tmp_path_factory) -> Path:
+    return compile_java(tmp_path_factory, "SecurityProbe", JAVA_PROBE)
 
 
 def run_jdbc(classes: Path, gw: Gateway, mode: str, sql: str) -> dict[str, list[str]]:

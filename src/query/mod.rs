@@ -4,6 +4,7 @@
 pub mod athena;
 pub mod committed;
 pub mod format;
+pub mod limits;
 pub mod live;
 pub mod naming;
 pub mod system;
@@ -349,21 +350,47 @@ pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
 
 /// Builds a session where every table of the workspace is visible, live, as
 /// `<workspace>.<table>`, and the workspace is the default schema.
+/// Its statements run under `skippr.query`'s `statement_timeout` and `max_query_memory`.
 pub async fn session(config: &Config) -> Result<SessionContext> {
     let ws = Workspace::open(config).await?;
-    let ctx = SessionContext::new_with_config(session_config(&config.workspace));
+    let limits = limits::Limits::from(&config.query);
+    let runtime = limits::session_runtime(limits.max_query_memory).map_err(Error::from)?;
+    let ctx = SessionContext::new_with_config_rt(
+        session_config(&config.workspace).with_extension(Arc::new(limits)),
+        runtime,
+    );
     register(&ctx, &ws)?;
     Ok(ctx)
 }
 
-/// Runs one SQL statement and collects its result.
+/// Runs one SQL statement and collects its result, within the session's limits (see
+/// [`session`]): past its timeout the statement is dropped, which stops its work.
 pub async fn run(
     ctx: &SessionContext,
     sql: &str,
 ) -> Result<(arrow::datatypes::SchemaRef, Vec<arrow::array::RecordBatch>)> {
-    let df = ctx.sql(sql).await.map_err(query_error)?;
-    let schema = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await.map_err(query_error)?;
+    let limits = ctx
+        .state()
+        .config()
+        .get_extension::<limits::Limits>()
+        .map(|l| *l);
+    let work = async {
+        let df = ctx.sql(sql).await?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await?;
+        Ok::<_, DataFusionError>((schema, batches))
+    };
+    let done = match limits.and_then(|l| l.statement_timeout) {
+        Some(t) => tokio::time::timeout(t, work)
+            .await
+            .map_err(|_| limits::timeout_error(t))?,
+        None => work.await,
+    };
+    let (schema, batches) = done.map_err(|e| {
+        limits
+            .and_then(|l| limits::memory_error(&e, &l))
+            .unwrap_or_else(|| query_error(e))
+    })?;
     naming::rename_like_postgres(&schema, batches)
 }
 

@@ -4,7 +4,6 @@
 //! planning future or the stream of result batches, which stops the engine's tasks.
 
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -12,8 +11,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result as DfResult;
-use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
-use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use futures::{Stream, StreamExt};
 use pgwire::api::cancel::CancelHandler;
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
@@ -34,7 +31,7 @@ pub enum Interruption {
 impl Interruption {
     pub fn error(self) -> PgWireError {
         let message = match self {
-            Interruption::Timeout => "canceling statement due to statement timeout",
+            Interruption::Timeout => crate::query::limits::TIMEOUT_MESSAGE,
             Interruption::Cancel => "canceling statement due to user request",
         };
         PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -89,6 +86,15 @@ impl Interrupts {
         self.running.store(true, Ordering::SeqCst);
         self.wake.send_modify(|n| *n = n.wrapping_add(1));
         Running(self)
+    }
+
+    /// The next statement of the same message starts: a new deadline of `timeout` from
+    /// now. Unlike [`Interrupts::begin`], a cancel request that arrived for the message
+    /// still applies.
+    pub fn restart(&self, timeout: Option<Duration>) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) =
+            timeout.map(|t| Instant::now() + t);
+        self.wake.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// A client's cancel request: stops the statement running now, if any.
@@ -261,20 +267,6 @@ impl CancelHandler for Canceller {
     }
 }
 
-/// The engine's runtime for one statement: the shared runtime (object stores, caches, disk
-/// for spilling) with a memory pool of `limit` bytes of its own. Operators that can spill
-/// (sorts, aggregates, joins that support it) do when the pool is full; others fail with
-/// "resources exhausted" (SQLSTATE 53200), and only that statement fails.
-pub fn statement_runtime(base: &RuntimeEnv, limit: usize) -> DfResult<Arc<RuntimeEnv>> {
-    let pool = TrackConsumersPool::new(
-        FairSpillPool::new(limit),
-        NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN),
-    );
-    RuntimeEnvBuilder::from_runtime_env(base)
-        .with_memory_pool(Arc::new(pool))
-        .build_arc()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +300,23 @@ mod tests {
         drop(running);
         let _next = i.begin(None);
         assert_eq!(i.check(), None, "a cancel applies to one statement only");
+    }
+
+    #[tokio::test]
+    async fn each_statement_of_a_message_gets_its_own_deadline() {
+        let i = Interrupts::default();
+        let _running = i.begin(Some(Duration::from_millis(300)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        i.restart(Some(Duration::from_millis(300)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(i.check(), None, "the second statement has its own 300 ms");
+        i.cancel();
+        i.restart(Some(Duration::from_secs(60)));
+        assert_eq!(
+            i.check(),
+            Some(Interruption::Cancel),
+            "a pending cancel still applies"
+        );
     }
 
     #[tokio::test]

@@ -6,8 +6,10 @@
 mod auth;
 mod catalog;
 mod compat;
+mod conn;
 mod copy;
 mod errors;
+mod frames;
 mod functions;
 #[cfg(test)]
 mod fuzz;
@@ -19,8 +21,10 @@ mod readonly;
 mod rewrite;
 mod session;
 mod settings;
+mod simple;
 mod startup;
 mod statements;
+mod table_command;
 mod wire;
 
 use std::net::SocketAddr;
@@ -212,33 +216,23 @@ impl Gateway {
                     while sessions.try_join_next().is_some() {}
                     sessions.spawn(async move {
                         let (_slot, _refusal) = (slot, refusal);
-                        // A second handle on the socket, to tell the client why it is closed
-                        // once the session itself has been stopped (see `close_sessions`).
-                        let notice = (tls.is_none()).then(|| dup_socket(&socket)).flatten();
-                        // The protocol library panics on some malformed messages (see
-                        // fuzz.rs): such a panic ends this connection only, and is logged.
-                        let work = std::panic::AssertUnwindSafe(
-                            pgwire::tokio::process_socket(socket, tls, handlers),
-                        )
+                        // The connection's loop answers the shutdown itself (57P01, over TLS
+                        // too). A panic in the protocol library is not expected (messages are
+                        // checked before it decodes them, see frames.rs); should one happen,
+                        // it ends this connection only.
+                        let work = std::panic::AssertUnwindSafe(conn::serve(
+                            socket, tls, handlers, closing,
+                        ))
                         .catch_unwind();
-                        let served = async {
-                            if admitted {
-                                work.await
-                            } else {
-                                tokio::time::timeout(REFUSAL_TIME, work).await.unwrap_or(Ok(Ok(())))
-                            }
+                        let ended = if admitted {
+                            work.await
+                        } else {
+                            tokio::time::timeout(REFUSAL_TIME, work).await.unwrap_or(Ok(Ok(())))
                         };
-                        tokio::select! {
-                            ended = served => match ended {
-                                Ok(Ok(())) => {}
-                                Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "client connection ended with an error"),
-                                Err(_) => tracing::warn!(peer = %peer, "closed a client connection whose messages the protocol library could not decode"),
-                            },
-                            _ = wait_true(closing) => {
-                                if let Some(socket) = notice {
-                                    fatal_notice(socket, "57P01", "terminating connection due to administrator command: skipprd is shutting down; reconnect once it is back").await;
-                                }
-                            }
+                        match ended {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => tracing::debug!(peer = %peer, error = %e, "client connection ended with an error"),
+                            Err(_) => tracing::error!(peer = %peer, "a client connection's handler panicked; the connection was closed"),
                         }
                     });
                 }
@@ -271,27 +265,14 @@ impl Gateway {
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Ends every client session: each one still open gets an `ErrorResponse` FATAL 57P01
-/// (admin shutdown), as Postgres sends on a fast shutdown, so clients and pools know to
-/// reconnect. Over TLS the session is closed without the notice (it would need the TLS
-/// stream the session owns).
+/// (admin shutdown) from its own loop, over TLS too, as Postgres sends on a fast shutdown,
+/// so clients and pools know to reconnect.
 async fn close_sessions(closing: watch::Sender<bool>, sessions: &mut tokio::task::JoinSet<()>) {
     let _ = closing.send(true);
     let all_closed = async { while sessions.join_next().await.is_some() {} };
     if tokio::time::timeout(CLOSE_GRACE, all_closed).await.is_err() {
         sessions.abort_all();
     }
-}
-
-/// Resolves once `rx` holds true (or its sender is gone).
-async fn wait_true(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|v| *v).await;
-}
-
-/// A second handle on the same connection.
-fn dup_socket(socket: &tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
-    use std::os::fd::AsFd;
-    let fd = socket.as_fd().try_clone_to_owned().ok()?;
-    tokio::net::TcpStream::from_std(std::net::TcpStream::from(fd)).ok()
 }
 
 /// Tells a client it may not connect, in the protocol's own terms, and closes.

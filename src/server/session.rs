@@ -54,8 +54,8 @@ use crate::telemetry::metrics;
 
 /// The handlers of one client connection.
 pub struct ConnHandlers {
-    service: Arc<Session>,
-    startup: Arc<Startup>,
+    pub(super) service: Arc<Session>,
+    pub(super) startup: Arc<Startup>,
     shared: Arc<Shared>,
 }
 
@@ -180,7 +180,7 @@ pub struct Session {
     /// SQL-level prepared statements.
     prepared: Prepared,
     /// The limits statements of this connection run under.
-    exec: Exec,
+    pub(super) exec: Exec,
     shared: Arc<Shared>,
 }
 
@@ -279,7 +279,10 @@ impl Session {
     }
 
     /// The statement's limits start: its timeout is the session's `statement_timeout`.
-    fn begin<'a, C: ClientInfo + ?Sized>(&'a self, client: &C) -> super::limits::Running<'a> {
+    pub(super) fn begin<'a, C: ClientInfo + ?Sized>(
+        &'a self,
+        client: &C,
+    ) -> super::limits::Running<'a> {
         self.exec.interrupts.begin(statement_timeout(client))
     }
 }
@@ -300,7 +303,7 @@ fn unsupported(statement: &SqlStatement) -> PgWireError {
 }
 
 /// The session's `statement_timeout` (set at start-up from skippr.yml, changed by SET).
-fn statement_timeout<C: ClientInfo + ?Sized>(client: &C) -> Option<Duration> {
+pub(super) fn statement_timeout<C: ClientInfo + ?Sized>(client: &C) -> Option<Duration> {
     client
         .metadata()
         .get(super::settings::STATEMENT_TIMEOUT_KEY)
@@ -364,6 +367,9 @@ async fn prepare_sql(
     shared: &Shared,
     relations: &Relations,
 ) -> PgWireResult<(String, Rewritten)> {
+    // `TABLE name` first: what follows reads it as the SELECT it means.
+    let expanded = super::table_command::expand(sql);
+    let sql = expanded.as_deref().unwrap_or(sql);
     let replaced = known::rewrite(sql, &shared.ws).await;
     let sql = replaced.as_deref().unwrap_or(sql);
     let mut rewritten = rewrite::rewrite(sql);
@@ -397,7 +403,7 @@ async fn prepare_sql(
 
 /// A prepared statement: its SQL as planned, and its parsed statement and plan (none for
 /// an empty query). The statement hooks expect this very type in the portal store.
-type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
+pub(super) type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
 
 /// Statements whose parameters were cast to a Postgres type kept for describing them, at
 /// most this many (then all are forgotten, and described by their planned types).
@@ -543,20 +549,45 @@ impl SimpleQueryHandler for Session {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let _running = self.shared.begin();
-        // Covers planning and every row sent: the limits end after the last one.
-        let _limits = self.begin(&*client);
         let started = Instant::now();
-        let result = self._on_query(client, query).await;
+        // Each statement runs and sends its rows under its own limits (see simple.rs).
+        let result = self.query_message(client, query).await;
         self.finish(started, result.is_ok());
         result
     }
 
+    /// Not called by `on_query` (which runs statement by statement); answers the whole
+    /// message at once for any other caller, under one set of limits.
     async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let _limits = self.begin(&*client);
+        let statements = self.parse_message(client, query).await?;
+        if statements.is_empty() {
+            return Ok(vec![Response::EmptyQuery]);
+        }
+        let mut results = Vec::with_capacity(statements.len());
+        for (statement, allowed) in &statements {
+            results.push(self.statement_response(client, statement, *allowed).await?);
+        }
+        Ok(results)
+    }
+}
+
+impl Session {
+    /// Parses a simple-query message into its statements, each classified: a refused one
+    /// fails the whole message before any runs, as a syntax error would.
+    pub(super) async fn parse_message<C>(
+        &self,
+        client: &mut C,
+        query: &str,
+    ) -> PgWireResult<Vec<(SqlStatement, Allowed)>>
+    where
+        C: ClientInfo + Send + Sync,
     {
         apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
         let (query, _) = self
@@ -565,39 +596,43 @@ impl SimpleQueryHandler for Session {
             .run(prepare_sql(query, &self.ctx, &self.shared, &self.relations))
             .await?;
         let statements = self.sql_parser.parse(&query).map_err(api_error)?;
-        if statements.is_empty() {
-            return Ok(vec![Response::EmptyQuery]);
+        statements
+            .into_iter()
+            .map(|s| {
+                let allowed = classify(&s, &Policy).map_err(|r| r.into_error())?;
+                Ok((s, allowed))
+            })
+            .collect()
+    }
+
+    /// Runs one statement of a simple-query message: a hook answers it (SET, SHOW,
+    /// transactions, cursors) or [`Session::run_statement`] does.
+    pub(super) async fn statement_response<C>(
+        &self,
+        client: &mut C,
+        statement: &SqlStatement,
+        allowed: Allowed,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if allowed == Allowed::Discard {
+            self.prepared.clear();
         }
-        // Every statement is classified before any runs: a refused one fails the whole
-        // message, as a syntax error would.
-        let classes = statements
-            .iter()
-            .map(|s| classify(s, &Policy))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|r| r.into_error())?;
-        let mut results = Vec::with_capacity(statements.len());
-        'statements: for (statement, allowed) in statements.iter().zip(classes) {
-            if allowed == Allowed::Discard {
-                self.prepared.clear();
-            }
-            if allowed != Allowed::Declare {
-                for hook in &self.hooks {
-                    if let Some(result) =
-                        hook.handle_simple_query(statement, &self.ctx, client).await
-                    {
-                        results.push(result?);
-                        continue 'statements;
-                    }
+        if allowed != Allowed::Declare {
+            for hook in &self.hooks {
+                if let Some(result) = hook.handle_simple_query(statement, &self.ctx, client).await {
+                    return result;
                 }
             }
-            self.mirror.update(client.metadata());
-            apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
-            let response = self
-                .run_statement(client, statement, allowed, None, &Format::UnifiedText)
-                .await?;
-            results.push(response);
         }
-        Ok(results)
+        self.mirror.update(client.metadata());
+        apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
+        self.run_statement(client, statement, allowed, None, &Format::UnifiedText)
+            .await
     }
 }
 

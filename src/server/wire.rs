@@ -17,11 +17,12 @@ use futures::{stream, StreamExt};
 use pgwire::api::portal::Format;
 use pgwire::api::results::{FieldFormat, FieldInfo, QueryResponse};
 use pgwire::api::Type;
-use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
 
-use super::limits::{statement_runtime, Interrupted, Interrupts};
+use super::limits::{Interrupted, Interrupts};
+use crate::query::limits::statement_runtime;
 use crate::query::live::PG_TYPE_META;
 
 /// Widest numeric the binary numeric encoder represents exactly.
@@ -101,6 +102,21 @@ pub fn plan(
     options: Option<Arc<FormatOptions>>,
     time_zone: Option<&str>,
 ) -> PgWireResult<WirePlan> {
+    if let Format::Individual(codes) = format {
+        // One format per column or none at all: a Bind that names another count is
+        // broken (and the formats would be read past their end).
+        if codes.len() != schema.fields().len() {
+            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "FATAL".to_string(),
+                "08P01".to_string(),
+                format!(
+                    "bind message has {} result formats but query has {} columns",
+                    codes.len(),
+                    schema.fields().len()
+                ),
+            ))));
+        }
+    }
     let zone: chrono_tz::Tz = time_zone
         .and_then(|z| z.parse().ok())
         .unwrap_or(chrono_tz::Tz::UTC);

@@ -1,0 +1,199 @@
+//! Gateway, the `TABLE name` command: before a client's SQL is parsed, each `TABLE name`
+//! that stands where a query may start becomes `SELECT * FROM name`, which Postgres defines
+//! it to mean. The SQL parser reads `TABLE` itself only partly (it takes the next three
+//! tokens whatever they are, so `TABLE x ORDER BY id` or `TABLE x; SELECT 1` break, and the
+//! planner does not plan it at all). Only the keyword is replaced, in the original text:
+//! the name (quoted or not), comments and literals stay exactly as written.
+
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer};
+
+/// `sql` with every query-position `TABLE name` spelled as `SELECT * FROM name`; `None`
+/// when there is none (or the SQL does not tokenize: the parser reports that).
+pub fn expand(sql: &str) -> Option<String> {
+    if !sql
+        .as_bytes()
+        .windows(5)
+        .any(|w| w.eq_ignore_ascii_case(b"table"))
+    {
+        return None;
+    }
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize_with_location()
+        .ok()?;
+    let significant: Vec<&TokenWithSpan> = tokens
+        .iter()
+        .filter(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF))
+        .collect();
+    let mut at = Vec::new();
+    // The first word of the statement being read, and its parenthesis depth.
+    let mut first: Option<Keyword> = None;
+    let mut depth = 0usize;
+    // Whether this PREPARE statement's `AS` was already seen.
+    let mut prepared_as = false;
+    for (i, t) in significant.iter().enumerate() {
+        let prev = i.checked_sub(1).map(|p| &significant[p].token);
+        match &t.token {
+            Token::SemiColon => {
+                first = None;
+                depth = 0;
+                prepared_as = false;
+                continue;
+            }
+            Token::LParen => depth += 1,
+            Token::RParen => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if first.is_none() {
+            first = Some(keyword(&t.token).unwrap_or(Keyword::NoKeyword));
+        }
+        if keyword(&t.token) != Some(Keyword::TABLE) {
+            if keyword(&t.token) == Some(Keyword::AS) && depth == 0 {
+                // Checked below for the TABLE that follows, then remembered.
+                if keyword_is(significant.get(i + 1), Keyword::TABLE) {
+                    continue;
+                }
+                prepared_as = true;
+            }
+            continue;
+        }
+        let named = matches!(
+            significant.get(i + 1).map(|n| &n.token),
+            Some(Token::Word(_))
+        );
+        let starts_query = match prev {
+            None | Some(Token::SemiColon | Token::LParen | Token::RParen) => true,
+            Some(p) => match keyword(p) {
+                Some(
+                    Keyword::UNION
+                    | Keyword::INTERSECT
+                    | Keyword::EXCEPT
+                    | Keyword::ALL
+                    | Keyword::DISTINCT
+                    | Keyword::EXPLAIN,
+                ) => true,
+                Some(Keyword::ANALYZE | Keyword::VERBOSE) => first == Some(Keyword::EXPLAIN),
+                // PREPARE name [(types)] AS TABLE x
+                Some(Keyword::AS) => {
+                    let first_as = !prepared_as && depth == 0;
+                    prepared_as = true;
+                    first == Some(Keyword::PREPARE) && first_as
+                }
+                // DECLARE name CURSOR [WITH HOLD] FOR TABLE x
+                Some(Keyword::FOR) => first == Some(Keyword::DECLARE),
+                _ => false,
+            },
+        };
+        if named && starts_query {
+            at.push(offset(sql, t.span.start)?);
+        }
+    }
+    if at.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(sql.len() + 9 * at.len());
+    let mut from = 0;
+    for start in at {
+        let end = start + "TABLE".len();
+        // The span must point at the keyword itself, or nothing is changed.
+        if !sql.get(start..end)?.eq_ignore_ascii_case("table") {
+            return None;
+        }
+        out.push_str(&sql[from..start]);
+        out.push_str("SELECT * FROM");
+        from = end;
+    }
+    out.push_str(&sql[from..]);
+    Some(out)
+}
+
+/// The keyword of an unquoted word.
+fn keyword(t: &Token) -> Option<Keyword> {
+    match t {
+        Token::Word(w) if w.quote_style.is_none() => Some(w.keyword),
+        _ => None,
+    }
+}
+
+fn keyword_is(t: Option<&&TokenWithSpan>, k: Keyword) -> bool {
+    t.and_then(|t| keyword(&t.token)) == Some(k)
+}
+
+/// The byte offset of a (1-based) line and column, counted in characters.
+fn offset(sql: &str, at: Location) -> Option<usize> {
+    let line = usize::try_from(at.line).ok()?.checked_sub(1)?;
+    let column = usize::try_from(at.column).ok()?.checked_sub(1)?;
+    let line_start = if line == 0 {
+        0
+    } else {
+        sql.match_indices('\n').nth(line - 1)?.0 + 1
+    };
+    let rest = sql.get(line_start..)?;
+    rest.char_indices().nth(column).map(|(i, _)| line_start + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ex(sql: &str) -> String {
+        expand(sql).unwrap_or_else(|| sql.to_string())
+    }
+
+    #[test]
+    fn table_commands_become_selects() {
+        assert_eq!(ex("TABLE orders"), "SELECT * FROM orders");
+        assert_eq!(ex("table s.\"Orders\";"), "SELECT * FROM s.\"Orders\";");
+        assert_eq!(
+            ex("TABLE a ORDER BY id LIMIT 2; TABLE b"),
+            "SELECT * FROM a ORDER BY id LIMIT 2; SELECT * FROM b"
+        );
+        assert_eq!(ex("EXPLAIN TABLE a"), "EXPLAIN SELECT * FROM a");
+        assert_eq!(
+            ex("EXPLAIN ANALYZE TABLE a"),
+            "EXPLAIN ANALYZE SELECT * FROM a"
+        );
+        assert_eq!(
+            ex("COPY (TABLE a) TO STDOUT"),
+            "COPY (SELECT * FROM a) TO STDOUT"
+        );
+        assert_eq!(ex("PREPARE p AS TABLE a"), "PREPARE p AS SELECT * FROM a");
+        assert_eq!(
+            ex("DECLARE c CURSOR FOR TABLE a"),
+            "DECLARE c CURSOR FOR SELECT * FROM a"
+        );
+        assert_eq!(
+            ex("TABLE a UNION ALL TABLE b"),
+            "SELECT * FROM a UNION ALL SELECT * FROM b"
+        );
+        assert_eq!(
+            ex("WITH w AS (TABLE a) TABLE w"),
+            "WITH w AS (SELECT * FROM a) SELECT * FROM w"
+        );
+        assert_eq!(
+            ex("/* é */\n  TABLE a -- x"),
+            "/* é */\n  SELECT * FROM a -- x"
+        );
+    }
+
+    #[test]
+    fn other_uses_of_the_word_stay() {
+        for sql in [
+            "DROP TABLE a",
+            "CREATE TABLE a (id int)",
+            "TRUNCATE TABLE a",
+            "LOCK TABLE a",
+            "ANALYZE TABLE a",
+            "SELECT 'TABLE a'",
+            "SELECT 1 AS table FROM a",
+            "PREPARE p AS SELECT 1 AS table FROM a",
+            "CREATE VIEW v AS TABLE a",
+            "SELECT \"table\" FROM a",
+            "COMMENT ON TABLE a IS 'x'",
+            "GRANT SELECT ON TABLE a TO b",
+        ] {
+            assert_eq!(ex(sql), sql);
+        }
+    }
+}
