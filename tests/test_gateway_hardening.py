@@ -418,3 +418,23 @@ def test_cli_query_honours_statement_timeout_and_memory(db, skippr):
     assert "Resources exhausted" in proc.stderr and "skippr.query.max_query_memory" in proc.stderr, \
         describe_run(proc)
     assert "panicked" not in proc.stderr
+
+
+def test_cli_query_only_reads(db, skippr, tmp_path):
+    """`skipprd query` plans with the gateway's read-only options: no COPY to a file, no DDL."""
+    small_source(db)
+    skippr.write_config(["items"])
+    skippr.sync_once()
+    target = tmp_path / "out.csv"
+    for sql in (f"COPY (SELECT * FROM analytics.items) TO '{target}'",
+                f"COPY analytics.items TO '{target}'",
+                f"CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '{tmp_path}'",
+                "CREATE TABLE y AS SELECT 1",
+                "SET datafusion.execution.batch_size = 1"):
+        proc = skippr.run("query", sql, check=False)
+        assert proc.returncode != 0, describe_run(proc, f"the CLI ran a write: {sql}")
+        assert "not supported" in proc.stderr, describe_run(proc)
+        assert "panicked" not in proc.stderr
+    assert not target.exists()
+    proc = skippr.run("query", "SELECT count(*) FROM analytics.items", check=False)
+    assert proc.returncode == 0 and "25" in proc.stdout, describe_run(proc)

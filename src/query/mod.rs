@@ -363,8 +363,18 @@ pub async fn session(config: &Config) -> Result<SessionContext> {
     Ok(ctx)
 }
 
+/// What the engine may plan for a reader: no DDL, no DML (`COPY ... TO` a file included), no
+/// statement that changes the engine. The gateway and `skipprd query` both plan with these.
+pub fn read_only_options() -> datafusion::execution::context::SQLOptions {
+    datafusion::execution::context::SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+}
+
 /// Runs one SQL statement and collects its result, within the session's limits (see
-/// [`session`]): past its timeout the statement is dropped, which stops its work.
+/// [`session`]): past its timeout the statement is dropped, which stops its work. Only
+/// reads are planned (see [`read_only_options`]).
 pub async fn run(
     ctx: &SessionContext,
     sql: &str,
@@ -375,7 +385,7 @@ pub async fn run(
         .get_extension::<limits::Limits>()
         .map(|l| *l);
     let work = async {
-        let df = ctx.sql(sql).await?;
+        let df = ctx.sql_with_options(sql, read_only_options()).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await?;
         Ok::<_, DataFusionError>((schema, batches))

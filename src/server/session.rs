@@ -142,10 +142,7 @@ impl PgWireServerHandlers for ConnHandlers {
 
 /// The read-only rules the engine checks on every plan, whatever the classifier said.
 fn read_only_options() -> SQLOptions {
-    SQLOptions::new()
-        .with_allow_ddl(false)
-        .with_allow_dml(false)
-        .with_allow_statements(false)
+    crate::query::read_only_options()
 }
 
 /// Fails unless `plan` only reads: no DDL, no DML (COPY included), no engine statement.
