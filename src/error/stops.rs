@@ -175,6 +175,30 @@ pub const STOP_ERRORS: &[StopError] = &[
         fix: "let only skipprd write the table; `skipprd sync --resnapshot` rewrites it",
     },
     StopError {
+        says: &[
+            "is already running: its lease",
+            "was just started by another skipprd",
+        ],
+        when: "",
+        cause: "another `sync` or `serve` holds the pipeline's lease (S3 storage mode)",
+        fix: "stop the other process, or, if it died, wait until its lease expires (`skippr.lease.expire_after`) and start again",
+    },
+    StopError {
+        says: &[
+            "stopped writing: its lease was last renewed",
+            "its lease ... was taken over",
+        ],
+        when: "",
+        cause: "this process could not renew its lease in time (storage unreachable, or the process paused), so it stopped before writing again",
+        fix: "nothing is lost: the process that holds the lease carries on; check that the storage is reachable, or raise `skippr.lease.expire_after`",
+    },
+    StopError {
+        says: &["the lease ... is damaged"],
+        when: "",
+        cause: "the lease object cannot be read",
+        fix: "if no skipprd runs the pipeline, delete the object and start again",
+    },
+    StopError {
         says: &["is damaged at byte"],
         when: "",
         cause: "a WAL segment was altered on disk",
