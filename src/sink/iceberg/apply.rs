@@ -154,12 +154,13 @@ impl TableSink {
         catalog: &LocalCatalog,
         pipeline: &str,
     ) -> Result<()> {
+        // A process that lost its pipeline's lease (S3 mode) must not commit a schema either.
+        crate::storage::lease::ensure_held(pipeline)?;
         let pk = self.primary_key();
         if let Some(evo) = evolve::plan(&self.source, &self.table, &pk, r)? {
             // Pending rows stay pending: fields are only ever appended, widened, renamed or
             // made optional, so a row of the old shape is a row of the new one with NULLs
             // at the end. The schema commits first, the data after it.
-            let _ = pipeline;
             let mut props = self.table.metadata().properties().clone();
             props.insert(
                 PROP_COLUMNS.to_string(),
@@ -570,6 +571,8 @@ impl TableSink {
         if !self.has_pending() {
             return Ok(());
         }
+        // Checked before the schema a NULL may relax, as well as before the data (rowdelta).
+        crate::storage::lease::ensure_held(pipeline)?;
         let live: Vec<PendingRow> = std::mem::take(&mut self.rows)
             .into_iter()
             .flatten()
