@@ -144,6 +144,9 @@ async fn run(cli: Cli) -> Result<u8> {
                 endpoint.abort();
             }
             let report = report?;
+            if let Some(peak) = skippr::telemetry::peak_rss_bytes() {
+                tracing::info!(pipeline = %p.name, peak_rss_mib = peak / (1024 * 1024), "sync finished");
+            }
             writeln!(
                 stdout,
                 "sync of pipeline {} done: {} table(s) copied, {} already up to date",

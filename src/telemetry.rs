@@ -31,3 +31,11 @@ pub fn init(format: LogFormat) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+/// The process's peak resident memory so far (`VmHWM`), where the system reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -10,6 +10,8 @@ The commit protocol's guard against a concurrent Glue writer is unit-tested in R
 
 from __future__ import annotations
 
+import json
+
 import os
 import signal
 import subprocess
@@ -113,7 +115,7 @@ def moto(workdir: Path) -> Iterable[Moto]:
         server.stop()
 
 
-def flagship_config(skippr: Skippr, tables: list[str], commit_interval: str = "10s") -> None:
+def flagship_config(skippr: Skippr, tables: list[str], commit_interval: str = "10s", pipeline_extra: str = "") -> None:
     """docs/config.md's whole example, pointed at the test database and moto."""
     db = skippr.db
     athena = (
@@ -135,6 +137,7 @@ def flagship_config(skippr: Skippr, tables: list[str], commit_interval: str = "1
         "    data_source: data_sources.app_db\n"
         "    data_sink: data_sinks.lake\n"
         f"    commit_interval: {commit_interval}\n"
+        f"{pipeline_extra}"
         "\n"
         "data_sources:\n"
         "  app_db:\n"
@@ -333,6 +336,42 @@ def test_wal_is_in_s3_and_survives_a_restart(skippr: Skippr, moto: Moto) -> None
     for table in ("orders", "customers"):
         assert_matches(skippr, moto, table)
     assert local_files(skippr.workdir) == []
+
+
+def test_a_transaction_larger_than_memory_goes_through_s3_in_parts(skippr: Skippr, moto: Moto) -> None:
+    """With a 1 MiB transaction budget, a 40 MiB transaction is spilled locally while it
+    streams, uploaded to the WAL in S3 as a multipart upload, read back in ranges, applied
+    change by change and committed once; the peak memory of the sync stays far below the
+    transaction's size."""
+    db = skippr.db
+    setup_tables(db)
+    flagship_config(skippr, ["orders"], pipeline_extra="    transaction_memory_budget_mb: 1\n")
+    skippr.env.update(moto.env)
+    skippr.sync_once()
+    db.execute("INSERT INTO orders (id, customer_id, amount) VALUES (1000000, 1, 1)")
+    small = skippr.run("--log-format", "json", "sync", "--pipeline", "app", "--once")
+    rows, width = 10_000, 4_000
+    with db.connect() as conn:
+        with conn.transaction():
+            conn.execute(
+                f"INSERT INTO orders (id, customer_id, amount, note) "
+                f"SELECT g, g % 17, g, repeat(md5(g::text), {width // 32}) FROM generate_series(3000, {2999 + rows}) g")
+            conn.execute("UPDATE orders SET note = 'short' WHERE id % 10 = 0")
+            conn.execute("DELETE FROM orders WHERE id % 13 = 0")
+    big = skippr.run("--log-format", "json", "sync", "--pipeline", "app", "--once")
+    assert "spilling" in big.stderr, describe_run(big, "the transaction did not spill")
+    assert_matches(skippr, moto, "orders")
+    assert local_files(skippr.workdir) == []
+
+    def peak(run) -> int:
+        lines = [json.loads(l) for l in run.stderr.splitlines() if '"peak_rss_mib"' in l]
+        assert lines, describe_run(run, "no peak_rss_mib reported")
+        return int(lines[-1]["fields"]["peak_rss_mib"])
+
+    size_mb = rows * width // (1024 * 1024)
+    added = peak(big) - peak(small)
+    print(f"a {size_mb} MiB transaction through S3 added {added} MiB of peak RSS over a small one")
+    assert added < size_mb, f"a {size_mb} MiB transaction through S3 took {added} MiB more memory than a small one"
 
 
 def test_storage_errors_name_the_problem(skippr: Skippr, moto: Moto) -> None:

@@ -14,15 +14,18 @@ use super::checks::check_source;
 use super::seams::{ChangeLog, ChangeSource, IcebergTable, TableSink, Until};
 use super::shutdown::{bounded, AbortOnDrop};
 use crate::catalog::LocalCatalog;
-use crate::change::{Lsn, Relation};
+use crate::change::{Change, Lsn, Relation};
 use crate::config::{PipelineConfig, TableRef};
 use crate::error::{Error, ErrorKind, Result};
-use crate::wal::{Op, Record};
+use crate::wal::items::items_of;
+use crate::wal::{Item, Op, Record};
 
 /// Changes held in memory before a commit is forced, whatever the interval.
 const COMMIT_MAX_CHANGES: u64 = 500_000;
 /// Approximate bytes of pending rows before a commit is forced (wide rows hit this first).
 const COMMIT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+/// Changes applied between checks of all tables' staged memory against the budget.
+const BUDGET_CHECK_EVERY: u32 = 1024;
 
 /// The destination side of every table of a pipeline.
 pub struct Sinks<T: TableSink> {
@@ -35,14 +38,20 @@ pub struct Sinks<T: TableSink> {
     applied_through: Lsn,
     /// The pipeline's state file, where each table's watermark is kept.
     state_file: crate::storage::state_file::StateFile,
+    /// Memory staged changes may hold before they are spilled to files.
+    budget: u64,
+    /// Changes applied since the budget of all tables together was last checked.
+    since_check: u32,
 }
 
 impl<T: TableSink> Sinks<T> {
-    /// The pipeline's tables; those in `append_only` refuse updates and deletes.
+    /// The pipeline's tables; those in `append_only` refuse updates and deletes. Staged
+    /// changes are spilled to files beyond `budget` bytes.
     pub fn new(
         tables: Vec<T>,
         append_only: Vec<TableRef>,
         state_file: crate::storage::state_file::StateFile,
+        budget: u64,
     ) -> Self {
         let by_name = tables
             .iter()
@@ -61,6 +70,8 @@ impl<T: TableSink> Sinks<T> {
             append_only,
             applied_through,
             state_file,
+            budget,
+            since_check: 0,
         }
     }
 
@@ -90,13 +101,25 @@ impl<T: TableSink> Sinks<T> {
         self.tables.iter().map(|t| t.pending_bytes()).sum()
     }
 
-    /// Applies WAL records in order. A relation description is taken by its table only when
-    /// a change that follows it is applied, so replaying a segment never re-applies a schema
-    /// the table has already moved past.
+    /// Applies WAL records in order (see [`Sinks::apply_items`]).
     pub async fn apply(&mut self, records: Vec<Record>) -> Result<()> {
-        for rec in records {
-            match rec {
-                Record::Relation(r) => {
+        self.apply_items(items_of(records).map(Ok)).await
+    }
+
+    /// Applies the items of WAL segments in order. A relation description is taken by its
+    /// table only when a change that follows it is applied, so replaying a segment never
+    /// re-applies a schema the table has already moved past. A table whose staged changes
+    /// reach the memory budget spills them (see [`TableSink::spill`]), so a transaction of
+    /// any size is applied in bounded memory.
+    pub async fn apply_items(
+        &mut self,
+        items: impl Iterator<Item = Result<Item>> + Send,
+    ) -> Result<()> {
+        // The transaction being applied: its end LSN, xid, and whether it was applied before.
+        let mut txn: Option<(Lsn, u32, bool)> = None;
+        for item in items {
+            match item? {
+                Item::Relation(r) => {
                     let name = TableRef {
                         schema: r.namespace.clone(),
                         name: r.name.clone(),
@@ -105,64 +128,118 @@ impl<T: TableSink> Sinks<T> {
                         self.rel.insert(r.id, (i, r, false));
                     }
                 }
-                Record::Txn(t) => {
-                    let skipped = t.end_lsn <= self.applied_through;
-                    for c in &t.changes {
-                        // A transaction already applied still carries the descriptions the
-                        // later transactions of its segment are read with.
-                        if skipped && c.op != Op::Relation {
-                            continue;
-                        }
-                        if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
-                            let name = TableRef {
-                                schema: r.namespace.clone(),
-                                name: r.name.clone(),
-                            };
-                            if let Some(&i) = self.by_name.get(&name) {
-                                self.rel.insert(r.id, (i, r.clone(), false));
-                            }
-                            continue;
-                        }
-                        // Only tables of this pipeline have a description here (the WAL
-                        // refuses a change without one when it is read).
-                        let Some((i, _, taken)) = self.rel.get(&c.rel) else {
-                            continue;
-                        };
-                        let (i, taken) = (*i, *taken);
-                        if t.end_lsn <= self.tables[i].committed() {
-                            continue;
-                        }
-                        if !taken {
-                            // The description in the WAL is complete: the source is not asked.
-                            if let Some(rel) = self.rel.get(&c.rel).map(|x| x.1.clone()) {
-                                self.tables[i].describe(&rel).await?;
-                            }
-                            if let Some(entry) = self.rel.get_mut(&c.rel) {
-                                entry.2 = true;
-                            }
-                        }
-                        let sink = &mut self.tables[i];
-                        if matches!(c.op, Op::Update | Op::Delete)
-                            && self.append_only.contains(sink.source())
-                        {
-                            return Err(Error::unrepresentable(format!(
-                                "table {} is marked append_only, but an {} arrived (transaction {}); give the table a primary key or REPLICA IDENTITY FULL and remove it from `append_only`, then run `skipprd sync --resnapshot`",
-                                sink.source(),
-                                if c.op == Op::Update { "UPDATE" } else { "DELETE" },
-                                t.xid
-                            )));
-                        }
-                        sink.apply(c, t.end_lsn)?;
+                Item::Begin(t) => {
+                    if txn.is_some() {
+                        return Err(Error::fatal(format!(
+                            "the WAL holds transaction {} inside another one; run `skipprd sync --resnapshot`",
+                            t.xid
+                        )));
                     }
+                    txn = Some((t.end_lsn, t.xid, t.end_lsn <= self.applied_through));
+                }
+                Item::Change(c) => {
+                    let Some((end_lsn, xid, skipped)) = txn else {
+                        return Err(Error::fatal(
+                            "the WAL holds a change outside any transaction; run `skipprd sync --resnapshot`",
+                        ));
+                    };
+                    // A transaction already applied still carries the descriptions the
+                    // later transactions of its segment are read with.
+                    if skipped && c.op != Op::Relation {
+                        continue;
+                    }
+                    self.apply_change(c, end_lsn, xid).await?;
+                }
+                Item::End => {
+                    let Some((end_lsn, _, skipped)) = txn.take() else {
+                        return Err(Error::fatal(
+                            "the WAL ends a transaction it never began; run `skipprd sync --resnapshot`",
+                        ));
+                    };
                     if skipped {
                         continue;
                     }
                     for sink in &mut self.tables {
-                        sink.advance(t.end_lsn);
+                        sink.advance(end_lsn);
                     }
-                    self.applied_through = t.end_lsn;
+                    self.applied_through = end_lsn;
                 }
             }
+        }
+        if let Some((_, xid, _)) = txn {
+            return Err(Error::fatal(format!(
+                "a WAL segment ends inside transaction {xid}; run `skipprd sync --resnapshot`"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Applies one change of the transaction `xid` ending at `end_lsn`.
+    async fn apply_change(&mut self, c: Change, end_lsn: Lsn, xid: u32) -> Result<()> {
+        if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
+            let name = TableRef {
+                schema: r.namespace.clone(),
+                name: r.name.clone(),
+            };
+            if let Some(&i) = self.by_name.get(&name) {
+                self.rel.insert(r.id, (i, r.clone(), false));
+            }
+            return Ok(());
+        }
+        // Only tables of this pipeline have a description here (the WAL refuses a change
+        // without one when it is read).
+        let Some((i, _, taken)) = self.rel.get(&c.rel) else {
+            return Ok(());
+        };
+        let (i, taken) = (*i, *taken);
+        if end_lsn <= self.tables[i].committed() {
+            return Ok(());
+        }
+        if !taken {
+            // The description in the WAL is complete: the source is not asked.
+            if let Some(rel) = self.rel.get(&c.rel).map(|x| x.1.clone()) {
+                self.tables[i].describe(&rel).await?;
+            }
+            if let Some(entry) = self.rel.get_mut(&c.rel) {
+                entry.2 = true;
+            }
+        }
+        let sink = &mut self.tables[i];
+        if matches!(c.op, Op::Update | Op::Delete) && self.append_only.contains(sink.source()) {
+            return Err(Error::unrepresentable(format!(
+                "table {} is marked append_only, but an {} arrived (transaction {xid}); give the table a primary key or REPLICA IDENTITY FULL and remove it from `append_only`, then run `skipprd sync --resnapshot`",
+                sink.source(),
+                if c.op == Op::Update { "UPDATE" } else { "DELETE" },
+            )));
+        }
+        sink.apply(&c, end_lsn)?;
+        self.keep_within_budget(i).await
+    }
+
+    /// Spills staged changes to files when they reach the memory budget: the table just
+    /// changed when it alone does, and, checked every so often, the largest tables until
+    /// all of them together hold at most half the budget.
+    async fn keep_within_budget(&mut self, changed: usize) -> Result<()> {
+        if self.tables[changed].pending_bytes() >= self.budget {
+            self.tables[changed].spill().await?;
+        }
+        self.since_check += 1;
+        if self.since_check < BUDGET_CHECK_EVERY {
+            return Ok(());
+        }
+        self.since_check = 0;
+        let mut total = self.pending_bytes();
+        if total < self.budget {
+            return Ok(());
+        }
+        let mut by_size: Vec<usize> = (0..self.tables.len()).collect();
+        by_size.sort_by_key(|&i| std::cmp::Reverse(self.tables[i].pending_bytes()));
+        for i in by_size {
+            if total <= self.budget / 2 {
+                break;
+            }
+            total = total.saturating_sub(self.tables[i].pending_bytes());
+            self.tables[i].spill().await?;
         }
         Ok(())
     }
@@ -182,8 +259,7 @@ pub async fn apply_log<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T>
         if seg.last <= sinks.applied_through {
             continue;
         }
-        let records = log.read(&seg)?;
-        sinks.apply(records).await?;
+        sinks.apply_items(log.items(&seg)?).await?;
         if sinks.pending_changes() >= COMMIT_MAX_CHANGES
             || sinks.pending_bytes() >= COMMIT_MAX_BYTES
         {
@@ -237,6 +313,7 @@ impl Tables for IcebergTables<'_> {
             tables,
             self.p.source.append_only.clone(),
             self.p.state_file.clone(),
+            self.p.transaction_memory_budget,
         ))
     }
 

@@ -291,6 +291,8 @@ pub struct Stored {
     /// The LSN recorded with the last commit.
     pub lsn: Lsn,
     pub commits: usize,
+    /// How often staged changes were spilled (to files, for an Iceberg table).
+    pub spills: usize,
     /// The next this many commits fail.
     pub fail_commits: usize,
 }
@@ -303,6 +305,8 @@ pub struct MemTable {
     committed: Lsn,
     pending_lsn: Lsn,
     pending: u64,
+    /// Staged changes not spilled yet.
+    unspilled: u64,
 }
 
 fn key_of(t: &Option<Vec<Datum>>) -> Result<i64> {
@@ -386,6 +390,7 @@ impl TableSink for MemTable {
             Op::Relation => {}
         }
         self.pending += 1;
+        self.unspilled += 1;
         self.pending_lsn = self.pending_lsn.max(end_lsn);
         Ok(())
     }
@@ -399,7 +404,15 @@ impl TableSink for MemTable {
     }
 
     fn pending_bytes(&self) -> u64 {
-        self.pending * 16
+        self.unspilled * 16
+    }
+
+    async fn spill(&mut self) -> Result<()> {
+        if self.unspilled > 0 {
+            lock(&self.stored).spills += 1;
+            self.unspilled = 0;
+        }
+        Ok(())
     }
 
     async fn commit(&mut self) -> Result<()> {
@@ -421,6 +434,7 @@ impl TableSink for MemTable {
         stored.commits += 1;
         self.committed = self.pending_lsn;
         self.pending = 0;
+        self.unspilled = 0;
         Ok(())
     }
 }
@@ -430,6 +444,8 @@ pub struct MemTables {
     pub tables: Vec<(TableRef, Arc<Mutex<Stored>>)>,
     pub append_only: Vec<TableRef>,
     pub state_file: crate::storage::state_file::StateFile,
+    /// Bytes of staged changes before they are spilled.
+    pub budget: u64,
 }
 
 impl MemTables {
@@ -443,6 +459,7 @@ impl MemTables {
             state_file: crate::storage::state_file::StateFile::Local(
                 state_dir.join("app.state.json"),
             ),
+            budget: 256 * 1024 * 1024,
         }
     }
 
@@ -473,6 +490,7 @@ impl Tables for MemTables {
                     committed: lsn,
                     pending_lsn: lsn,
                     pending: 0,
+                    unspilled: 0,
                 }
             })
             .collect();
@@ -480,6 +498,7 @@ impl Tables for MemTables {
             tables,
             self.append_only.clone(),
             self.state_file.clone(),
+            self.budget,
         ))
     }
 

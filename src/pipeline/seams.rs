@@ -14,8 +14,9 @@ use crate::error::{Context, Result};
 use crate::sink::iceberg::apply::TableSink as IcebergSink;
 use crate::source::postgres::slot::advance_slot;
 use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
+use crate::wal::items::items_of;
 use crate::wal::store::SegmentBuilder;
-use crate::wal::{Record, SegmentInfo, WalStore};
+use crate::wal::{Item, Record, SegmentInfo, WalStore};
 
 /// When a stream of changes stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,14 @@ pub trait ChangeLog: Clone + Send + Sync + 'static {
     /// Every record of a segment. A damaged segment is an error, never skipped.
     fn read(&self, seg: &SegmentInfo) -> Result<Vec<Record>>;
 
+    /// The records of a segment as items, in order: what the sinks apply. A log may yield a
+    /// large transaction change by change, so that applying it takes bounded memory; a
+    /// damaged segment is an error (at the latest when its damaged record is reached, and
+    /// always before any change of that record).
+    fn items(&self, seg: &SegmentInfo) -> Result<Box<dyn Iterator<Item = Result<Item>> + Send>> {
+        Ok(Box::new(items_of(self.read(seg)?).map(Ok)))
+    }
+
     /// Deletes the segments whose every transaction ends at or below `lsn`.
     fn remove_through(&self, lsn: Lsn) -> Result<usize>;
 
@@ -117,7 +126,12 @@ pub trait TableSink: Send {
     /// Marks the table complete through `end_lsn` although the transaction did not change it.
     fn advance(&mut self, end_lsn: Lsn);
     fn pending_changes(&self) -> u64;
+    /// Memory the staged changes hold.
     fn pending_bytes(&self) -> u64;
+    /// Moves what is staged in memory to storage that no reader sees before
+    /// [`TableSink::commit`] (files the next commit adds), so that a transaction larger than
+    /// memory is applied in bounded memory; the changes stay staged, nothing is committed.
+    async fn spill(&mut self) -> Result<()>;
     /// Commits everything staged, atomically and durably, with its LSN.
     async fn commit(&mut self) -> Result<()>;
 }
@@ -206,6 +220,10 @@ impl ChangeLog for WalStore {
         WalStore::read(self, seg)
     }
 
+    fn items(&self, seg: &SegmentInfo) -> Result<Box<dyn Iterator<Item = Result<Item>> + Send>> {
+        WalStore::items(self, seg)
+    }
+
     fn remove_through(&self, lsn: Lsn) -> Result<usize> {
         WalStore::remove_through(self, lsn)
     }
@@ -277,6 +295,10 @@ impl TableSink for IcebergTable {
 
     fn pending_bytes(&self) -> u64 {
         self.sink.pending_bytes()
+    }
+
+    async fn spill(&mut self) -> Result<()> {
+        self.sink.spill(&self.catalog, &self.pipeline).await
     }
 
     async fn commit(&mut self) -> Result<()> {

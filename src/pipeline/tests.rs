@@ -126,6 +126,13 @@ impl ChangeLog for FailingRemoval {
     fn read(&self, seg: &crate::wal::SegmentInfo) -> crate::error::Result<Vec<crate::wal::Record>> {
         ChangeLog::read(&self.wal, seg)
     }
+    fn items(
+        &self,
+        seg: &crate::wal::SegmentInfo,
+    ) -> crate::error::Result<Box<dyn Iterator<Item = crate::error::Result<crate::wal::Item>> + Send>>
+    {
+        ChangeLog::items(&self.wal, seg)
+    }
     fn remove_through(&self, lsn: Lsn) -> crate::error::Result<usize> {
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(crate::error::Error::fatal("the test process died"));
@@ -330,4 +337,35 @@ async fn continuous_run_commits_what_is_durable_after_a_source_fault_and_resumes
     assert_eq!(tables.stored("a").rows, rows(&[(1, "x2")]));
     assert_eq!(tables.stored("b").rows, rows(&[(1, "b")]));
     assert_eq!(src.acks(), vec![Lsn(30)]);
+}
+
+/// A transaction far larger than the memory budget is spilled table by table while it is
+/// applied, and still committed once, whole, with its LSN (never a part of it).
+#[tokio::test]
+async fn a_transaction_beyond_the_budget_spills_and_commits_once_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut src = source();
+    let log = WalStore::open(&dir.path().join("wal")).unwrap();
+    let mut tables = MemTables::new(&["a", "b"], dir.path());
+    // The doubles count 16 bytes per staged change: a spill every 10 changes of a table.
+    tables.budget = 160;
+    let mut changes = Vec::new();
+    for k in 0..100 {
+        changes.push(insert(A, k, "v"));
+        changes.push(insert(B, k, "w"));
+    }
+    changes.push(delete(A, 7));
+    src.commit(txn(10, changes));
+    src.commit(txn(20, vec![update(B, 3, "w2")]));
+    catch_up_once(&mut src, &log, &tables).await.unwrap();
+    let a = tables.stored("a");
+    assert_eq!(a.rows.len(), 99);
+    assert!(!a.rows.contains_key(&7));
+    assert!(a.spills >= 9, "table a spilled {} times", a.spills);
+    assert_eq!(a.commits, 1, "a transaction is committed whole, once");
+    assert_eq!(a.lsn, Lsn(20));
+    let b = tables.stored("b");
+    assert_eq!(b.rows.get(&3).map(String::as_str), Some("w2"));
+    assert!(b.spills >= 9, "table b spilled {} times", b.spills);
+    assert_eq!(b.commits, 1);
 }

@@ -360,6 +360,78 @@ impl Store {
         }
     }
 
+    /// Writes the file at `path` to `key`, replacing what was there, durably, without holding
+    /// it in memory: a large file goes up as a multipart upload, which S3 makes visible only
+    /// when it completes (whole or not at all).
+    pub async fn put_file(&self, key: &str, path: &Path) -> Result<()> {
+        /// Files up to this size take one PUT; larger ones are sent in parts of this size
+        /// (S3's smallest part).
+        const PART: u64 = 5 * 1024 * 1024;
+        /// How much of the file is read at a time.
+        const READ: usize = 1024 * 1024;
+        let size = std::fs::metadata(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .len();
+        let Backend::S3 { store, prefix } = &self.backend else {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            self.put(key, Bytes::from(bytes)).await?;
+            return Ok(());
+        };
+        if size <= PART {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            self.put(key, Bytes::from(bytes)).await?;
+            return Ok(());
+        }
+        let (store, target, what) = self.s3_target(store, prefix, key);
+        let source = path.to_path_buf();
+        on_io(async move {
+            use std::io::Read;
+            let upload = store
+                .put_multipart(&target)
+                .await
+                .map_err(|e| s3_error(e, "writing", &what))?;
+            let mut writer =
+                object_store::WriteMultipart::new_with_chunk_size(upload, PART as usize);
+            let sent = async {
+                let mut file = std::fs::File::open(&source)
+                    .with_context(|| format!("reading {}", source.display()))?;
+                let mut buf = vec![0u8; READ];
+                loop {
+                    let n = file
+                        .read(&mut buf)
+                        .with_context(|| format!("reading {}", source.display()))?;
+                    if n == 0 {
+                        break;
+                    }
+                    // At most two parts in flight: memory stays a few parts whatever the size.
+                    writer
+                        .wait_for_capacity(2)
+                        .await
+                        .map_err(|e| s3_error(e, "writing", &what))?;
+                    writer.write(&buf[..n]);
+                }
+                Ok::<_, Error>(())
+            }
+            .await;
+            match sent {
+                Ok(()) => {
+                    writer
+                        .finish()
+                        .await
+                        .map_err(|e| s3_error(e, "writing", &what))?;
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    Err(e)
+                }
+            }
+        })
+        .await
+    }
+
     /// Removes the object at `key`; a missing object is not an error.
     pub async fn delete(&self, key: &str) -> Result<()> {
         match &self.backend {

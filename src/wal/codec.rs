@@ -203,19 +203,29 @@ pub struct CorruptRecord {
     pub reason: String,
 }
 
-struct Reader {
-    buf: Bytes,
+/// The error of a read past the bytes at hand: at the end of a record it means the record
+/// is damaged; while a large record is read piece by piece it means "read more".
+pub(super) const ENDS_EARLY: &str = "record ends early";
+
+pub(super) struct Reader {
+    pub(super) buf: Bytes,
+    /// Bytes of the record beyond `buf`, not read yet (zero when the record is whole).
+    pub(super) more: u64,
 }
 
 impl Reader {
+    pub(super) fn whole(buf: Bytes) -> Self {
+        Self { buf, more: 0 }
+    }
+
     fn need(&self, n: usize) -> Result<(), String> {
         if self.buf.remaining() < n {
-            Err("record ends early".into())
+            Err(ENDS_EARLY.into())
         } else {
             Ok(())
         }
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(super) fn u8(&mut self) -> Result<u8, String> {
         self.need(1)?;
         Ok(self.buf.get_u8())
     }
@@ -255,13 +265,15 @@ impl Reader {
     fn len(&mut self, min: usize) -> Result<usize, String> {
         let n = self.varint()?;
         let n = usize::try_from(n).map_err(|_| "length does not fit in memory".to_string())?;
-        if n.saturating_mul(min) > self.buf.remaining() {
-            return Err("record ends early".into());
+        let left = (self.buf.remaining() as u64).saturating_add(self.more);
+        if (n as u64).saturating_mul(min as u64) > left {
+            return Err("record ends early (a length exceeds the record)".into());
         }
         Ok(n)
     }
     fn bytes(&mut self) -> Result<Bytes, String> {
         let n = self.len(1)?;
+        self.need(n)?;
         Ok(self.buf.split_to(n))
     }
     fn string(&mut self) -> Result<String, String> {
@@ -296,7 +308,7 @@ impl Reader {
             return Ok(None);
         }
         let n = self.len(1)?;
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(n.min(2048));
         for _ in 0..n {
             out.push(match self.u8()? {
                 b'n' => Datum::Null,
@@ -348,7 +360,7 @@ fn read_relation(r: &mut Reader) -> Result<Relation, String> {
     })
 }
 
-fn read_change(r: &mut Reader) -> Result<Change, String> {
+pub(super) fn read_change(r: &mut Reader) -> Result<Change, String> {
     let op = match r.u8()? {
         b'I' => Op::Insert,
         b'U' => Op::Update,
@@ -374,28 +386,37 @@ fn read_change(r: &mut Reader) -> Result<Change, String> {
     })
 }
 
-fn decode_body(body: Bytes) -> Result<Record, String> {
-    let mut r = Reader { buf: body };
+/// Reads the fixed part of a transaction record after its kind byte: the transaction (with
+/// no changes yet) and how many changes follow.
+pub(super) fn read_txn_prefix(r: &mut Reader) -> Result<(Txn, usize), String> {
+    let xid = r.u32()?;
+    let commit_lsn = Lsn(r.u64()?);
+    let end_lsn = Lsn(r.u64()?);
+    let commit_time_micros = r.i64()?;
+    // A change takes at least 7 bytes (kind, relation id, two tuple flags).
+    let n = r.len(7)?;
+    let txn = Txn {
+        xid,
+        commit_lsn,
+        end_lsn,
+        commit_time_micros,
+        changes: Vec::new(),
+    };
+    Ok((txn, n))
+}
+
+pub(super) fn decode_body(body: Bytes) -> Result<Record, String> {
+    let mut r = Reader::whole(body);
     let record = match r.u8()? {
         b'R' => Record::Relation(read_relation(&mut r)?),
         b'X' => {
-            let xid = r.u32()?;
-            let commit_lsn = Lsn(r.u64()?);
-            let end_lsn = Lsn(r.u64()?);
-            let commit_time_micros = r.i64()?;
-            // A change takes at least 7 bytes (kind, relation id, two tuple flags).
-            let n = r.len(7)?;
-            let mut changes = Vec::with_capacity(n);
+            let (mut txn, n) = read_txn_prefix(&mut r)?;
+            // The count is bounded by the record's size; the vector grows as changes are read.
+            txn.changes.reserve(n.min(1 << 16));
             for _ in 0..n {
-                changes.push(read_change(&mut r)?);
+                txn.changes.push(read_change(&mut r)?);
             }
-            Record::Txn(Txn {
-                xid,
-                commit_lsn,
-                end_lsn,
-                commit_time_micros,
-                changes,
-            })
+            Record::Txn(txn)
         }
         k => return Err(format!("unknown record kind {k:#x}")),
     };
@@ -409,34 +430,42 @@ fn decode_body(body: Bytes) -> Result<Record, String> {
 /// point of the segment: a change of an undescribed relation, or a row whose width differs
 /// from its description, makes the segment unreadable (never padded with NULLs).
 #[derive(Default)]
-struct Described {
+pub(super) struct Described {
     relations: HashMap<u32, Relation>,
 }
 
 impl Described {
     fn check(&mut self, record: &Record) -> Result<(), String> {
         match record {
-            Record::Relation(r) => {
-                self.relations.insert(r.id, r.clone());
-            }
+            Record::Relation(r) => self.relation(r),
             Record::Txn(t) => {
                 for c in &t.changes {
-                    if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
-                        self.relations.insert(r.id, r.clone());
-                        continue;
-                    }
-                    let Some(r) = self.relations.get(&c.rel) else {
-                        return Err(format!(
-                            "transaction {} changes relation id {} before any description of it",
-                            t.xid, c.rel
-                        ));
-                    };
-                    for tuple in [&c.old, &c.new].into_iter().flatten() {
-                        if tuple.len() != r.columns.len() {
-                            return Err(r.width_mismatch(tuple.len()));
-                        }
-                    }
+                    self.change(t.xid, c)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn relation(&mut self, r: &Relation) {
+        self.relations.insert(r.id, r.clone());
+    }
+
+    /// Checks one change of transaction `xid` (and takes the description it carries).
+    pub(super) fn change(&mut self, xid: u32, c: &Change) -> Result<(), String> {
+        if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
+            self.relation(r);
+            return Ok(());
+        }
+        let Some(r) = self.relations.get(&c.rel) else {
+            return Err(format!(
+                "transaction {xid} changes relation id {} before any description of it",
+                c.rel
+            ));
+        };
+        for tuple in [&c.old, &c.new].into_iter().flatten() {
+            if tuple.len() != r.columns.len() {
+                return Err(r.width_mismatch(tuple.len()));
             }
         }
         Ok(())
@@ -601,7 +630,7 @@ mod tests {
         ] {
             let mut b = BytesMut::new();
             put_varint(&mut b, v);
-            let mut r = Reader { buf: b.freeze() };
+            let mut r = Reader::whole(b.freeze());
             assert_eq!(r.varint().unwrap(), v);
             assert!(!r.buf.has_remaining());
         }

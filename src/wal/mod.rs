@@ -10,9 +10,11 @@
 //! Segments are self-describing (see `codec`): every change is read with the relation
 //! description in effect when Postgres wrote it, as resolved against the source's catalog
 //! when the stream received it. A transaction larger than the pipeline's memory budget is
-//! spilled to disk while it streams (see `spill`) and copied into its segment from there.
+//! spilled to disk while it streams (see `spill`) and copied into its segment from there;
+//! the sinks read it back one change at a time (see `items`).
 
 pub mod codec;
+pub mod items;
 mod locate;
 mod objects;
 pub mod spill;
@@ -20,5 +22,6 @@ pub mod store;
 
 pub use crate::change::{Change, Op, Txn};
 pub use codec::Record;
+pub use items::Item;
 pub use locate::WalReader;
 pub use store::{SegmentInfo, WalStore};

@@ -73,6 +73,36 @@ impl ObjectWal {
         })
     }
 
+    /// Writes a segment assembled in the local file `file` (header included), durably.
+    pub fn write_segment_file(
+        &self,
+        first: Lsn,
+        last: Lsn,
+        file: &std::path::Path,
+    ) -> Result<SegmentInfo> {
+        let key = join_key(
+            &self.prefix,
+            &format!("{:016X}-{:016X}.seg", first.0, last.0),
+        );
+        let bytes = std::fs::metadata(file)
+            .with_context(|| format!("reading {}", file.display()))?
+            .len();
+        self.store
+            .blocking(self.store.put_file(&key, file))
+            .with_context(|| {
+                format!(
+                    "cannot write WAL segment {}; nothing was acknowledged, nothing is lost",
+                    self.store.describe(&key)
+                )
+            })?;
+        Ok(SegmentInfo {
+            path: PathBuf::from(key),
+            first,
+            last,
+            bytes,
+        })
+    }
+
     /// The segment's bytes, or `None` when it was removed since it was listed.
     pub fn get(&self, seg: &SegmentInfo) -> Result<Option<Bytes>> {
         let key = seg.path.to_string_lossy();
@@ -81,6 +111,32 @@ impl ObjectWal {
             .blocking(self.store.get(&key))
             .with_context(|| format!("reading WAL segment {}", self.store.describe(&key)))?;
         Ok(got.map(|(bytes, _)| bytes))
+    }
+
+    /// Copies a segment into `to` range by range, so that a large segment is never held in
+    /// memory whole. `false` when it was removed since it was listed.
+    pub fn download(&self, seg: &SegmentInfo, to: &mut impl std::io::Write) -> Result<bool> {
+        const RANGE: u64 = 4 * 1024 * 1024;
+        let key = seg.path.to_string_lossy();
+        let what = || format!("reading WAL segment {}", self.store.describe(&key));
+        let Some(size) = self
+            .store
+            .blocking(self.store.size(&key))
+            .with_context(what)?
+        else {
+            return Ok(false);
+        };
+        let mut at = 0;
+        while at < size {
+            let end = size.min(at + RANGE);
+            let part = self
+                .store
+                .blocking(self.store.get_range(&key, at..end))
+                .with_context(what)?;
+            to.write_all(&part).with_context(what)?;
+            at = end;
+        }
+        Ok(true)
     }
 
     pub fn remove(&self, seg: &SegmentInfo) -> Result<()> {

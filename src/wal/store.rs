@@ -2,7 +2,7 @@
 //! range they cover, read back in order, and removed once Iceberg holds their changes.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
@@ -10,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 use super::codec::{
     decode_all, encode_relation, encode_txn, frame_header, txn_prefix, Record, MAGIC, MAGIC_PREFIX,
 };
+use super::items::{Item, SegmentItems, WHOLE_RECORD_MAX};
 use super::objects::ObjectWal;
 use super::spill::{Finished, SpillFile, Uses, SPILL_DIR};
 use crate::change::{Lsn, Relation, Txn};
@@ -22,6 +23,24 @@ const ACKNOWLEDGED_FILE: &str = "acknowledged";
 /// The folder of a segment.
 fn self_dir(seg: &SegmentInfo) -> &Path {
     seg.path.parent().unwrap_or(Path::new("."))
+}
+
+/// Checks a segment's header (its first bytes): this version's format, or a clear refusal
+/// naming what to do with a segment of an earlier format or a file that is no segment.
+pub(super) fn check_header(head: &[u8], name: &str, dir: &str) -> Result<()> {
+    if head.starts_with(MAGIC_PREFIX) && !head.starts_with(MAGIC) {
+        let version = String::from_utf8_lossy(&head[MAGIC_PREFIX.len()..]).into_owned();
+        return Err(Error::fatal(format!(
+            "WAL segment {name} was written in WAL format {version} by an earlier skipprd; this version reads format {} only. Either finish it with the earlier version (run `skipprd sync --once` with it until {dir} holds no .seg file), then upgrade; or run `skipprd sync --resnapshot` with this version to copy the tables again",
+            String::from_utf8_lossy(&MAGIC[MAGIC_PREFIX.len()..]),
+        )));
+    }
+    if !head.starts_with(MAGIC) {
+        return Err(Error::fatal(format!(
+            "WAL segment {name} is not a Skippr WAL segment (bad header); move it away only if you know its changes are in Iceberg"
+        )));
+    }
+    Ok(())
 }
 
 /// A complete segment on disk.
@@ -158,23 +177,21 @@ impl WalStore {
         body: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
     ) -> Result<SegmentInfo> {
         if let Some(objects) = &self.objects {
-            // The object store takes a segment in one PUT: the records are assembled in a
-            // local scratch file first, then sent (the transaction was bounded while it
-            // streamed; the upload holds it once).
+            // The records are assembled in a local scratch file first, then sent from there
+            // (in parts when large): a spilled transaction is never held in memory whole.
             let scratch_dir = self.spill_dir();
             let scratch = scratch_dir.join(format!("upload-{:016X}.tmp", last.0));
-            let assemble = || -> std::io::Result<Vec<u8>> {
+            let assemble = || -> std::io::Result<()> {
                 std::fs::create_dir_all(&scratch_dir)?;
                 let mut f = std::fs::File::create(&scratch)?;
-                body(&mut f)?;
-                drop(f);
-                std::fs::read(&scratch)
+                f.write_all(MAGIC)?;
+                body(&mut f)
             };
-            let data = assemble();
+            let written = assemble()
+                .with_context(|| format!("assembling WAL segment in {}", scratch_dir.display()))
+                .and_then(|()| objects.write_segment_file(first, last, &scratch));
             let _ = std::fs::remove_file(&scratch);
-            let data = data
-                .with_context(|| format!("assembling WAL segment in {}", scratch_dir.display()))?;
-            return objects.write_segment(first, last, &data);
+            return written;
         }
         let name = format!("{:016X}-{:016X}.seg", first.0, last.0);
         let path = self.dir.join(&name);
@@ -228,6 +245,73 @@ impl WalStore {
         Self::decode(seg, data)
     }
 
+    /// The items of a segment, one change at a time (see `items`): a transaction of any
+    /// size is applied in bounded memory. A damaged segment is an error, never skipped.
+    pub fn items(
+        &self,
+        seg: &SegmentInfo,
+    ) -> Result<Box<dyn Iterator<Item = Result<Item>> + Send>> {
+        let dir = self_dir(seg).display().to_string();
+        if let Some(objects) = &self.objects {
+            let name = objects.describe(seg);
+            let gone = || {
+                Error::fatal(format!(
+                    "WAL segment {name} disappeared while it was still needed; was the state prefix changed by hand? Run `skipprd sync --resnapshot`"
+                ))
+            };
+            // Up to this size a segment is fetched in one GET and read from memory.
+            const FETCH_WHOLE_MAX: u64 = 2 * WHOLE_RECORD_MAX;
+            if seg.bytes <= FETCH_WHOLE_MAX {
+                let data = objects.get(seg)?.ok_or_else(gone)?;
+                return Ok(Box::new(SegmentItems::new(
+                    std::io::Cursor::new(data),
+                    name.clone(),
+                    &dir,
+                )?));
+            }
+            // A large segment is copied to a local scratch file (removed as soon as it is
+            // open) and read from there.
+            let scratch_dir = self.spill_dir();
+            let scratch = scratch_dir.join(format!("read-{:016X}.tmp", seg.last.0));
+            let open = || -> Result<Option<std::fs::File>> {
+                std::fs::create_dir_all(&scratch_dir)
+                    .with_context(|| format!("creating {}", scratch_dir.display()))?;
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .read(true)
+                    .write(true)
+                    .open(&scratch)
+                    .with_context(|| format!("creating {}", scratch.display()))?;
+                let present = {
+                    let mut w = std::io::BufWriter::new(&mut f);
+                    let present = objects.download(seg, &mut w)?;
+                    w.flush()
+                        .with_context(|| format!("writing {}", scratch.display()))?;
+                    present
+                };
+                f.seek(std::io::SeekFrom::Start(0))
+                    .with_context(|| format!("reading {}", scratch.display()))?;
+                Ok(present.then_some(f))
+            };
+            let f = open();
+            let _ = std::fs::remove_file(&scratch);
+            let f = f?.ok_or_else(gone)?;
+            return Ok(Box::new(SegmentItems::new(
+                std::io::BufReader::with_capacity(256 * 1024, f),
+                name,
+                &dir,
+            )?));
+        }
+        let f = std::fs::File::open(&seg.path)
+            .with_context(|| format!("reading WAL segment {}", seg.path.display()))?;
+        Ok(Box::new(SegmentItems::new(
+            std::io::BufReader::with_capacity(256 * 1024, f),
+            seg.path.display().to_string(),
+            &dir,
+        )?))
+    }
+
     /// Like [`WalStore::read`], but a segment removed since it was listed (because Iceberg
     /// now holds its changes) reads as `None`.
     pub fn read_if_present(&self, seg: &SegmentInfo) -> Result<Option<Vec<Record>>> {
@@ -245,23 +329,11 @@ impl WalStore {
     }
 
     fn decode(seg: &SegmentInfo, data: Vec<u8>) -> Result<Vec<Record>> {
-        if data.starts_with(MAGIC_PREFIX) && !data.starts_with(MAGIC) {
-            let version =
-                String::from_utf8_lossy(&data[MAGIC_PREFIX.len()..data.len().min(MAGIC.len())])
-                    .into_owned();
-            return Err(Error::fatal(format!(
-                "WAL segment {} was written in WAL format {version} by an earlier skipprd; this version reads format {} only. Either finish it with the earlier version (run `skipprd sync --once` with it until {} holds no .seg file), then upgrade; or run `skipprd sync --resnapshot` with this version to copy the tables again",
-                seg.path.display(),
-                String::from_utf8_lossy(&MAGIC[MAGIC_PREFIX.len()..]),
-                self_dir(seg).display(),
-            )));
-        }
-        if !data.starts_with(MAGIC) {
-            return Err(Error::fatal(format!(
-                "WAL segment {} is not a Skippr WAL segment (bad header); move it away only if you know its changes are in Iceberg",
-                seg.path.display()
-            )));
-        }
+        check_header(
+            &data[..data.len().min(MAGIC.len())],
+            &seg.path.display().to_string(),
+            &self_dir(seg).display().to_string(),
+        )?;
         let body = Bytes::from(data).slice(MAGIC.len()..);
         decode_all(body).map_err(|c| {
             Error::fatal(format!(

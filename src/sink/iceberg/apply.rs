@@ -62,6 +62,9 @@ pub struct TableSink {
     by_key: HashMap<Key, usize>,
     extra_pending: HashMap<Key, Vec<usize>>,
     deletes: Vec<Loc>,
+    /// Data files already written for the next commit: rows spilled from memory while a
+    /// large transaction was applied (see [`TableSink::spill`]). Their rows are in `index`.
+    staged: Vec<iceberg::spec::DataFile>,
     truncated: bool,
     pending_lsn: Lsn,
     pending_changes: u64,
@@ -134,6 +137,7 @@ impl TableSink {
             by_key: HashMap::new(),
             extra_pending: HashMap::new(),
             deletes: Vec::new(),
+            staged: Vec::new(),
             truncated: false,
             pending_lsn: lsn,
             pending_changes: 0,
@@ -443,6 +447,10 @@ impl TableSink {
                 self.deletes.clear();
                 self.index.clear();
                 self.extra.clear();
+                // Rows spilled before the TRUNCATE are gone with it: the commit leaves their
+                // files out (they stay as unreferenced files, as after a failed commit).
+                self.staged.clear();
+                self.pending_bytes = 0;
             }
             Op::Insert => {
                 let row = self.to_row(change.rel, change.new.as_deref().unwrap_or_default())?;
@@ -566,20 +574,21 @@ impl TableSink {
         self.pending_bytes
     }
 
-    /// Commits everything applied since the last commit in one Iceberg snapshot.
-    pub async fn commit(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
-        if !self.has_pending() {
-            return Ok(());
-        }
-        // Checked before the schema a NULL may relax, as well as before the data (rowdelta).
-        crate::storage::lease::ensure_held(pipeline)?;
-        let live: Vec<PendingRow> = std::mem::take(&mut self.rows)
+    /// Pending rows (in memory) that are still live, in the order they were applied.
+    fn take_live(&mut self) -> Vec<PendingRow> {
+        self.by_key.clear();
+        self.extra_pending.clear();
+        self.pending_bytes = 0;
+        std::mem::take(&mut self.rows)
             .into_iter()
             .flatten()
-            .collect();
-        // A NULL in a required field: the source allowed it when the change was made (its
-        // NOT NULL was dropped, perhaps set again before the catalog was read), so the field
-        // becomes optional rather than the change being refused or lost.
+            .collect()
+    }
+
+    /// A NULL in a required field: the source allowed it when the change was made (its NOT
+    /// NULL was dropped, perhaps set again before the catalog was read), so the field
+    /// becomes optional rather than the change being refused or lost.
+    async fn relax_for(&mut self, live: &[PendingRow], catalog: &LocalCatalog) -> Result<()> {
         let nulls: Vec<String> = self
             .arrow
             .fields()
@@ -595,30 +604,89 @@ impl TableSink {
             let relaxed = evolve::make_optional(&self.table, &names)?;
             self.take_optional(relaxed, catalog).await?;
         }
-        let batch = self.build_batch(&live).await?;
-        let commit_id = uuid::Uuid::now_v7().simple().to_string();
-        let mut data_files = Vec::new();
-        let mut new_file: Option<String> = None;
-        if batch.num_rows() > 0 {
-            let mut w =
-                TableWriter::new(&self.table, format!("cdc-{commit_id}"), u64::MAX / 4).await?;
-            w.write(batch).await?;
-            let (files, _) = w.close().await?;
-            if files.len() != 1 {
-                return Err(Error::fatal(
-                    "a change batch was written to more than one file",
-                ));
-            }
-            new_file = Some(files[0].file_path().to_string());
-            data_files = files;
+        Ok(())
+    }
+
+    /// Writes live pending rows to one new data file (not committed) and indexes them there.
+    async fn write_live(
+        &mut self,
+        live: Vec<PendingRow>,
+        catalog: &LocalCatalog,
+    ) -> Result<Option<iceberg::spec::DataFile>> {
+        if live.is_empty() {
+            return Ok(None);
         }
+        self.relax_for(&live, catalog).await?;
+        let batch = self.build_batch(&live).await?;
+        let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
+        let mut w = TableWriter::new(&self.table, name, u64::MAX / 4).await?;
+        w.write(batch).await?;
+        let (mut files, _) = w.close().await?;
+        let (Some(file), true) = (files.pop(), files.is_empty()) else {
+            return Err(Error::fatal(
+                "a change batch was written to other than exactly one file",
+            ));
+        };
+        let file_no = self.files.len() as u32;
+        self.files.push(file.file_path().to_string());
+        for (pos, row) in live.into_iter().enumerate() {
+            self.index_insert(
+                row.key,
+                Loc {
+                    file: file_no,
+                    pos: pos as u64,
+                },
+            );
+        }
+        Ok(Some(file))
+    }
+
+    /// Writes the rows staged in memory to a data file that the next commit adds, so that a
+    /// transaction larger than memory is applied in bounded memory. Nothing becomes visible:
+    /// the file is referenced only by that commit (a crash before it leaves an unreferenced
+    /// file, and the changes are applied again from the WAL).
+    pub async fn spill(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
+        let live = self.take_live();
+        if live.is_empty() {
+            return Ok(());
+        }
+        // Making a field optional commits a schema: only the lease holder may.
+        crate::storage::lease::ensure_held(pipeline)?;
+        let rows = live.len();
+        if let Some(file) = self.write_live(live, catalog).await? {
+            self.staged.push(file);
+        }
+        tracing::debug!(table = %self.table.identifier(), rows, files = self.staged.len(), "staged rows spilled to a data file for the next commit");
+        Ok(())
+    }
+
+    /// Commits everything applied since the last commit in one Iceberg snapshot.
+    pub async fn commit(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
+        if !self.has_pending() {
+            return Ok(());
+        }
+        // Checked before the schema a NULL may relax, as well as before the data (rowdelta).
+        crate::storage::lease::ensure_held(pipeline)?;
+        let live = self.take_live();
+        let mut data_files = std::mem::take(&mut self.staged);
+        let written = self.write_live(live, catalog).await;
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                self.staged = data_files;
+                return Err(e);
+            }
+        };
+        data_files.extend(written);
+        let commit_id = uuid::Uuid::now_v7().simple().to_string();
         let deletes: Vec<(String, i64)> = self
             .deletes
             .iter()
             .map(|l| (self.files[l.file as usize].clone(), l.pos as i64))
             .collect();
         let mut delete_files = Vec::new();
-        if !deletes.is_empty() && !self.truncated {
+        // After a TRUNCATE, the deletes are of rows spilled since (older ones were dropped).
+        if !deletes.is_empty() {
             delete_files.push(
                 rowdelta::write_position_deletes(&self.table, deletes, &format!("cdc-{commit_id}"))
                     .await?,
@@ -638,25 +706,8 @@ impl TableSink {
             props,
         )
         .await?;
-        // The index follows the commit: truncation dropped every file, new rows are appended.
-        if self.truncated {
-            self.files.clear();
-            self.index.clear();
-            self.extra.clear();
-        }
-        if let Some(path) = new_file {
-            let file_no = self.files.len() as u32;
-            self.files.push(path);
-            for (pos, row) in live.into_iter().enumerate() {
-                self.index_insert(
-                    row.key,
-                    Loc {
-                        file: file_no,
-                        pos: pos as u64,
-                    },
-                );
-            }
-        }
+        // The index already follows the commit: a TRUNCATE cleared it when it was applied,
+        // and the rows written since are indexed in their new files.
         tracing::info!(table = %self.table.identifier(), changes = self.pending_changes, lsn = %self.pending_lsn, "changes committed");
         let table_name = self.table.identifier().name().to_string();
         let labels = [("pipeline", pipeline), ("table", table_name.as_str())];
@@ -673,12 +724,9 @@ impl TableSink {
             self.pending_changes as f64,
         );
         self.lsn = self.pending_lsn;
-        self.by_key.clear();
-        self.extra_pending.clear();
         self.deletes.clear();
         self.truncated = false;
         self.pending_changes = 0;
-        self.pending_bytes = 0;
         Ok(())
     }
 }

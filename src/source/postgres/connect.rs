@@ -182,5 +182,12 @@ pub fn replication_config(
     .with_port(cfg.port)
     .with_options(SESSION_OPTIONS);
     rc.application_name = Some("skipprd".into());
+    rc.buffer_events = REPLICATION_BUFFER_EVENTS;
     rc
 }
+
+/// Replication messages read ahead of the decoder. Each may hold an allocation of up to
+/// 64 KiB (more for a wider row), so this bounds the read-ahead to tens of MiB; the library's
+/// default (8,192) let a large transaction's read-ahead grow to hundreds of MiB whatever the
+/// transaction memory budget.
+const REPLICATION_BUFFER_EVENTS: usize = 512;

@@ -19,14 +19,71 @@ use crate::error::{Context, Error, Result};
 use crate::source::postgres::types::ColumnBuilder;
 
 impl TableSink {
-    /// Rebuilds key -> (file, position) from the live data files and their position deletes.
+    /// Rebuilds key -> (file, position) from the live data files and their position deletes,
+    /// and the files spilled for the next commit. What is staged for that commit (rows it
+    /// removes, versions pending rows came from) keeps pointing at the same rows.
     pub(super) async fn build_index(&mut self) -> Result<()> {
+        let old_files = std::mem::take(&mut self.files);
         self.index.clear();
         self.extra.clear();
-        self.files.clear();
+        let path_of = |l: &Loc| -> Result<(String, i64)> {
+            old_files
+                .get(l.file as usize)
+                .map(|p| (p.clone(), l.pos as i64))
+                .ok_or_else(|| Error::fatal("a staged change points at no data file"))
+        };
+        let pending_deletes: Vec<(String, i64)> =
+            self.deletes.iter().map(path_of).collect::<Result<_>>()?;
+        let mut deleted: HashSet<(String, i64)> = pending_deletes.iter().cloned().collect();
+        let mut data_files = Vec::new();
+        // After a TRUNCATE staged for the next commit, no committed row is live.
+        if !self.truncated {
+            let (committed, committed_deletes) = self.committed_files().await?;
+            data_files = committed;
+            self.read_deletes(&committed_deletes, &mut deleted).await?;
+        }
+        data_files.extend(self.staged.iter().map(|f| f.file_path().to_string()));
+        for path in data_files {
+            self.index_file(path, &deleted).await?;
+        }
+        // Renumber what the staged changes point at.
+        let numbers: HashMap<&str, u32> = self
+            .files
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.as_str(), i as u32))
+            .collect();
+        let renumber = |path: &str, pos: u64| -> Result<Loc> {
+            numbers
+                .get(path)
+                .map(|&file| Loc { file, pos })
+                .ok_or_else(|| {
+                    Error::fatal(format!(
+                        "data file {path}, which a staged change points at, is no longer in the table; run `skipprd sync` again"
+                    ))
+                })
+        };
+        self.deletes = pending_deletes
+            .iter()
+            .map(|(p, pos)| renumber(p, *pos as u64))
+            .collect::<Result<_>>()?;
+        for row in self.rows.iter_mut().flatten() {
+            if let Some(prev) = row.previous {
+                let (p, pos) = path_of(&prev)?;
+                row.previous = Some(renumber(&p, pos as u64)?);
+            }
+        }
+        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), files = self.files.len(), "key index loaded");
+        Ok(())
+    }
+
+    /// The live data files and position delete files of the current snapshot.
+    async fn committed_files(&self) -> Result<(Vec<String>, Vec<String>)> {
+        let mut data_files = Vec::new();
+        let mut delete_files = Vec::new();
         let meta = self.table.metadata();
         let Some(snapshot) = meta.current_snapshot() else {
-            return Ok(());
+            return Ok((data_files, delete_files));
         };
         let file_io = self.table.file_io();
         let list = self
@@ -35,8 +92,6 @@ impl TableSink {
             .load()
             .await
             .context("reading the manifest list")?;
-        let mut data_files = Vec::new();
-        let mut delete_files = Vec::new();
         for mf in list.entries() {
             let manifest = mf
                 .load_manifest(file_io)
@@ -59,8 +114,16 @@ impl TableSink {
                 }
             }
         }
-        let mut deleted: HashSet<(String, i64)> = HashSet::new();
-        for path in &delete_files {
+        Ok((data_files, delete_files))
+    }
+
+    /// Adds the (file, position) pairs of position delete files to `deleted`.
+    async fn read_deletes(
+        &self,
+        delete_files: &[String],
+        deleted: &mut HashSet<(String, i64)>,
+    ) -> Result<()> {
+        for path in delete_files {
             let bytes = self.read_file(path).await?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
             for batch in reader {
@@ -80,70 +143,70 @@ impl TableSink {
                 }
             }
         }
-        for path in data_files.into_iter() {
-            let path: String = path;
-            let file_no = self.files.len() as u32;
-            let bytes = self.read_file(&path).await?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
-            // Match key columns by field id, not position: the file may predate columns
-            // added, renamed or widened since. Missing columns read NULL; older types are
-            // cast to the current one.
-            let file_ids: Vec<Option<i32>> =
-                builder.schema().fields().iter().map(field_id).collect();
-            let wanted: Vec<(Option<usize>, DataType)> = self
-                .key_idx
-                .iter()
-                .map(|k| {
-                    let field = &self.arrow.fields()[*k];
-                    (
-                        field_id(field).and_then(|id| file_ids.iter().position(|f| *f == Some(id))),
-                        field.data_type().clone(),
-                    )
-                })
-                .collect();
-            let mut roots: Vec<usize> = wanted.iter().filter_map(|(i, _)| *i).collect();
-            roots.sort();
-            roots.dedup();
-            let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-            let reader = builder.with_projection(mask).build()?;
-            let mut pos: u64 = 0;
-            for batch in reader {
-                let batch = batch?;
-                let mut cols: Vec<ArrayRef> = Vec::with_capacity(wanted.len());
-                for (file_col, dt) in &wanted {
-                    let col = match file_col.and_then(|i| roots.iter().position(|r| *r == i)) {
-                        Some(j) => {
-                            let c = batch.column(j);
-                            if c.data_type() == dt {
-                                c.clone()
-                            } else {
-                                cast(c.as_ref(), dt)?
-                            }
+        Ok(())
+    }
+
+    /// Indexes the live rows of one data file (as file number `files.len()`).
+    async fn index_file(&mut self, path: String, deleted: &HashSet<(String, i64)>) -> Result<()> {
+        let file_no = self.files.len() as u32;
+        let bytes = self.read_file(&path).await?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+        // Match key columns by field id, not position: the file may predate columns
+        // added, renamed or widened since. Missing columns read NULL; older types are
+        // cast to the current one.
+        let file_ids: Vec<Option<i32>> = builder.schema().fields().iter().map(field_id).collect();
+        let wanted: Vec<(Option<usize>, DataType)> = self
+            .key_idx
+            .iter()
+            .map(|k| {
+                let field = &self.arrow.fields()[*k];
+                (
+                    field_id(field).and_then(|id| file_ids.iter().position(|f| *f == Some(id))),
+                    field.data_type().clone(),
+                )
+            })
+            .collect();
+        let mut roots: Vec<usize> = wanted.iter().filter_map(|(i, _)| *i).collect();
+        roots.sort();
+        roots.dedup();
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+        let reader = builder.with_projection(mask).build()?;
+        let mut pos: u64 = 0;
+        for batch in reader {
+            let batch = batch?;
+            let mut cols: Vec<ArrayRef> = Vec::with_capacity(wanted.len());
+            for (file_col, dt) in &wanted {
+                let col = match file_col.and_then(|i| roots.iter().position(|r| *r == i)) {
+                    Some(j) => {
+                        let c = batch.column(j);
+                        if c.data_type() == dt {
+                            c.clone()
+                        } else {
+                            cast(c.as_ref(), dt)?
                         }
-                        None => new_null_array(dt, batch.num_rows()),
-                    };
-                    cols.push(col);
-                }
-                for row in 0..batch.num_rows() {
-                    let p = pos + row as u64;
-                    if deleted.contains(&(path.clone(), p as i64)) {
-                        continue;
                     }
-                    if let Some(key) = self.keys.from_arrays(&cols, row) {
-                        self.index_insert(
-                            key,
-                            Loc {
-                                file: file_no,
-                                pos: p,
-                            },
-                        );
-                    }
-                }
-                pos += batch.num_rows() as u64;
+                    None => new_null_array(dt, batch.num_rows()),
+                };
+                cols.push(col);
             }
-            self.files.push(path);
+            for row in 0..batch.num_rows() {
+                let p = pos + row as u64;
+                if deleted.contains(&(path.clone(), p as i64)) {
+                    continue;
+                }
+                if let Some(key) = self.keys.from_arrays(&cols, row) {
+                    self.index_insert(
+                        key,
+                        Loc {
+                            file: file_no,
+                            pos: p,
+                        },
+                    );
+                }
+            }
+            pos += batch.num_rows() as u64;
         }
-        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), files = self.files.len(), "key index loaded");
+        self.files.push(path);
         Ok(())
     }
 
