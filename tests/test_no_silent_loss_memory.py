@@ -71,18 +71,21 @@ def test_a_spilled_transaction_that_updates_deletes_alters_and_truncates_is_appl
     """Rows spilled to data files in the middle of a transaction are then updated (a large
     value left unchanged, so it is read back from the spilled file), deleted, and re-keyed;
     the table is altered in the middle; a table keyed by its whole row takes equal rows; and
-    a TRUNCATE in the middle drops what was spilled before it. One commit, equal."""
+    a TRUNCATE in the middle drops what was spilled before it; deletes beyond the budget
+    spill to position delete files. One commit, equal."""
     db.execute("""
         CREATE TABLE big (id integer PRIMARY KEY, body text, n bigint);
         ALTER TABLE big ALTER COLUMN body SET STORAGE EXTERNAL;
         CREATE TABLE nokey (a integer, b text);
         ALTER TABLE nokey REPLICA IDENTITY FULL;
         CREATE TABLE cut (id integer PRIMARY KEY, body text);
+        CREATE TABLE many (id integer PRIMARY KEY, n integer);
+        INSERT INTO many SELECT i, 0 FROM generate_series(1, 200000) i;
         INSERT INTO big SELECT i, 'seed', i FROM generate_series(1, 10) i;
         INSERT INTO nokey VALUES (1, 'one'), (1, 'one');
         INSERT INTO cut SELECT i, 'before' FROM generate_series(1, 100) i;
     """)
-    skippr.write_config(["big", "nokey", "cut"], extra_pipeline={"transaction_memory_budget_mb": BUDGET_MB})
+    skippr.write_config(["big", "nokey", "cut", "many"], extra_pipeline={"transaction_memory_budget_mb": BUDGET_MB})
     sync_once_measured(skippr, "initial copy")
     reps = ROW_BYTES // 32
     tx(db,
@@ -102,7 +105,10 @@ def test_a_spilled_transaction_that_updates_deletes_alters_and_truncates_is_appl
        "TRUNCATE cut",
        f"INSERT INTO cut SELECT i, repeat('d', {ROW_BYTES}) FROM generate_series(1, 1500) i",
        "DELETE FROM cut WHERE id % 4 = 0",
-       "UPDATE cut SET body = 'short' WHERE id % 9 = 0")
+       "UPDATE cut SET body = 'short' WHERE id % 9 = 0",
+       # 16 bytes a delete: 150,000 deletes spill as position delete files as well.
+       "DELETE FROM many WHERE id % 4 <> 0",
+       "UPDATE many SET n = 1 WHERE id % 8 = 0")
     _, stderr = sync_once_measured(skippr, f"a mixed transaction, budget {BUDGET_MB} MiB")
     assert "spilling" in stderr, f"the transaction did not spill past the {BUDGET_MB} MiB budget:\n{stderr[-3000:]}"
     for table in ("big", "nokey", "cut"):
@@ -110,3 +116,6 @@ def test_a_spilled_transaction_that_updates_deletes_alters_and_truncates_is_appl
         summary = skippr.table(table).current_snapshot().summary
         assert int(summary["added-data-files"]) > 1, f"{table}: {summary}"
         skippr.assert_table_matches(table, ALL_READERS)
+    summary = skippr.table("many").current_snapshot().summary
+    assert int(summary["added-delete-files"]) > 1, f"many: {summary}"
+    skippr.assert_table_matches("many", ALL_READERS)

@@ -3,9 +3,15 @@
 //! them, the sink applies them and the query layer reads them; this module depends on nothing
 //! else in the crate.
 
+mod appender;
 mod lsn;
+pub mod schema;
+pub mod table;
+pub mod types;
 
+pub use appender::TxnAppender;
 pub use lsn::Lsn;
+pub use table::TableRef;
 
 use bytes::Bytes;
 

@@ -13,7 +13,8 @@ use crate::config::{PipelineConfig, PostgresConfig, TableRef};
 use crate::error::{Context, Result};
 use crate::sink::iceberg::apply::TableSink as IcebergSink;
 use crate::source::postgres::slot::advance_slot;
-use crate::source::postgres::stream::{stream_to_wal, StopAt, ONCE_MARKER_PREFIX};
+use crate::source::postgres::stream::{stream, StopAt, ONCE_MARKER_PREFIX};
+use crate::wal::appender::WalAppender;
 use crate::wal::items::items_of;
 use crate::wal::store::SegmentBuilder;
 use crate::wal::{Item, Record, SegmentInfo, WalStore};
@@ -139,6 +140,8 @@ pub trait TableSink: Send {
 /// The Postgres replication slot of a pipeline.
 pub struct PostgresSource {
     cfg: PostgresConfig,
+    /// The pipeline's name (metrics and state are labelled with it).
+    pipeline: String,
     /// Memory budget of one transaction before it spills to disk.
     budget: u64,
     /// A plain SQL session (marks and acknowledgements), opened when first needed.
@@ -149,6 +152,7 @@ impl PostgresSource {
     pub fn new(p: &PipelineConfig, client: Option<tokio_postgres::Client>) -> Self {
         Self {
             cfg: p.source.clone(),
+            pipeline: p.name.clone(),
             budget: p.transaction_memory_budget,
             client,
         }
@@ -191,7 +195,17 @@ impl ChangeSource<WalStore> for PostgresSource {
                 StopAt::Marker(nonce)
             }
         };
-        stream_to_wal(&self.cfg, log, start, stop, self.budget, shutdown, durable).await
+        let mut out = WalAppender::new(log, self.budget);
+        stream(
+            &self.cfg,
+            &self.pipeline,
+            &mut out,
+            start,
+            stop,
+            shutdown,
+            durable,
+        )
+        .await
     }
 
     async fn acknowledge(&mut self, lsn: Lsn) -> Result<()> {

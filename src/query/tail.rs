@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 
+use crate::change::types::{ColumnBuilder, PgType};
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
 use crate::error::{Error, Result};
 use crate::sink::iceberg::keys::{Key, KeyEncoder};
 use crate::sink::iceberg::SourceColumn;
-use crate::source::postgres::types::{ColumnBuilder, PgType};
 use crate::wal::{Op, Record, SegmentInfo, WalStore};
 
 /// Decoded WAL segments, shared by every query of the process. Segments are immutable once

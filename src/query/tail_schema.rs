@@ -10,9 +10,9 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::tail::{TableShape, WalRead};
+use crate::change::types::{PgType, TypeInfo};
 use crate::change::{RelColumn, Relation};
 use crate::sink::iceberg::SourceColumn;
-use crate::source::postgres::types::{PgType, TypeInfo};
 use crate::wal::{Op, Record};
 
 /// The Arrow type a column's values are stored as, and its type's name (`pg_type.typname`),

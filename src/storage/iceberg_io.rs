@@ -1,6 +1,12 @@
 //! Iceberg's file I/O on the storage layer: the sink writes Parquet, manifests and metadata
 //! through this, so an `s3://` warehouse uses the same S3 client (credentials, endpoint,
 //! runtime) as the WAL. `file://` paths (and bare paths) go to iceberg's local storage.
+//!
+//! Reads from S3 go through one process-wide cache of bytes (whole objects and byte ranges),
+//! bounded by [`OBJECT_CACHE_BYTES`]: every file of an Iceberg table (data, deletes,
+//! manifests, manifest lists, metadata JSON) is written once under a unique name and never
+//! changed, so what was read once is served from memory after, and a warm query over S3
+//! reads only what changed (the catalog's pointer and new files).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -17,6 +23,48 @@ use iceberg::io::{
 use serde::{Deserialize, Serialize};
 
 use super::{Location, Store};
+
+/// Memory the cache of S3 reads may hold.
+pub const OBJECT_CACHE_BYTES: u64 = 256 * 1024 * 1024;
+/// Larger whole objects (data files the sink reads whole to index them) are not cached: they
+/// would push out the metadata and footers every query needs.
+const CACHE_WHOLE_MAX: usize = 4 * 1024 * 1024;
+/// Larger byte ranges are not cached either.
+const CACHE_RANGE_MAX: usize = 16 * 1024 * 1024;
+
+/// What the cache holds: an object's size, a whole object, or a byte range of one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Cached {
+    Size(String),
+    Whole(String),
+    Range(String, u64, u64),
+}
+
+#[derive(Debug, Clone)]
+enum CachedValue {
+    Size(u64),
+    Bytes(Bytes),
+}
+
+fn cache() -> &'static moka::future::Cache<Cached, CachedValue> {
+    static CACHE: std::sync::OnceLock<moka::future::Cache<Cached, CachedValue>> =
+        std::sync::OnceLock::new();
+    CACHE.get_or_init(|| {
+        moka::future::Cache::builder()
+            .max_capacity(OBJECT_CACHE_BYTES)
+            .weigher(|k: &Cached, v: &CachedValue| {
+                let key = match k {
+                    Cached::Size(p) | Cached::Whole(p) | Cached::Range(p, _, _) => p.len(),
+                };
+                let value = match v {
+                    CachedValue::Size(_) => 8,
+                    CachedValue::Bytes(b) => b.len(),
+                };
+                u32::try_from(64 + key + value).unwrap_or(u32::MAX)
+            })
+            .build()
+    })
+}
 
 /// Builds [`ObjectStorage`] for a table's FileIO.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -98,33 +146,57 @@ impl Storage for ObjectStorage {
 
     async fn metadata(&self, path: &str) -> iceberg::Result<FileMetadata> {
         match self.target(path)? {
-            Target::S3(store, key) => match store.size(&key).await.map_err(io_error)? {
-                Some(size) => Ok(FileMetadata { size }),
-                None => Err(iceberg::Error::new(
-                    iceberg::ErrorKind::DataInvalid,
-                    format!("{path} does not exist"),
-                )),
-            },
+            Target::S3(store, key) => {
+                let at = Cached::Size(path.to_string());
+                if let Some(CachedValue::Size(size)) = cache().get(&at).await {
+                    return Ok(FileMetadata { size });
+                }
+                match store.size(&key).await.map_err(io_error)? {
+                    Some(size) => {
+                        cache().insert(at, CachedValue::Size(size)).await;
+                        Ok(FileMetadata { size })
+                    }
+                    None => Err(iceberg::Error::new(
+                        iceberg::ErrorKind::DataInvalid,
+                        format!("{path} does not exist"),
+                    )),
+                }
+            }
             Target::Local => LocalFsStorage::new().metadata(path).await,
         }
     }
 
     async fn read(&self, path: &str) -> iceberg::Result<Bytes> {
         match self.target(path)? {
-            Target::S3(store, key) => match store.get(&key).await.map_err(io_error)? {
-                Some((bytes, _)) => Ok(bytes),
-                None => Err(iceberg::Error::new(
-                    iceberg::ErrorKind::DataInvalid,
-                    format!("{path} does not exist"),
-                )),
-            },
+            Target::S3(store, key) => {
+                let at = Cached::Whole(path.to_string());
+                if let Some(CachedValue::Bytes(bytes)) = cache().get(&at).await {
+                    return Ok(bytes);
+                }
+                match store.get(&key).await.map_err(io_error)? {
+                    Some((bytes, _)) => {
+                        if bytes.len() <= CACHE_WHOLE_MAX {
+                            cache().insert(at, CachedValue::Bytes(bytes.clone())).await;
+                        }
+                        Ok(bytes)
+                    }
+                    None => Err(iceberg::Error::new(
+                        iceberg::ErrorKind::DataInvalid,
+                        format!("{path} does not exist"),
+                    )),
+                }
+            }
             Target::Local => LocalFsStorage::new().read(path).await,
         }
     }
 
     async fn reader(&self, path: &str) -> iceberg::Result<Box<dyn FileRead>> {
         match self.target(path)? {
-            Target::S3(store, key) => Ok(Box::new(ObjectRead { store, key })),
+            Target::S3(store, key) => Ok(Box::new(ObjectRead {
+                store,
+                key,
+                path: path.to_string(),
+            })),
             Target::Local => LocalFsStorage::new().reader(path).await,
         }
     }
@@ -183,19 +255,29 @@ impl Storage for ObjectStorage {
     }
 }
 
-/// Ranged reads of one S3 object (Parquet footers and column chunks).
+/// Ranged reads of one S3 object (Parquet footers and column chunks), cached.
 struct ObjectRead {
     store: Store,
     key: String,
+    path: String,
 }
 
 #[async_trait]
 impl FileRead for ObjectRead {
     async fn read(&self, range: Range<u64>) -> iceberg::Result<Bytes> {
-        self.store
+        let at = Cached::Range(self.path.clone(), range.start, range.end);
+        if let Some(CachedValue::Bytes(bytes)) = cache().get(&at).await {
+            return Ok(bytes);
+        }
+        let bytes = self
+            .store
             .get_range(&self.key, range)
             .await
-            .map_err(io_error)
+            .map_err(io_error)?;
+        if bytes.len() <= CACHE_RANGE_MAX {
+            cache().insert(at, CachedValue::Bytes(bytes.clone())).await;
+        }
+        Ok(bytes)
     }
 }
 

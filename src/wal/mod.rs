@@ -13,6 +13,7 @@
 //! spilled to disk while it streams (see `spill`) and copied into its segment from there;
 //! the sinks read it back one change at a time (see `items`).
 
+pub mod appender;
 pub mod codec;
 pub mod items;
 mod locate;

@@ -17,11 +17,11 @@ use super::{
     rowdelta, schema as ice_schema, PROP_PRIMARY_KEY, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
 };
 use crate::catalog::LocalCatalog;
+use crate::change::types::PgType;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
 use crate::error::{Error, Result};
-use crate::source::postgres::types::PgType;
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 
@@ -65,6 +65,8 @@ pub struct TableSink {
     /// Data files already written for the next commit: rows spilled from memory while a
     /// large transaction was applied (see [`TableSink::spill`]). Their rows are in `index`.
     staged: Vec<iceberg::spec::DataFile>,
+    /// Position delete files already written for the next commit (deletes spilled).
+    staged_deletes: Vec<iceberg::spec::DataFile>,
     truncated: bool,
     pending_lsn: Lsn,
     pending_changes: u64,
@@ -138,6 +140,7 @@ impl TableSink {
             extra_pending: HashMap::new(),
             deletes: Vec::new(),
             staged: Vec::new(),
+            staged_deletes: Vec::new(),
             truncated: false,
             pending_lsn: lsn,
             pending_changes: 0,
@@ -413,6 +416,7 @@ impl TableSink {
         };
         loc.map(|loc| {
             self.deletes.push(loc);
+            self.pending_bytes += std::mem::size_of::<Loc>() as u64;
             PendingOrLoc::Loc(loc)
         })
     }
@@ -450,6 +454,7 @@ impl TableSink {
                 // Rows spilled before the TRUNCATE are gone with it: the commit leaves their
                 // files out (they stay as unreferenced files, as after a failed commit).
                 self.staged.clear();
+                self.staged_deletes.clear();
                 self.pending_bytes = 0;
             }
             Op::Insert => {
@@ -647,7 +652,7 @@ impl TableSink {
     /// file, and the changes are applied again from the WAL).
     pub async fn spill(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
         let live = self.take_live();
-        if live.is_empty() {
+        if live.is_empty() && self.deletes.is_empty() {
             return Ok(());
         }
         // Making a field optional commits a schema: only the lease holder may.
@@ -656,8 +661,28 @@ impl TableSink {
         if let Some(file) = self.write_live(live, catalog).await? {
             self.staged.push(file);
         }
-        tracing::debug!(table = %self.table.identifier(), rows, files = self.staged.len(), "staged rows spilled to a data file for the next commit");
+        let deletes = self.deletes.len();
+        if let Some(file) = self.write_deletes().await? {
+            self.staged_deletes.push(file);
+        }
+        tracing::debug!(table = %self.table.identifier(), rows, deletes, files = self.staged.len() + self.staged_deletes.len(), "staged changes spilled to files for the next commit");
         Ok(())
+    }
+
+    /// Writes the pending position deletes to one new delete file (not committed).
+    async fn write_deletes(&mut self) -> Result<Option<iceberg::spec::DataFile>> {
+        if self.deletes.is_empty() {
+            return Ok(None);
+        }
+        let deletes: Vec<(String, i64)> = self
+            .deletes
+            .iter()
+            .map(|l| (self.files[l.file as usize].clone(), l.pos as i64))
+            .collect();
+        let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
+        let file = rowdelta::write_position_deletes(&self.table, deletes, &name).await?;
+        self.deletes.clear();
+        Ok(Some(file))
     }
 
     /// Commits everything applied since the last commit in one Iceberg snapshot.
@@ -678,19 +703,15 @@ impl TableSink {
             }
         };
         data_files.extend(written);
-        let commit_id = uuid::Uuid::now_v7().simple().to_string();
-        let deletes: Vec<(String, i64)> = self
-            .deletes
-            .iter()
-            .map(|l| (self.files[l.file as usize].clone(), l.pos as i64))
-            .collect();
-        let mut delete_files = Vec::new();
         // After a TRUNCATE, the deletes are of rows spilled since (older ones were dropped).
-        if !deletes.is_empty() {
-            delete_files.push(
-                rowdelta::write_position_deletes(&self.table, deletes, &format!("cdc-{commit_id}"))
-                    .await?,
-            );
+        let mut delete_files = std::mem::take(&mut self.staged_deletes);
+        match self.write_deletes().await {
+            Ok(written) => delete_files.extend(written),
+            Err(e) => {
+                self.staged = data_files;
+                self.staged_deletes = delete_files;
+                return Err(e);
+            }
         }
         let props = HashMap::from([
             (SUMMARY_LSN.to_string(), self.pending_lsn.to_string()),

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 
 use super::{SourceColumn, PROP_COLUMNS};
+use crate::change::types::PgType;
 use crate::change::Relation;
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
-use crate::source::postgres::types::PgType;
 
 /// The source columns a table was last known to have.
 pub fn recorded_columns(table: &iceberg::table::Table) -> Option<Vec<SourceColumn>> {

@@ -9,7 +9,7 @@ use arrow::datatypes::{
     TimestampMicrosecondType,
 };
 
-use crate::source::postgres::types::{ColumnBuilder, PgType};
+use crate::change::types::{ColumnBuilder, PgType};
 
 /// An encoded key: fixed-width big-endian numbers and length-prefixed bytes.
 pub type Key = Box<[u8]>;

@@ -11,8 +11,8 @@ use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
 use super::{SourceColumn, PROP_COLUMNS, PROP_PRIMARY_KEY, PROP_SOURCE};
 use crate::catalog::LocalCatalog;
+use crate::change::schema::TableSchema;
 use crate::error::{Context, Result};
-use crate::source::postgres::schema::TableSchema;
 
 /// Builds the Iceberg schema of a source table.
 pub fn iceberg_schema(ts: &TableSchema) -> Result<Schema> {

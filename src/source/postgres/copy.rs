@@ -7,7 +7,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
 use super::schema::Column;
-use super::types::ColumnBuilder;
+use crate::change::types::ColumnBuilder;
 use crate::config::TableRef;
 use crate::error::{Error, Result};
 

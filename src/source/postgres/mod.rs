@@ -12,4 +12,3 @@ pub mod snapshot;
 pub mod stream;
 pub mod tls;
 pub mod tunnel;
-pub mod types;

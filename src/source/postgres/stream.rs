@@ -1,7 +1,7 @@
 //! The change stream: reads the pipeline's slot (pgoutput), completes each relation message
-//! from the source's catalog (see `relation`), assembles whole transactions (spilling to
-//! disk past the memory budget), makes them durable in Skippr's WAL, and only then
-//! acknowledges them to Postgres.
+//! from the source's catalog (see `relation`), hands whole transactions to the pipeline's
+//! `TxnAppender` (Skippr's WAL, which keeps a large one on disk), has them made durable, and
+//! only then acknowledges them to Postgres.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -11,18 +11,13 @@ use tokio::sync::watch;
 
 use super::connect::replication_session;
 use super::pgoutput::{self, Message};
-use crate::change::{Datum, Lsn, Relation};
+use crate::change::{Change, Datum, Lsn, Op, Relation, Txn, TxnAppender};
 use crate::config::PostgresConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::telemetry::metrics;
-use crate::wal::spill::TxnBuffer;
-use crate::wal::store::SegmentBuilder;
-use crate::wal::{Change, Op, Txn, WalStore};
 
 /// Prefix of the logical message `sync --once` emits to know where "now" is in the stream.
 pub const ONCE_MARKER_PREFIX: &str = "skippr.once";
-/// A segment is written at this size even if the flush interval has not passed.
-const SEGMENT_MAX_BYTES: usize = 8 * 1024 * 1024;
 /// Longest time a complete transaction waits before it is made durable and acknowledged.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -119,16 +114,16 @@ fn check_width(
     Ok(())
 }
 
-/// Streams from the slot into `wal`, from `start` (the slot's confirmed position when
-/// zero). A transaction whose changes take more than `budget` bytes of memory is spilled
-/// to the WAL's spill folder while it streams. Publishes each durable LSN on `durable`.
-/// Returns the last durable LSN.
-pub async fn stream_to_wal(
+/// Streams from the slot into `out`, from `start` (the slot's confirmed position when
+/// zero), for `pipeline`. Publishes each durable LSN on `durable`. Returns the last durable
+/// LSN.
+#[allow(clippy::too_many_arguments)]
+pub async fn stream(
     cfg: &PostgresConfig,
-    wal: &WalStore,
+    pipeline: &str,
+    out: &mut dyn TxnAppender,
     start: Lsn,
     stop: StopAt,
-    budget: u64,
     mut shutdown: watch::Receiver<bool>,
     durable: &watch::Sender<Lsn>,
 ) -> Result<Lsn> {
@@ -168,48 +163,39 @@ pub async fn stream_to_wal(
             )))
         }
     };
-    let mut builder = SegmentBuilder::default();
-    let mut current: Option<TxnBuffer> = None;
     // Descriptions in effect at this point of the stream, completed from the catalog.
     let mut relations: HashMap<u32, Relation> = HashMap::new();
     // A plain connection for the catalog, opened at the first relation message.
     let mut catalog: Option<tokio_postgres::Client> = None;
-    let spill_dir = wal.spill_dir();
     let mut last_end = start;
     let mut last_durable = start;
     let mut last_flush = Instant::now();
     let mut tick = tokio::time::interval(FLUSH_INTERVAL);
-    let pipeline = wal
-        .dir()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let mut server_end = start;
-    crate::telemetry::state::set(&pipeline, crate::telemetry::state::State::Streaming, None);
+    crate::telemetry::state::set(pipeline, crate::telemetry::state::State::Streaming, None);
     // Liveness: anything from the server proves the connection is alive. After half the
     // peer timeout of silence a heartbeat (a logical message) is asked for; after the whole
     // timeout the peer counts as dead and the stream ends with a retryable error.
     let heartbeat = Heartbeat::spawn(cfg.clone());
-    let mut progress = crate::telemetry::progress::CatchUp::new(&pipeline);
+    let mut progress = crate::telemetry::progress::CatchUp::new(pipeline);
     let mut last_heard = Instant::now();
     let mut pinged = false;
 
-    let flush = |builder: &mut SegmentBuilder,
+    let flush = |out: &mut dyn TxnAppender,
                  client: &ReplicationClient,
                  last_durable: &mut Lsn|
      -> Result<()> {
-        let bytes = builder.len_bytes();
-        if let Some(lsn) = builder.flush(wal)? {
+        if let Some((lsn, bytes)) = out.flush()? {
             metrics::add(
                 "skippr_wal_written_bytes_total",
                 "Bytes written to Skippr's WAL.",
-                &[("pipeline", &pipeline)],
+                &[("pipeline", pipeline)],
                 bytes as f64,
             );
             metrics::set(
                 "skippr_wal_durable_lsn",
                 "Source LSN durable in Skippr's WAL (and acknowledged to Postgres).",
-                &[("pipeline", &pipeline)],
+                &[("pipeline", pipeline)],
                 lsn.0 as f64,
             );
             client.update_applied_lsn(pgwire_replication::Lsn(lsn.0));
@@ -243,13 +229,13 @@ pub async fn stream_to_wal(
                     heartbeat.ping();
                     pinged = true;
                 }
-                if !builder.is_empty() && last_flush.elapsed() >= FLUSH_INTERVAL / 2 {
-                    flush(&mut builder, &client, &mut last_durable)?;
+                if !out.is_empty() && last_flush.elapsed() >= FLUSH_INTERVAL / 2 {
+                    flush(out, &client, &mut last_durable)?;
                     last_flush = Instant::now();
-                } else if builder.is_empty() && current.is_none() && last_end > last_durable {
+                } else if out.is_empty() && out.open_changes().is_none() && last_end > last_durable {
                     // Only transactions without our tables since the last flush: nothing is
                     // pending, so their end can be acknowledged and the slot can advance.
-                    wal.note_acknowledged(last_end)?;
+                    out.note_acknowledged(last_end)?;
                     client.update_applied_lsn(pgwire_replication::Lsn(last_end.0));
                     last_durable = last_end;
                     let _ = durable.send(last_end);
@@ -257,7 +243,7 @@ pub async fn stream_to_wal(
                 continue;
             }
             _ = shutdown.changed() => {
-                flush(&mut builder, &client, &mut last_durable)?;
+                flush(out, &client, &mut last_durable)?;
                 break;
             }
         };
@@ -276,17 +262,13 @@ pub async fn stream_to_wal(
                 xid,
                 commit_time_micros,
             } => {
-                current = Some(TxnBuffer::begin(
-                    Txn {
-                        xid,
-                        commit_lsn: Lsn(final_lsn.0),
-                        end_lsn: Lsn(final_lsn.0),
-                        commit_time_micros,
-                        changes: Vec::new(),
-                    },
-                    budget,
-                    &spill_dir,
-                ));
+                out.begin(Txn {
+                    xid,
+                    commit_lsn: Lsn(final_lsn.0),
+                    end_lsn: Lsn(final_lsn.0),
+                    commit_time_micros,
+                    changes: Vec::new(),
+                });
             }
             ReplicationEvent::XLogData { data, wal_end, .. } => {
                 server_end = server_end.max(Lsn(wal_end.0));
@@ -308,7 +290,7 @@ pub async fn stream_to_wal(
                         relations.insert(r.id, r.clone());
                         // Inside a transaction a new description applies from this point:
                         // keep it in the transaction, in order with the changes.
-                        if current.is_some() {
+                        if out.open_changes().is_some() {
                             Some(Change {
                                 op: Op::Relation,
                                 rel: r.id,
@@ -317,7 +299,7 @@ pub async fn stream_to_wal(
                                 relation: Some(r),
                             })
                         } else {
-                            builder.relation(r);
+                            out.relation(r);
                             None
                         }
                     }
@@ -343,10 +325,10 @@ pub async fn stream_to_wal(
                         relation: None,
                     }),
                     Message::Truncate { rels, .. } => {
-                        if let Some(t) = current.as_mut() {
+                        if out.open_changes().is_some() {
                             for rel in rels {
                                 check_width(&relations, rel, &[])?;
-                                t.push(Change {
+                                out.change(Change {
                                     op: Op::Truncate,
                                     rel,
                                     old: None,
@@ -363,22 +345,20 @@ pub async fn stream_to_wal(
                     if c.op != Op::Relation {
                         check_width(&relations, c.rel, &[c.old.as_ref(), c.new.as_ref()])?;
                     }
-                    match current.as_mut() {
-                        Some(t) => t.push(c)?,
-                        None => {
-                            return Err(Error::fatal(format!(
-                                "replication slot `{}` sent a change outside a transaction",
-                                cfg.slot
-                            )))
-                        }
+                    if out.open_changes().is_none() {
+                        return Err(Error::fatal(format!(
+                            "replication slot `{}` sent a change outside a transaction",
+                            cfg.slot
+                        )));
                     }
+                    out.change(c)?;
                 }
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
                 server_end = server_end.max(Lsn(wal_end.0));
                 // Nothing received and not yet durable: caught up, whatever else the server
                 // wrote meanwhile (other databases, tables outside the publication).
-                let behind = if builder.is_empty() && current.is_none() {
+                let behind = if out.is_empty() && out.open_changes().is_none() {
                     progress.caught_up();
                     0
                 } else {
@@ -387,34 +367,32 @@ pub async fn stream_to_wal(
                 metrics::set(
                     "skippr_replication_lag_bytes",
                     "Source WAL not yet durable in Skippr's WAL, in bytes (server WAL end minus durable LSN).",
-                    &[("pipeline", &pipeline)],
+                    &[("pipeline", pipeline)],
                     behind as f64,
                 );
             }
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {
-                if let Some(t) = &current {
-                    progress.on_commit(t.changes(), Lsn(end_lsn.0), server_end);
+                if let Some(changes) = out.open_changes() {
+                    progress.on_commit(changes, Lsn(end_lsn.0), server_end);
                     metrics::add(
                         "skippr_source_changes_total",
                         "Row changes received from the source.",
-                        &[("pipeline", &pipeline)],
-                        t.changes() as f64,
+                        &[("pipeline", pipeline)],
+                        changes as f64,
                     );
                     metrics::add(
                         "skippr_source_transactions_total",
                         "Source transactions received.",
-                        &[("pipeline", &pipeline)],
+                        &[("pipeline", pipeline)],
                         1.0,
                     );
                 }
-                if let Some(t) = current.take() {
+                if out.open_changes().is_some() {
                     last_end = Lsn(end_lsn.0);
-                    if !t.is_empty() {
-                        builder.push_finished(t.finish(Lsn(lsn.0), last_end)?);
-                    }
+                    out.commit(Lsn(lsn.0), last_end)?;
                 }
-                if builder.len_bytes() >= SEGMENT_MAX_BYTES || builder.must_flush() {
-                    flush(&mut builder, &client, &mut last_durable)?;
+                if out.flush_due() {
+                    flush(out, &client, &mut last_durable)?;
                     last_flush = Instant::now();
                 }
             }
@@ -428,9 +406,9 @@ pub async fn stream_to_wal(
                     // With protocol 1 a message never arrives inside a transaction; if one
                     // were open it is not in the WAL yet and will be sent again next time.
                     if content.as_ref() == m.as_bytes() {
-                        flush(&mut builder, &client, &mut last_durable)?;
-                        if builder.is_empty() && last_end > last_durable {
-                            wal.note_acknowledged(last_end)?;
+                        flush(out, &client, &mut last_durable)?;
+                        if out.is_empty() && last_end > last_durable {
+                            out.note_acknowledged(last_end)?;
                             client.update_applied_lsn(pgwire_replication::Lsn(last_end.0));
                             last_durable = last_end;
                         }
@@ -439,7 +417,7 @@ pub async fn stream_to_wal(
                 }
             }
             ReplicationEvent::StoppedAt { .. } => {
-                flush(&mut builder, &client, &mut last_durable)?;
+                flush(out, &client, &mut last_durable)?;
                 break;
             }
             _ => {}

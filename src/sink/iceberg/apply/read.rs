@@ -14,9 +14,9 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
 use super::{Loc, PendingRow, TableSink};
+use crate::change::types::ColumnBuilder;
 use crate::change::Datum;
 use crate::error::{Context, Error, Result};
-use crate::source::postgres::types::ColumnBuilder;
 
 impl TableSink {
     /// Rebuilds key -> (file, position) from the live data files and their position deletes,
@@ -42,6 +42,13 @@ impl TableSink {
             data_files = committed;
             self.read_deletes(&committed_deletes, &mut deleted).await?;
         }
+        // Deletes spilled for the next commit count as well.
+        let staged_deletes: Vec<String> = self
+            .staged_deletes
+            .iter()
+            .map(|f| f.file_path().to_string())
+            .collect();
+        self.read_deletes(&staged_deletes, &mut deleted).await?;
         data_files.extend(self.staged.iter().map(|f| f.file_path().to_string()));
         for path in data_files {
             self.index_file(path, &deleted).await?;
