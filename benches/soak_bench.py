@@ -1,9 +1,14 @@
 """Soak benchmark driver (see soak.sh): serve under steady writes, gateway clients and periodic
 Postgres restarts; one row of measurements per window, then a check that nothing was lost.
 
+The write mix keeps the table's size steady (ROWS live rows), so that memory measures skipprd
+and not the data growing: 30% inserts of new ids, 40% updates of a live row, 30% deletes of
+the oldest live row. Each gateway client runs an aggregate over the table, then thinks for
+THINK_MS.
+
 Parameters (environment, defaults): DURATION=3600 seconds, RATE=1000 transactions/s,
-CLIENTS=50 gateway clients, RESTART_EVERY=600 seconds, WINDOW=300 seconds, ROWS=100000
-seeded rows, PROBES=20 freshness probes per window.
+CLIENTS=50 gateway clients, THINK_MS=500, RESTART_EVERY=600 seconds, WINDOW=300 seconds,
+ROWS=100000 seeded rows, PROBES=20 freshness probes per window.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import psycopg
 
 P = {k: int(os.environ.get(k, v)) for k, v in {
     "DURATION": 3600, "RATE": 1000, "CLIENTS": 50, "RESTART_EVERY": 600, "WINDOW": 300,
-    "ROWS": 100_000, "PROBES": 20,
+    "ROWS": 100_000, "PROBES": 20, "THINK_MS": 500,
 }.items()}
 BIN = os.environ["SKIPPRD"]
 WORK = Path(os.environ["BENCH_WORK"])
@@ -72,6 +77,33 @@ COUNT = Counters()
 HALT = threading.Event()
 
 
+class Ids:
+    """The live id range [oldest, next): inserts take `next`, deletes take `oldest`."""
+
+    def __init__(self, rows: int) -> None:
+        self.lock = threading.Lock()
+        self.oldest, self.next = 1, rows + 1
+
+    def insert(self) -> int:
+        with self.lock:
+            self.next += 1
+            return self.next - 1
+
+    def delete(self) -> int | None:
+        with self.lock:
+            if self.next - self.oldest <= P["ROWS"] // 2:
+                return None
+            self.oldest += 1
+            return self.oldest - 1
+
+    def live(self, rng: random.Random) -> int:
+        with self.lock:
+            return rng.randrange(self.oldest, self.next)
+
+
+IDS = Ids(P["ROWS"])
+
+
 def writer(rate: float, seed: int) -> None:
     rng = random.Random(seed)
     conn = None
@@ -85,12 +117,14 @@ def writer(rate: float, seed: int) -> None:
             if conn is None or conn.closed:
                 conn = pg()
             op = rng.random()
-            if op < 0.5:
-                conn.execute("INSERT INTO events (k, v, n) VALUES (%s, md5(random()::text), 0)", (rng.randint(1, 1000),))
-            elif op < 0.9:
-                conn.execute("UPDATE events SET n = n + 1 WHERE id = %s", (rng.randint(1, P["ROWS"]),))
+            gone = IDS.delete() if op >= 0.7 else None
+            if op < 0.3 or (op >= 0.7 and gone is None):
+                conn.execute("INSERT INTO events (id, k, v, n) VALUES (%s, %s, md5(random()::text), 0)",
+                             (IDS.insert(), rng.randint(1, 1000)))
+            elif op < 0.7:
+                conn.execute("UPDATE events SET n = n + 1 WHERE id = %s", (IDS.live(rng),))
             else:
-                conn.execute("DELETE FROM events WHERE id = %s", (rng.randint(1, P["ROWS"] * 2),))
+                conn.execute("DELETE FROM events WHERE id = %s", (gone,))
             COUNT.add("writes")
         except psycopg.Error:
             COUNT.add("write_errors")
@@ -111,7 +145,7 @@ def reader(port: int, seed: int) -> None:
             COUNT.add("query_errors")
             conn = None
             time.sleep(0.5)
-        time.sleep(0.05)
+        time.sleep(P["THINK_MS"] / 1000)
 
 
 def probe(src: psycopg.Connection, gw_port: int, marker: int) -> float:
