@@ -1,7 +1,8 @@
 //! The neutral change model every stage speaks: positions (`Lsn`), relation descriptions,
 //! values, row changes and committed transactions. The source produces these, the WAL stores
 //! them, the sink applies them and the query layer reads them; this module depends on nothing
-//! else in the crate.
+//! else in the crate but `error`. It also holds what those stages share about the source's
+//! tables (`table`, `types`, `schema`) and the seam the source streams into (`TxnAppender`).
 
 mod appender;
 mod lsn;
