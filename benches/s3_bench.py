@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import urllib.request
 from pathlib import Path
 
 import psycopg
+
+from benchlib import free_port, pct, pg_connect
 
 P = {k: int(os.environ.get(k, v)) for k, v in {
     "ROWS": 1_000_000, "CHANGES": 300_000, "RUNS": 3, "PROBES": 100, "RATE": 200,
@@ -55,19 +56,8 @@ def log(msg: str) -> None:
     print(f"[s3 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pg(dbname: str = DB) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=PG_PORT, user="postgres", dbname=dbname, autocommit=True)
-
-
-def pct(values: list[float], p: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+    return pg_connect(PG_PORT, dbname)
 
 
 class Moto:

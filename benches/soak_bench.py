@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import threading
 import time
@@ -23,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import psycopg
+
+from benchlib import free_port, pct, pg_connect
 
 P = {k: int(os.environ.get(k, v)) for k, v in {
     "DURATION": 3600, "RATE": 1000, "CLIENTS": 50, "RESTART_EVERY": 600, "WINDOW": 300,
@@ -41,21 +42,8 @@ def log(msg: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pg(dbname: str = DB) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=PG_PORT, user="postgres", dbname=dbname, autocommit=True)
-
-
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+    return pg_connect(PG_PORT, dbname)
 
 
 class Counters:

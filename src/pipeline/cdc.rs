@@ -119,15 +119,7 @@ impl<T: TableSink> Sinks<T> {
         let mut txn: Option<(Lsn, u32, bool)> = None;
         for item in items {
             match item? {
-                Item::Relation(r) => {
-                    let name = TableRef {
-                        schema: r.namespace.clone(),
-                        name: r.name.clone(),
-                    };
-                    if let Some(&i) = self.by_name.get(&name) {
-                        self.rel.insert(r.id, (i, r, false));
-                    }
-                }
+                Item::Relation(r) => self.note_description(r),
                 Item::Begin(t) => {
                     if txn.is_some() {
                         return Err(Error::fatal(format!(
@@ -174,15 +166,23 @@ impl<T: TableSink> Sinks<T> {
         Ok(())
     }
 
+    /// Records the description the next changes of a relation are read with (when it is
+    /// one of this pipeline's tables); its table takes it at the first change that follows.
+    fn note_description(&mut self, r: Relation) {
+        let name = TableRef {
+            schema: r.namespace.clone(),
+            name: r.name.clone(),
+        };
+        if let Some(&i) = self.by_name.get(&name) {
+            self.rel.insert(r.id, (i, r, false));
+        }
+    }
+
     /// Applies one change of the transaction `xid` ending at `end_lsn`.
     async fn apply_change(&mut self, c: Change, end_lsn: Lsn, xid: u32) -> Result<()> {
-        if let (Op::Relation, Some(r)) = (c.op, &c.relation) {
-            let name = TableRef {
-                schema: r.namespace.clone(),
-                name: r.name.clone(),
-            };
-            if let Some(&i) = self.by_name.get(&name) {
-                self.rel.insert(r.id, (i, r.clone(), false));
+        if c.op == Op::Relation {
+            if let Some(r) = c.relation {
+                self.note_description(r);
             }
             return Ok(());
         }

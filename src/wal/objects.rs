@@ -4,9 +4,8 @@
 
 use std::path::PathBuf;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
-use super::codec::MAGIC;
 use super::store::{parse_name, SegmentInfo};
 use crate::change::Lsn;
 use crate::error::{Context, Result};
@@ -46,31 +45,6 @@ impl ObjectWal {
             .collect();
         out.sort_by_key(|s| (s.first, s.last));
         Ok(out)
-    }
-
-    pub fn write_segment(&self, first: Lsn, last: Lsn, data: &[u8]) -> Result<SegmentInfo> {
-        let key = join_key(
-            &self.prefix,
-            &format!("{:016X}-{:016X}.seg", first.0, last.0),
-        );
-        let mut body = BytesMut::with_capacity(MAGIC.len() + data.len());
-        body.put_slice(MAGIC);
-        body.put_slice(data);
-        let bytes = body.len() as u64;
-        self.store
-            .blocking(self.store.put(&key, body.freeze()))
-            .with_context(|| {
-                format!(
-                    "cannot write WAL segment {}; nothing was acknowledged, nothing is lost",
-                    self.store.describe(&key)
-                )
-            })?;
-        Ok(SegmentInfo {
-            path: PathBuf::from(key),
-            first,
-            last,
-            bytes,
-        })
     }
 
     /// Writes a segment assembled in the local file `file` (header included), durably.

@@ -162,9 +162,6 @@ impl WalStore {
 
     /// Writes `data` (records, without header) as a complete segment, durably.
     pub fn write_segment(&self, first: Lsn, last: Lsn, data: &[u8]) -> Result<SegmentInfo> {
-        if let Some(objects) = &self.objects {
-            return objects.write_segment(first, last, data);
-        }
         self.write_segment_with(first, last, |f| f.write_all(data))
     }
 
