@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 45] = [
+const KEY_ORDER: [&str; 52] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -39,6 +39,13 @@ const KEY_ORDER: [&str; 45] = [
     "data_sink",
     "commit_interval",
     "transaction_memory_budget_mb",
+    "maintenance",
+    "enabled",
+    "check_interval",
+    "snapshot_retention",
+    "min_snapshots_to_keep",
+    "orphan_file_age",
+    "compaction_min_files",
     "Postgres",
     "LocalIceberg",
     "AthenaIceberg",

@@ -8,6 +8,7 @@ pub mod connect;
 pub mod emit;
 mod lease;
 pub mod locate;
+mod maintenance;
 pub mod model;
 mod overlap;
 mod source_tls;
@@ -150,6 +151,8 @@ pub struct PipelineConfig {
     pub commit_interval: std::time::Duration,
     /// Bytes one source transaction may take in memory while it streams before it spills.
     pub transaction_memory_budget: u64,
+    /// How the pipeline maintains its tables.
+    pub maintenance: crate::sink::iceberg::maintenance::MaintenanceSettings,
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
@@ -790,13 +793,19 @@ impl Validator<'_> {
                 );
                 None
             };
-            if let (Some(source), Some(sink), Some(commit_interval), Some(budget)) =
-                (source, sink_cfg, commit_interval, budget)
+            let maintenance = self.maintenance(name, def.maintenance.as_ref());
+            if let (Some(source), Some(sink), Some(commit_interval), Some(budget), Some(mut m)) =
+                (source, sink_cfg, commit_interval, budget, maintenance)
             {
+                m.target_file_size = source.parquet_target_file_size;
+                if let SinkConfig::AthenaIceberg { sink, .. } = &sink {
+                    m.region = Some(sink.region.clone());
+                }
                 pipelines.push(PipelineConfig {
                     name: name.clone(),
                     commit_interval,
                     transaction_memory_budget: budget,
+                    maintenance: m,
                     source,
                     sink,
                     schema_sink,

@@ -206,6 +206,35 @@ pub struct PipelineDef {
     /// a larger transaction is spilled to disk under the storage path instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction_memory_budget_mb: Option<u64>,
+    /// Automatic maintenance of the pipeline's Iceberg tables (compaction, snapshot expiry,
+    /// orphan cleanup); on by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenanceDef>,
+}
+
+/// `pipelines.<name>.maintenance`: how the pipeline keeps its tables compact.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceDef {
+    /// Whether maintenance runs at all (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How often each table is checked, after a commit (default 1m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_interval: Option<String>,
+    /// A snapshot is expired once it was replaced longer ago than this (default 1h): the
+    /// reach of time travel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_retention: Option<String>,
+    /// Never fewer snapshots than this (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_snapshots_to_keep: Option<u64>,
+    /// Unreferenced files older than this are removed (default 1h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphan_file_age: Option<String>,
+    /// A compaction runs once this many small data files or delete files gather (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction_min_files: Option<u64>,
 }
 
 /// A data source definition: exactly one connector key.

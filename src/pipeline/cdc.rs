@@ -250,6 +250,14 @@ impl<T: TableSink> Sinks<T> {
         }
         Ok(())
     }
+
+    /// Runs each table's due maintenance (see [`TableSink::maintain`]).
+    pub async fn maintain(&mut self) -> Result<()> {
+        for t in &mut self.tables {
+            t.maintain().await?;
+        }
+        Ok(())
+    }
 }
 
 /// Applies every log segment not yet applied, commits, and removes what every table now
@@ -282,7 +290,8 @@ pub async fn apply_log<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T>
             "WAL segments committed to Iceberg and removed"
         );
     }
-    Ok(())
+    // Maintenance comes after the log is truncated: it never holds back acknowledgements.
+    sinks.maintain().await
 }
 
 /// The tables a CDC run commits to, loaded afresh at its start (and after an apply that

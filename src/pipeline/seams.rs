@@ -135,6 +135,12 @@ pub trait TableSink: Send {
     async fn spill(&mut self) -> Result<()>;
     /// Commits everything staged, atomically and durably, with its LSN.
     async fn commit(&mut self) -> Result<()>;
+    /// Runs the table maintenance that is due (compaction, snapshot expiry, orphan
+    /// cleanup). Called between commits, with nothing staged; it changes how the committed
+    /// rows are stored, never which rows or the committed LSN.
+    async fn maintain(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The Postgres replication slot of a pipeline.
@@ -265,8 +271,10 @@ impl IcebergTable {
                 .load_table(&ident)
                 .await
                 .with_context(|| format!("loading Iceberg table {ident}"))?;
+            let mut sink = IcebergSink::load(t.clone(), table).await?;
+            sink.set_maintenance(p.maintenance.clone());
             tables.push(Self {
-                sink: IcebergSink::load(t.clone(), table).await?,
+                sink,
                 catalog: catalog.clone(),
                 pipeline: p.name.clone(),
             });
@@ -317,5 +325,9 @@ impl TableSink for IcebergTable {
 
     async fn commit(&mut self) -> Result<()> {
         self.sink.commit(&self.catalog, &self.pipeline).await
+    }
+
+    async fn maintain(&mut self) -> Result<()> {
+        self.sink.maintain(&self.catalog, &self.pipeline).await
     }
 }

@@ -1,6 +1,6 @@
 //! Queries, system tables: `skippr.tables` shows each replicated table's committed LSN, its
-//! WAL tail, its last commit, its lag and the state of the pipeline that writes it,
-//! computed when a query reads it.
+//! WAL tail, its last commit, its lag, the state of the pipeline that writes it and what
+//! table maintenance left (files, snapshots, last compaction), computed when a query reads it.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use datafusion::datasource::{MemTable, TableProvider};
 use datafusion::error::{DataFusionError, Result as DfResult};
 
 use super::{committed_lsn_text, tail_lag_seconds, Workspace};
+use crate::sink::iceberg::maintenance::PROP_LAST_COMPACTION;
 
 /// Name of the table-status system table.
 pub const TABLES: &str = "tables";
@@ -55,6 +56,14 @@ pub fn tables_schema() -> SchemaRef {
         Field::new("lag_seconds", DataType::Float64, false),
         Field::new("pipeline_state", DataType::Utf8, true),
         Field::new("pipeline_error", DataType::Utf8, true),
+        Field::new("data_files", DataType::Int64, false),
+        Field::new("delete_files", DataType::Int64, false),
+        Field::new("snapshots", DataType::Int64, false),
+        Field::new(
+            "last_compaction_time",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+            true,
+        ),
     ]))
 }
 
@@ -70,7 +79,25 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
     let mut lag = Vec::new();
     let mut pipeline_state = Vec::new();
     let mut pipeline_error = Vec::new();
+    let (mut data_files, mut delete_files, mut snapshots, mut compacted) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for s in &states {
+        let meta = s.table.metadata();
+        let total = |k: &str| {
+            meta.current_snapshot()
+                .and_then(|snap| snap.summary().additional_properties.get(k))
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
+        data_files.push(total("total-data-files"));
+        delete_files.push(total("total-delete-files"));
+        snapshots.push(meta.snapshots().len() as i64);
+        compacted.push(
+            meta.properties()
+                .get(PROP_LAST_COMPACTION)
+                .and_then(|v| v.parse::<i64>().ok())
+                .map(|ms| ms * 1000),
+        );
         let status = s
             .pipeline
             .as_deref()
@@ -112,6 +139,10 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
         Arc::new(Float64Array::from(lag)),
         Arc::new(StringArray::from(pipeline_state)),
         Arc::new(StringArray::from(pipeline_error)),
+        Arc::new(Int64Array::from(data_files)),
+        Arc::new(Int64Array::from(delete_files)),
+        Arc::new(Int64Array::from(snapshots)),
+        Arc::new(TimestampMicrosecondArray::from(compacted).with_timezone("+00:00")),
     ];
     Ok(RecordBatch::try_new(tables_schema(), arrays)?)
 }

@@ -186,6 +186,7 @@ pub(super) fn list(root: &Path, prefix: &str) -> Result<Vec<Entry>> {
             out.push(Entry {
                 key,
                 size: meta.len(),
+                modified: meta.modified().ok(),
             });
         }
     }

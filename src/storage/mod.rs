@@ -132,6 +132,8 @@ pub struct Entry {
     /// Its key relative to the store's root, `/`-separated.
     pub key: String,
     pub size: u64,
+    /// When it was last written, where the store says.
+    pub modified: Option<std::time::SystemTime>,
 }
 
 /// Objects under one root: a local folder or an S3 prefix.
@@ -349,6 +351,7 @@ impl Store {
                             Some(Entry {
                                 key: key.to_string(),
                                 size: m.size,
+                                modified: Some(m.last_modified.into()),
                             })
                         })
                         .collect();

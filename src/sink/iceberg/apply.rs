@@ -3,6 +3,7 @@
 //! table, and the commit records the LSN it covers, so a restart neither loses nor repeats
 //! a change.
 
+mod compact;
 mod read;
 
 use std::collections::HashMap;
@@ -11,6 +12,7 @@ use arrow::datatypes::SchemaRef;
 use iceberg::table::Table;
 
 use super::keys::{Key, KeyEncoder};
+use super::maintenance::MaintenanceSettings;
 use super::writer::TableWriter;
 use super::{evolve, PROP_COLUMNS};
 use super::{
@@ -77,6 +79,10 @@ pub struct TableSink {
     /// Relation id -> whether its replica identity carries every key column, so that the old
     /// row of an UPDATE or DELETE can be found by key.
     rel_identity: HashMap<u32, bool>,
+    /// Compaction, snapshot expiry and orphan cleanup (see `compact.rs`).
+    maintenance: MaintenanceSettings,
+    last_check: Option<std::time::Instant>,
+    last_cleanup: Option<std::time::Instant>,
 }
 
 impl TableSink {
@@ -147,6 +153,9 @@ impl TableSink {
             pending_bytes: 0,
             rel_maps: HashMap::new(),
             rel_identity: HashMap::new(),
+            maintenance: MaintenanceSettings::default(),
+            last_check: None,
+            last_cleanup: None,
         };
         sink.build_index().await?;
         Ok(sink)

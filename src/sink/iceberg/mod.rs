@@ -6,6 +6,7 @@ pub mod commit;
 pub mod durable;
 pub mod evolve;
 pub mod keys;
+pub mod maintenance;
 pub mod rowdelta;
 pub mod schema;
 pub mod writer;

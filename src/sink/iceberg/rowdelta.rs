@@ -29,9 +29,9 @@ const POS_DELETE_FILE_PATH_ID: i32 = 2147483546;
 const POS_DELETE_POS_ID: i32 = 2147483545;
 
 /// Writes one position-delete file for `deletes` (data file path, row position).
-pub async fn write_position_deletes(
+pub async fn write_position_deletes<P: AsRef<str> + Ord>(
     table: &Table,
-    mut deletes: Vec<(String, i64)>,
+    mut deletes: Vec<(P, i64)>,
     name: &str,
 ) -> Result<DataFile> {
     deletes.sort();
@@ -46,7 +46,7 @@ pub async fn write_position_deletes(
         )])),
     ]));
     let n = deletes.len() as u64;
-    let paths = StringArray::from_iter_values(deletes.iter().map(|(p, _)| p.as_str()));
+    let paths = StringArray::from_iter_values(deletes.iter().map(|(p, _)| p.as_ref()));
     let pos = Int64Array::from_iter_values(deletes.iter().map(|(_, p)| *p));
     let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(paths), Arc::new(pos)])?;
     let location = format!(
@@ -82,12 +82,12 @@ pub async fn write_position_deletes(
         .partition_spec_id(table.metadata().default_partition_spec_id());
     if let (Some(first), Some(last)) = (deletes.first(), deletes.last()) {
         if first.0 == last.0 {
-            b.referenced_data_file(Some(first.0.clone()));
+            b.referenced_data_file(Some(first.0.as_ref().to_string()));
         }
         b.lower_bounds(HashMap::from([
             (
                 POS_DELETE_FILE_PATH_ID,
-                iceberg::spec::Datum::string(first.0.clone()),
+                iceberg::spec::Datum::string(first.0.as_ref()),
             ),
             (
                 POS_DELETE_POS_ID,
@@ -97,7 +97,7 @@ pub async fn write_position_deletes(
         .upper_bounds(HashMap::from([
             (
                 POS_DELETE_FILE_PATH_ID,
-                iceberg::spec::Datum::string(last.0.clone()),
+                iceberg::spec::Datum::string(last.0.as_ref()),
             ),
             (
                 POS_DELETE_POS_ID,
@@ -133,10 +133,7 @@ pub async fn commit(
     let meta = table.metadata();
     let file_io = table.file_io();
     let commit_id = uuid::Uuid::now_v7();
-    let mut snapshot_id = (commit_id.as_u64_pair().1 & (i64::MAX as u64)) as i64;
-    while meta.snapshots().any(|s| s.snapshot_id() == snapshot_id) {
-        snapshot_id = snapshot_id.wrapping_add(1) & i64::MAX;
-    }
+    let snapshot_id = new_snapshot_id(meta, commit_id);
     let seq = meta.next_sequence_number();
     let parent = meta.current_snapshot();
     let location = meta.location();
@@ -282,6 +279,15 @@ pub async fn commit(
     .await
 }
 
+/// A snapshot id for the commit `commit_id`, unused in the table so far.
+pub fn new_snapshot_id(meta: &iceberg::spec::TableMetadata, commit_id: uuid::Uuid) -> i64 {
+    let mut snapshot_id = (commit_id.as_u64_pair().1 & (i64::MAX as u64)) as i64;
+    while meta.snapshots().any(|s| s.snapshot_id() == snapshot_id) {
+        snapshot_id = snapshot_id.wrapping_add(1) & i64::MAX;
+    }
+    snapshot_id
+}
+
 /// Commits a new current schema (and table properties) in one metadata change.
 pub async fn evolve_schema(
     catalog: &LocalCatalog,
@@ -298,7 +304,7 @@ pub async fn evolve_schema(
 /// Applies `change` to the table's metadata, writes the next metadata file, makes it and
 /// `new_files` durable, and swaps the catalog pointer to it (compare-and-swap), then returns
 /// the reloaded table.
-async fn commit_metadata(
+pub(super) async fn commit_metadata(
     catalog: &LocalCatalog,
     table: &Table,
     new_files: &[String],

@@ -125,7 +125,7 @@ impl TableSink {
     }
 
     /// Adds the (file, position) pairs of position delete files to `deleted`.
-    async fn read_deletes(
+    pub(super) async fn read_deletes(
         &self,
         delete_files: &[String],
         deleted: &mut HashSet<(String, i64)>,
@@ -217,7 +217,7 @@ impl TableSink {
         Ok(())
     }
 
-    async fn read_file(&self, path: &str) -> Result<Bytes> {
+    pub(super) async fn read_file(&self, path: &str) -> Result<Bytes> {
         self.table
             .file_io()
             .new_input(path)?
@@ -329,7 +329,7 @@ impl TableSink {
     /// Reshapes rows read from a data file to the table's current schema, matching columns by
     /// Iceberg field id (a renamed column keeps its id, never its name): older types are cast
     /// to the current one, fields the file predates read NULL.
-    fn by_field_id(&self, rows: &RecordBatch) -> Result<RecordBatch> {
+    pub(super) fn by_field_id(&self, rows: &RecordBatch) -> Result<RecordBatch> {
         let file_ids: Vec<Option<i32>> = rows.schema().fields().iter().map(field_id).collect();
         let cols = self
             .arrow

@@ -1,0 +1,96 @@
+//! Validation of `pipelines.<name>.maintenance`: how a pipeline compacts its Iceberg tables,
+//! expires their snapshots and removes unreferenced files (sink/iceberg/maintenance.rs).
+
+use std::time::Duration;
+
+use super::{keys, parse_duration, MaintenanceDef, Validator};
+use crate::sink::iceberg::maintenance::{
+    MaintenanceSettings, DEFAULT_CHECK_INTERVAL, DEFAULT_COMPACTION_MIN_FILES,
+    DEFAULT_MIN_SNAPSHOTS_TO_KEEP, DEFAULT_ORPHAN_FILE_AGE, DEFAULT_SNAPSHOT_RETENTION,
+};
+
+impl Validator<'_> {
+    /// The settings, or `None` after reporting every value out of range.
+    pub(super) fn maintenance(
+        &mut self,
+        pipeline: &str,
+        def: Option<&MaintenanceDef>,
+    ) -> Option<MaintenanceSettings> {
+        let d = def.cloned().unwrap_or_default();
+        let mut ok = true;
+        let mut duration = |key: &str, value: Option<&str>, default: &str, min: Duration| {
+            let text = value.unwrap_or(default);
+            match parse_duration(text) {
+                Some(d) if d >= min => Some(d),
+                _ => {
+                    self.report(
+                        keys(&["pipelines", pipeline, "maintenance", key]),
+                        format!(
+                            "`{text}` is not a duration of at least {}: write e.g. `30s`, `10m` or `2h`",
+                            if min < Duration::from_secs(1) {
+                                format!("{}ms", min.as_millis())
+                            } else {
+                                format!("{}s", min.as_secs())
+                            }
+                        ),
+                    );
+                    ok = false;
+                    None
+                }
+            }
+        };
+        let check_interval = duration(
+            "check_interval",
+            d.check_interval.as_deref(),
+            DEFAULT_CHECK_INTERVAL,
+            Duration::from_millis(100),
+        );
+        let snapshot_retention = duration(
+            "snapshot_retention",
+            d.snapshot_retention.as_deref(),
+            DEFAULT_SNAPSHOT_RETENTION,
+            Duration::from_secs(1),
+        );
+        let orphan_file_age = duration(
+            "orphan_file_age",
+            d.orphan_file_age.as_deref(),
+            DEFAULT_ORPHAN_FILE_AGE,
+            Duration::from_secs(1),
+        );
+        let mut count = |key: &str, value: Option<u64>, default: u64, min: u64| {
+            let v = value.unwrap_or(default);
+            if v < min || v > 1_000_000 {
+                self.report(
+                    keys(&["pipelines", pipeline, "maintenance", key]),
+                    format!("must be between {min} and 1000000 (default {default})"),
+                );
+                ok = false;
+            }
+            v as usize
+        };
+        let min_snapshots_to_keep = count(
+            "min_snapshots_to_keep",
+            d.min_snapshots_to_keep,
+            DEFAULT_MIN_SNAPSHOTS_TO_KEEP,
+            1,
+        );
+        let compaction_min_files = count(
+            "compaction_min_files",
+            d.compaction_min_files,
+            DEFAULT_COMPACTION_MIN_FILES,
+            2,
+        );
+        if !ok {
+            return None;
+        }
+        Some(MaintenanceSettings {
+            enabled: d.enabled.unwrap_or(true),
+            check_interval: check_interval?,
+            snapshot_retention: snapshot_retention?,
+            min_snapshots_to_keep,
+            orphan_file_age: orphan_file_age?,
+            compaction_min_files,
+            ..MaintenanceSettings::default()
+        })
+    }
+}

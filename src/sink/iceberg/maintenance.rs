@@ -1,0 +1,414 @@
+//! Table maintenance, after the sink's commits: the rewrite commit that replaces compacted
+//! files (one data manifest, at most one delete manifest, the same source LSN), snapshot
+//! expiry by age and count, and the removal of files no retained snapshot references.
+//! Which files to compact is decided with the key index (see `apply/compact.rs`).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use iceberg::spec::{
+    DataContentType, DataFile, ManifestListWriter, ManifestStatus, ManifestWriterBuilder,
+    Operation, Snapshot, SnapshotReference, SnapshotRetention, Summary, MAIN_BRANCH,
+};
+use iceberg::table::Table;
+
+use super::{commit, rowdelta, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
+use crate::catalog::LocalCatalog;
+use crate::error::{Context, Error, Result};
+use crate::storage::{Location, Store};
+
+/// Snapshot summary key of a maintenance commit: what it did (`compaction`).
+pub const SUMMARY_MAINTENANCE: &str = "skippr.maintenance";
+/// Table property: when the last compaction was committed (Unix milliseconds).
+pub const PROP_LAST_COMPACTION: &str = "skippr.last-compaction-ms";
+
+/// Default `maintenance.check_interval`.
+pub const DEFAULT_CHECK_INTERVAL: &str = "1m";
+/// Default `maintenance.snapshot_retention`.
+pub const DEFAULT_SNAPSHOT_RETENTION: &str = "1h";
+/// Default `maintenance.min_snapshots_to_keep`.
+pub const DEFAULT_MIN_SNAPSHOTS_TO_KEEP: u64 = 10;
+/// Default `maintenance.orphan_file_age`.
+pub const DEFAULT_ORPHAN_FILE_AGE: &str = "1h";
+/// Default `maintenance.compaction_min_files`.
+pub const DEFAULT_COMPACTION_MIN_FILES: u64 = 8;
+/// Orphan files are looked for at most this often (or every `orphan_file_age`, if shorter).
+const CLEANUP_EVERY: Duration = Duration::from_secs(10 * 60);
+
+/// How a pipeline maintains its tables (`pipelines.<name>.maintenance`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceSettings {
+    pub enabled: bool,
+    /// How often each table is checked, after a commit.
+    pub check_interval: Duration,
+    /// A snapshot is expired once it was replaced longer ago than this.
+    pub snapshot_retention: Duration,
+    /// Never fewer snapshots than this.
+    pub min_snapshots_to_keep: usize,
+    /// Files that no retained snapshot references are removed once older than this.
+    pub orphan_file_age: Duration,
+    /// A compaction runs once this many small data files, or delete files, gather.
+    pub compaction_min_files: usize,
+    /// Size of the data files compaction writes; files below 3/4 of it count as small.
+    pub target_file_size: u64,
+    /// The AWS region of an `s3://` warehouse (for listing it).
+    pub region: Option<String>,
+}
+
+impl Default for MaintenanceSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            check_interval: Duration::from_secs(60),
+            snapshot_retention: Duration::from_secs(3600),
+            min_snapshots_to_keep: DEFAULT_MIN_SNAPSHOTS_TO_KEEP as usize,
+            orphan_file_age: Duration::from_secs(3600),
+            compaction_min_files: DEFAULT_COMPACTION_MIN_FILES as usize,
+            target_file_size: 128 * 1024 * 1024,
+            region: None,
+        }
+    }
+}
+
+impl MaintenanceSettings {
+    /// How often orphan files are looked for.
+    pub fn cleanup_every(&self) -> Duration {
+        self.orphan_file_age
+            .min(CLEANUP_EVERY)
+            .max(self.check_interval)
+    }
+}
+
+/// One file of the current snapshot, with the numbers its manifest entry carries.
+#[derive(Debug, Clone)]
+pub struct LiveFile {
+    pub file: DataFile,
+    pub snapshot_id: i64,
+    pub seq: i64,
+    pub file_seq: Option<i64>,
+}
+
+/// The live files of the current snapshot and how many manifests hold them.
+pub async fn live_files(table: &Table) -> Result<(Vec<LiveFile>, usize)> {
+    let Some(snapshot) = table.metadata().current_snapshot() else {
+        return Ok((Vec::new(), 0));
+    };
+    let list = table
+        .manifest_list_reader(snapshot)
+        .load()
+        .await
+        .context("reading the manifest list")?;
+    let mut out = Vec::new();
+    for mf in list.entries() {
+        let manifest = mf
+            .load_manifest(table.file_io())
+            .await
+            .context("reading a manifest")?;
+        for entry in manifest.entries() {
+            if entry.status() == ManifestStatus::Deleted {
+                continue;
+            }
+            out.push(LiveFile {
+                file: entry.data_file().clone(),
+                snapshot_id: entry.snapshot_id().unwrap_or(snapshot.snapshot_id()),
+                seq: entry
+                    .sequence_number()
+                    .unwrap_or(snapshot.sequence_number()),
+                file_seq: entry.file_sequence_number.or(entry.sequence_number()),
+            });
+        }
+    }
+    Ok((out, list.entries().len()))
+}
+
+/// What a rewrite commit changes.
+pub struct Rewrite {
+    /// Data files taken out (their live rows are in `added`).
+    pub removed: HashSet<String>,
+    /// Whether every delete file is taken out (the deletes still needed are in `added_deletes`).
+    pub remove_all_deletes: bool,
+    pub added: Vec<DataFile>,
+    pub added_deletes: Vec<DataFile>,
+}
+
+/// Commits a rewrite of the current snapshot: the same rows in other files. The new snapshot
+/// (operation `replace`) lists every file in one data manifest and at most one delete
+/// manifest, so it also merges manifests, and carries the source LSN, phase and pipeline of
+/// the snapshot it replaces: for readers and for exactly-once bookkeeping nothing changed.
+pub async fn commit_rewrite(
+    catalog: &LocalCatalog,
+    table: &Table,
+    live: Vec<LiveFile>,
+    rewrite: Rewrite,
+    pipeline: &str,
+) -> Result<Table> {
+    let meta = table.metadata();
+    let parent = meta
+        .current_snapshot()
+        .ok_or_else(|| Error::fatal("a rewrite of a table without a snapshot"))?;
+    let file_io = table.file_io();
+    let commit_id = uuid::Uuid::now_v7();
+    let snapshot_id = rowdelta::new_snapshot_id(meta, commit_id);
+    let seq = meta.next_sequence_number();
+    let location = meta.location();
+    let schema = meta.current_schema().clone();
+    let spec = meta.default_partition_spec().as_ref().clone();
+
+    let manifest_writer = |n: u32, deletes: bool| -> Result<_> {
+        let path = format!("{location}/metadata/{commit_id}-m{n}.avro");
+        let out = file_io.new_output(&path)?;
+        let b = ManifestWriterBuilder::new(out, Some(snapshot_id), schema.clone(), spec.clone());
+        Ok((
+            path,
+            if deletes {
+                b.build_v2_deletes()
+            } else {
+                b.build_v2_data()
+            },
+        ))
+    };
+    let (data_path, mut data) = manifest_writer(1, false)?;
+    let (delete_path, mut deletes) = manifest_writer(2, true)?;
+    let (mut n_data, mut n_deletes) = (0u64, 0u64);
+    let (mut records, mut pos_deletes, mut size) = (0u64, 0u64, 0u64);
+    let (mut removed_data, mut removed_deletes) = (0u64, 0u64);
+    for f in live {
+        let is_data = f.file.content_type() == DataContentType::Data;
+        let gone = if is_data {
+            rewrite.removed.contains(f.file.file_path())
+        } else {
+            rewrite.remove_all_deletes
+        };
+        let w = if is_data { &mut data } else { &mut deletes };
+        if gone {
+            if is_data {
+                removed_data += 1;
+            } else {
+                removed_deletes += 1;
+            }
+            w.add_delete_file(f.file, f.seq, f.file_seq)?;
+            continue;
+        }
+        if is_data {
+            n_data += 1;
+            records += f.file.record_count();
+        } else {
+            n_deletes += 1;
+            pos_deletes += f.file.record_count();
+        }
+        size += f.file.file_size_in_bytes();
+        w.add_existing_file(f.file, f.snapshot_id, f.seq, f.file_seq)?;
+    }
+    let mut new_files: Vec<String> = Vec::new();
+    let (added_data, added_deletes) = (rewrite.added.len(), rewrite.added_deletes.len());
+    for f in rewrite.added {
+        n_data += 1;
+        records += f.record_count();
+        size += f.file_size_in_bytes();
+        new_files.push(f.file_path().to_string());
+        data.add_file(f, seq)?;
+    }
+    for f in rewrite.added_deletes {
+        n_deletes += 1;
+        pos_deletes += f.record_count();
+        size += f.file_size_in_bytes();
+        new_files.push(f.file_path().to_string());
+        deletes.add_file(f, seq)?;
+    }
+    let mut manifests = vec![data
+        .write_manifest_file()
+        .await
+        .context("writing a data manifest")?];
+    new_files.push(data_path);
+    // An empty delete manifest is left out (and unreferenced: orphan cleanup removes it).
+    if removed_deletes + added_deletes as u64 + n_deletes > 0 {
+        manifests.push(
+            deletes
+                .write_manifest_file()
+                .await
+                .context("writing a delete manifest")?,
+        );
+        new_files.push(delete_path);
+    }
+    let list_path = format!("{location}/metadata/snap-{snapshot_id}-1-{commit_id}.avro");
+    let mut list = ManifestListWriter::v2(
+        file_io.new_output(&list_path)?.writer().await?,
+        snapshot_id,
+        Some(parent.snapshot_id()),
+        seq,
+    );
+    list.add_manifests(manifests.into_iter())?;
+    list.close().await.context("writing the manifest list")?;
+    new_files.push(list_path.clone());
+
+    let mut summary: HashMap<String, String> = parent
+        .summary()
+        .additional_properties
+        .iter()
+        .filter(|(k, _)| [SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE].contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    summary.insert(SUMMARY_MAINTENANCE.to_string(), "compaction".to_string());
+    for (k, v) in [
+        ("added-data-files", added_data as u64),
+        ("deleted-data-files", removed_data),
+        ("added-delete-files", added_deletes as u64),
+        ("removed-delete-files", removed_deletes),
+        ("total-records", records),
+        ("total-data-files", n_data),
+        ("total-delete-files", n_deletes),
+        ("total-position-deletes", pos_deletes),
+        ("total-equality-deletes", 0),
+        ("total-files-size", size),
+    ] {
+        summary.insert(k.to_string(), v.to_string());
+    }
+    let now = chrono::Utc::now().timestamp_millis();
+    let timestamp_ms = now.max(meta.last_updated_ms() + 1);
+    let snapshot = Snapshot::builder()
+        .with_snapshot_id(snapshot_id)
+        .with_parent_snapshot_id(Some(parent.snapshot_id()))
+        .with_sequence_number(seq)
+        .with_timestamp_ms(timestamp_ms)
+        .with_manifest_list(list_path)
+        .with_summary(Summary {
+            operation: Operation::Replace,
+            additional_properties: summary,
+        })
+        .with_schema_id(meta.current_schema_id())
+        .build();
+    crate::storage::lease::ensure_held(pipeline)?;
+    let props = HashMap::from([(PROP_LAST_COMPACTION.to_string(), timestamp_ms.to_string())]);
+    rowdelta::commit_metadata(catalog, table, &new_files, |b| {
+        b.add_snapshot(snapshot)?
+            .set_ref(
+                MAIN_BRANCH,
+                SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+            )?
+            .set_properties(props)
+    })
+    .await
+}
+
+/// The snapshots that expire now: replaced (their successor committed) longer ago than the
+/// retention, oldest first, leaving at least `min_snapshots_to_keep`. The current snapshot
+/// and the newest one that carries the source LSN are never expired.
+pub fn expiring(table: &Table, settings: &MaintenanceSettings, now_ms: i64) -> Vec<i64> {
+    let meta = table.metadata();
+    let mut snaps: Vec<_> = meta.snapshots().collect();
+    snaps.sort_by_key(|s| (s.sequence_number(), s.timestamp_ms()));
+    let keep: HashSet<i64> = [
+        meta.current_snapshot_id(),
+        commit::last_skippr_snapshot(table).map(|s| s.snapshot_id()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let cutoff = now_ms - settings.snapshot_retention.as_millis() as i64;
+    let removable = snaps.len().saturating_sub(settings.min_snapshots_to_keep);
+    let mut out = Vec::new();
+    for pair in snaps.windows(2) {
+        if out.len() >= removable {
+            break;
+        }
+        let (s, successor) = (pair[0], pair[1]);
+        if successor.timestamp_ms() >= cutoff {
+            break;
+        }
+        if !keep.contains(&s.snapshot_id()) {
+            out.push(s.snapshot_id());
+        }
+    }
+    out
+}
+
+/// Removes `ids` from the table's snapshots (their files go with the next orphan cleanup).
+pub async fn expire(catalog: &LocalCatalog, table: &Table, ids: &[i64]) -> Result<Table> {
+    rowdelta::commit_metadata(catalog, table, &[], |b| Ok(b.remove_snapshots(ids))).await
+}
+
+/// Every file the table's metadata references: of each retained snapshot its manifest
+/// list, manifests and live files, and the metadata files of the log.
+async fn referenced(table: &Table) -> Result<HashSet<String>> {
+    let meta = table.metadata();
+    let mut out: HashSet<String> = meta
+        .metadata_log()
+        .iter()
+        .map(|l| l.metadata_file.clone())
+        .collect();
+    out.extend(table.metadata_location().map(str::to_string));
+    let mut seen_manifests = HashSet::new();
+    for snap in meta.snapshots() {
+        out.insert(snap.manifest_list().to_string());
+        let list = table
+            .manifest_list_reader(snap)
+            .load()
+            .await
+            .context("reading a manifest list")?;
+        for mf in list.entries() {
+            if !seen_manifests.insert(mf.manifest_path.clone()) {
+                continue;
+            }
+            out.insert(mf.manifest_path.clone());
+            let manifest = mf
+                .load_manifest(table.file_io())
+                .await
+                .context("reading a manifest")?;
+            for e in manifest.entries() {
+                if e.status() != ManifestStatus::Deleted {
+                    out.insert(e.file_path().to_string());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A file's path without the `file:` scheme a local location may carry.
+fn plain_path(p: &str) -> &str {
+    p.strip_prefix("file://")
+        .or_else(|| p.strip_prefix("file:"))
+        .unwrap_or(p)
+}
+
+/// Where a table location is, as a store root.
+fn table_root(location: &str) -> Result<Location> {
+    if location.starts_with("s3://") {
+        return Location::parse_s3(location).map_err(Error::fatal);
+    }
+    Ok(Location::Local(plain_path(location).into()))
+}
+
+/// Deletes the files under the table's `data/` and `metadata/` that no retained snapshot or
+/// metadata file references and that are older than `orphan_file_age` (a younger one may
+/// belong to a commit in flight). Returns how many were removed.
+pub async fn remove_orphans(table: &Table, settings: &MaintenanceSettings) -> Result<usize> {
+    let location = table
+        .metadata()
+        .location()
+        .trim_end_matches('/')
+        .to_string();
+    let store = Store::open(&table_root(&location)?, settings.region.as_deref())?;
+    let referenced: HashSet<String> = referenced(table)
+        .await?
+        .iter()
+        .map(|p| plain_path(p).to_string())
+        .collect();
+    let cutoff = SystemTime::now()
+        .checked_sub(settings.orphan_file_age)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut removed = 0;
+    for dir in ["data", "metadata"] {
+        for entry in store.list(dir).await? {
+            if referenced.contains(plain_path(&format!("{location}/{}", entry.key))) {
+                continue;
+            }
+            if entry.modified.is_none_or(|m| m > cutoff) {
+                continue;
+            }
+            store.delete(&entry.key).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
