@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Table maintenance benchmark, "a compressed day" (not for CI): a 200,000-row table followed by
+# `skipprd serve` with commit_interval 100ms and the default maintenance settings except
+# check_interval 5s and snapshot_retention 60s, under a mixed write load (inserts, updates,
+# deletes; the table keeps its size) until about 2,000 commits. Every 100 commits it samples a
+# point lookup and an aggregate through the gateway (median of 20) against the same queries
+# in Postgres, the metadata.json size, the files under the table's data/ folder, the snapshots,
+# live data and delete files, and serve's RSS. At the end: the live table against Postgres,
+# and the start-up of a fresh `sync --once` up to "key index loaded", against the one timed
+# right after the copy. Prints a Markdown results block (also in
+# /tmp/skippr-bench/maintenance/results.md) with a last/first ratio row.
+#   benches/maintenance.sh                                      (defaults: ~2,000 commits)
+#   ROWS=20000 COMMITS=300 SAMPLE_EVERY=50 RUNS=5 benches/maintenance.sh     (a smoke run)
+# Parameters (environment): ROWS COMMITS SAMPLE_EVERY RUNS RATE COMMIT_INTERVAL CHECK_INTERVAL
+# SNAPSHOT_RETENTION ORPHAN_FILE_AGE MIN_SNAPSHOTS_TO_KEEP COMPACTION_MIN_FILES MAX_DURATION,
+# see maintenance_bench.py. SKIPPRD_BIN: a binary to measure (default: a release build).
+# SKIPPR_PYTHON: a Python with psycopg 3 (default $HOME/.cache/skippr/venv/bin/python).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/common.sh"
+python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
+"$python" -c 'import psycopg' || { echo "$python lacks psycopg (tests/run sets up that venv)" >&2; exit 1; }
+build_release
+bin="$(skipprd_bin)"
+[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
+start_cluster
+work="$bench_dir/maintenance"
+
+# The Python script stops its `serve` itself; this catches what it could not (killed, or
+# timed out): the pid it recorded, if that is still our binary.
+cleanup() {
+  local pid
+  pid="$(cat "$work/serve.pid" 2>/dev/null || true)"
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 0
+  case "$(tr '\0' ' ' <"/proc/$pid/cmdline")" in
+  "$bin "*" serve"*)
+    echo "stopping the leftover skipprd serve (pid $pid)" >&2
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+    kill -KILL "$pid" 2>/dev/null || true ;;
+  esac
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+rm -rf "$work"; mkdir -p "$work"
+rc=0
+SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" \
+  timeout --foreground -k 60 "$(( ${MAX_DURATION:-3600} + 1800 ))" "$python" "$here/maintenance_bench.py" || rc=$?
+[ "$rc" -ne 124 ] || echo "maintenance benchmark: timed out; logs in $work" >&2
+exit "$rc"
