@@ -11,6 +11,7 @@ The commit protocol's guard against a concurrent Glue writer is unit-tested in R
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 import os
 import signal
@@ -50,9 +51,12 @@ class Moto:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = open(workdir / "moto.log", "w")
+        # Requests are recorded (when a test starts the recorder) into this file.
+        self.recording = workdir / "moto_recording"
+        env = dict(os.environ, MOTO_RECORDER_FILEPATH=str(self.recording))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -91,6 +95,19 @@ class Moto:
         for page in pages:
             out += [o["Key"] for o in page.get("Contents", [])]
         return out
+
+    def record(self, on: bool) -> None:
+        """Starts (after clearing) or stops moto's request recorder."""
+        what = "reset-recording" if on else "stop-recording"
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/recorder/{what}", method="POST"), timeout=10)
+        if on:
+            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/recorder/start-recording", method="POST"), timeout=10)
+
+    def recorded(self) -> list[dict]:
+        """The requests recorded since `record(True)`."""
+        if not self.recording.exists():
+            return []
+        return [json.loads(line) for line in self.recording.read_text().splitlines() if line.strip()]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -391,3 +408,127 @@ def test_storage_errors_name_the_problem(skippr: Skippr, moto: Moto) -> None:
     assert_no_panic(proc)
     assert proc.returncode != 0, describe_run(proc)
     assert "no-such-bucket-x" in proc.stderr, describe_run(proc)
+
+
+def _is_wal_listing(r: dict) -> bool:
+    return r["method"] == "GET" and "list-type=2" in r["url"] and "wal" in urllib.parse.unquote(r["url"])
+
+
+def _is_glue(r: dict, action: str) -> bool:
+    target = {k.lower(): v for k, v in r["headers"].items()}.get("x-amz-target", "")
+    return target.endswith(f".{action}")
+
+
+def test_serve_reads_its_own_writes_on_s3_without_a_request_per_statement(skippr: Skippr, moto: Moto) -> None:
+    """`serve` holding the pipeline's lease knows the WAL segments it wrote and the metadata it
+    committed: its queries see every change at once (read back here, row by row) and a warm
+    statement sends neither a WAL listing to S3 nor a GetTable to Glue. Table maintenance
+    runs over S3 too: compaction, expiry and orphan cleanup, and Glue readers stay equal."""
+    import psycopg
+
+    db = skippr.db
+    db.execute("CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2), note text)")
+    db.execute("INSERT INTO orders SELECT g, g * 0.5, 'o' || g FROM generate_series(1, 500) g")
+    maintenance = (
+        "    maintenance:\n"
+        "      check_interval: 500ms\n"
+        "      snapshot_retention: 2s\n"
+        "      min_snapshots_to_keep: 2\n"
+        "      orphan_file_age: 2s\n"
+        "      compaction_min_files: 3\n"
+    )
+    flagship_config(skippr, ["orders"], commit_interval="300ms", pipeline_extra=maintenance)
+    port = free_port()
+    text = skippr.config_path.read_text().replace(
+        "\npipelines:\n", f"  query:\n    listen: 127.0.0.1:{port}\n\npipelines:\n", 1
+    )
+    skippr.config_path.write_text(text)
+    skippr.env.update(moto.env)
+    proc = skippr.start("serve")
+    log = skippr.workdir / "bg.stderr"
+
+    def connect() -> psycopg.Connection:
+        return psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr",
+                               autocommit=True, connect_timeout=10)
+
+    def scalar(conn: psycopg.Connection, sql: str, params: tuple = ()) -> object:
+        row = conn.execute(sql, params).fetchone()
+        assert row is not None
+        return row[0]
+
+    try:
+        deadline = time.monotonic() + 120
+        conn = None
+        while conn is None:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            try:
+                conn = connect()
+                if scalar(conn, "SELECT count(*) FROM orders") != 500:
+                    conn.close()
+                    conn = None
+            except psycopg.Error:
+                conn = None
+            if conn is None:
+                assert time.monotonic() < deadline, "serve did not answer within 120 s:\n" + log.read_text()[-4000:]
+                time.sleep(0.3)
+        with conn:
+            # Every change is read back through the gateway as soon as Postgres has it.
+            for i in range(30):
+                key = 10_000 + i
+                db.execute("INSERT INTO orders VALUES (%s, %s, 'fresh')", (key, i))
+                db.execute("UPDATE orders SET note = 'seen' || %s WHERE id = %s", (str(i), i + 1))
+                db.execute("DELETE FROM orders WHERE id = %s", (400 + i,))
+                until = time.monotonic() + 30
+                while True:
+                    got = (
+                        scalar(conn, "SELECT count(*) FROM orders WHERE id = %s", (key,)),
+                        scalar(conn, "SELECT max(note) FROM orders WHERE id = %s", (i + 1,)),
+                        scalar(conn, "SELECT count(*) FROM orders WHERE id = %s", (400 + i,)),
+                    )
+                    if got == (1, f"seen{i}", 0):
+                        break
+                    assert time.monotonic() < until, f"change {i} not visible within 30 s: {got}\n" + log.read_text()[-3000:]
+                    time.sleep(0.05)
+            # Wait for the maintenance the changes made due (30 commits, 3 files per compaction).
+            until = time.monotonic() + 60
+            while scalar(conn, "SELECT last_compaction_time FROM skippr.tables WHERE table_name = 'orders'") is None:
+                assert time.monotonic() < until, "no compaction over S3 within 60 s:\n" + log.read_text()[-3000:]
+                time.sleep(0.3)
+            expected = db.execute("SELECT count(*), sum(amount) FROM orders")[0]
+            # Warm statements: no WAL listing and no Glue lookup per statement.
+            moto.record(True)
+            started = time.monotonic()
+            statements = 100
+            for _ in range(statements):
+                assert conn.execute("SELECT count(*), sum(amount) FROM orders").fetchone() == expected
+            elapsed = time.monotonic() - started
+            moto.record(False)
+        requests = moto.recorded()
+        listings = [r for r in requests if _is_wal_listing(r)]
+        lookups = [r for r in requests if _is_glue(r, "GetTable")]
+        # The pipeline itself lists its WAL once per commit interval at most (300 ms).
+        allowed = int(elapsed / 0.3) + 3
+        assert len(listings) <= allowed, f"{len(listings)} WAL listings for {statements} statements in {elapsed:.1f}s"
+        assert len(lookups) <= allowed, f"{len(lookups)} Glue GetTable for {statements} statements in {elapsed:.1f}s"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    stderr = log.read_text()
+    assert "panicked" not in stderr, stderr[-4000:]
+    assert "table maintenance failed" not in stderr, stderr[-4000:]
+    assert proc.returncode == 0, stderr[-4000:]
+    assert_matches(skippr, moto, "orders")
+    # Compaction left one data manifest (its snapshot is current when nothing changed since).
+    table = glue_catalog(moto).load_table((GLUE_DB, "orders"))
+    snap = table.current_snapshot()
+    assert snap is not None
+    assert len(table.metadata.snapshots) <= 12, len(table.metadata.snapshots)
+    # Everything the table references is in the bucket.
+    keys = set(moto.keys(LAKE_BUCKET, "warehouse/"))
+    for task in table.scan().plan_files():
+        for f in [task.file, *task.delete_files]:
+            assert f.file_path.removeprefix(f"s3://{LAKE_BUCKET}/") in keys, f.file_path

@@ -191,7 +191,11 @@ impl GlueCatalog {
         format!("{}/{}.db/{name}", self.warehouse, self.database)
     }
 
-    async fn build_table(&self, ident: TableIdent, location: String) -> iceberg::Result<Table> {
+    pub(crate) async fn build_table(
+        &self,
+        ident: TableIdent,
+        location: String,
+    ) -> iceberg::Result<Table> {
         let metadata = TableMetadata::read_from(&self.file_io, &location).await?;
         Table::builder()
             .file_io(self.file_io.clone())

@@ -35,6 +35,8 @@ pub struct SinkCatalog {
     /// a reused table keeps Iceberg's cache of parsed manifest lists and manifests, which
     /// otherwise every query would read and decode again.
     loaded: Arc<Mutex<HashMap<TableIdent, Table>>>,
+    /// Names the catalog among the process's catalogs (see [`pointers`]).
+    key: String,
 }
 
 /// Where the metadata pointer of a table is read and swapped.
@@ -52,6 +54,7 @@ impl SinkCatalog {
             catalog,
             pointer: Pointer::Sql(pointer),
             loaded: Arc::default(),
+            key: format!("sql:{}", warehouse.display()),
         })
     }
 
@@ -80,6 +83,7 @@ impl SinkCatalog {
             catalog: glue.clone(),
             pointer: Pointer::Glue(glue),
             loaded: Arc::default(),
+            key: format!("glue:{}:{}", sink.region, sink.glue_database_name),
         })
     }
 
@@ -95,6 +99,21 @@ impl SinkCatalog {
     /// the table loaded before is returned (one catalog lookup instead of reading and
     /// parsing the metadata, the manifest list and every manifest again).
     pub async fn load_current(&self, ident: &TableIdent) -> Result<Table> {
+        // Glue: where this process itself last pointed a table it writes needs no lookup.
+        if let (Pointer::Glue(g), Some(known)) = (&self.pointer, pointers::get(&self.key, ident)) {
+            if let Some(table) = self.cached(ident, &known) {
+                return Ok(table);
+            }
+            let table = g
+                .build_table(ident.clone(), known)
+                .await
+                .with_context(|| format!("loading Iceberg table {ident}"))?;
+            self.loaded
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(ident.clone(), table.clone());
+            return Ok(table);
+        }
         let location = match self.metadata_location(ident).await {
             Ok(location) => location,
             Err(e) => {
@@ -102,13 +121,8 @@ impl SinkCatalog {
                 None
             }
         };
-        if let Some(location) = &location {
-            let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(table) = loaded.get(ident) {
-                if table.metadata_location() == Some(location.as_str()) {
-                    return Ok(table.clone());
-                }
-            }
+        if let Some(table) = location.and_then(|l| self.cached(ident, &l)) {
+            return Ok(table);
         }
         let table = self
             .catalog
@@ -120,6 +134,28 @@ impl SinkCatalog {
             .unwrap_or_else(|e| e.into_inner())
             .insert(ident.clone(), table.clone());
         Ok(table)
+    }
+
+    /// The table loaded before, if its metadata file is `location`.
+    fn cached(&self, ident: &TableIdent, location: &str) -> Option<Table> {
+        let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        loaded
+            .get(ident)
+            .filter(|t| t.metadata_location() == Some(location))
+            .cloned()
+    }
+
+    /// Records that this process pointed `ident` at `location` while writing it for
+    /// `pipeline` (see [`pointers`]).
+    pub fn remember(&self, ident: &TableIdent, location: &str, pipeline: &str) {
+        if matches!(self.pointer, Pointer::Glue(_)) {
+            pointers::set(&self.key, ident, location, pipeline);
+        }
+    }
+
+    /// Forgets where this process pointed `ident` (the table is dropped or replaced).
+    pub fn forget(&self, ident: &TableIdent) {
+        pointers::forget(&self.key, ident);
     }
 
     /// Where the catalog points `ident` now, or `None` when it has no such table.
@@ -164,5 +200,61 @@ impl SinkCatalog {
                     .with_context(|| format!("committing to Iceberg table {ident} in Glue")),
             },
         }
+    }
+}
+
+/// Where this process pointed the tables it writes (S3 mode, Glue): queries in the same
+/// process (`serve`) then need no Glue lookup per statement. An entry is trusted only while
+/// the lease hold it was recorded under is current: under one hold no other process commits
+/// to the pipeline's tables, so the last pointer this process set is the catalog's.
+mod pointers {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, MutexGuard, OnceLock};
+
+    use iceberg::TableIdent;
+
+    use crate::storage::lease::current_hold;
+
+    struct Known {
+        location: String,
+        pipeline: String,
+        hold: u64,
+    }
+
+    fn known() -> MutexGuard<'static, HashMap<(String, TableIdent), Known>> {
+        static KNOWN: OnceLock<Mutex<HashMap<(String, TableIdent), Known>>> = OnceLock::new();
+        KNOWN
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn set(catalog: &str, ident: &TableIdent, location: &str, pipeline: &str) {
+        let Some(hold) = current_hold(pipeline) else {
+            return;
+        };
+        known().insert(
+            (catalog.to_string(), ident.clone()),
+            Known {
+                location: location.to_string(),
+                pipeline: pipeline.to_string(),
+                hold,
+            },
+        );
+    }
+
+    pub(super) fn forget(catalog: &str, ident: &TableIdent) {
+        known().remove(&(catalog.to_string(), ident.clone()));
+    }
+
+    pub(super) fn get(catalog: &str, ident: &TableIdent) -> Option<String> {
+        let mut known = known();
+        let key = (catalog.to_string(), ident.clone());
+        let k = known.get(&key)?;
+        if current_hold(&k.pipeline) == Some(k.hold) {
+            return Some(k.location.clone());
+        }
+        known.remove(&key);
+        None
     }
 }

@@ -32,6 +32,7 @@ pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Res
             .await
             .context("looking up a table")?
         {
+            catalog.forget(&ident);
             iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
                 .await
                 .with_context(|| format!("dropping Iceberg table {ident} for the re-snapshot"))?;
@@ -303,6 +304,7 @@ async fn recreate(
     ts: &TableSchema,
 ) -> Result<iceberg::table::Table> {
     let ident = iceberg::TableIdent::new(namespace.clone(), ts.table.iceberg_name());
+    catalog.forget(&ident);
     iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
         .await
         .with_context(|| format!("dropping Iceberg table {ident} to copy it again"))?;

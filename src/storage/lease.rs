@@ -101,6 +101,8 @@ struct Shared {
     /// Set when the object was found taken by someone else.
     lost: Option<String>,
     settings: LeaseSettings,
+    /// Unique per acquisition in this process (see [`current_hold`]).
+    hold: u64,
 }
 
 /// A held lease. Dropping it stops the renewals and releases the lease.
@@ -212,6 +214,7 @@ impl Lease {
             renewed: Instant::now(),
             lost: None,
             settings,
+            hold: next_hold(),
         }));
         registry()
             .lock()
@@ -393,6 +396,25 @@ pub fn ensure_held(pipeline: &str) -> Result<()> {
         None => Ok(()),
         Some(s) => check_shared(&lock(&s)),
     }
+}
+
+fn next_hold() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The id of this process's current, valid hold of `pipeline`'s lease (S3 mode), or `None`
+/// when it holds none (or may soon lose it). While the same id is returned, no other
+/// process can have written the pipeline's WAL or tables: what this process recorded of
+/// them during that hold is the whole truth.
+pub fn current_hold(pipeline: &str) -> Option<u64> {
+    let shared = registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(pipeline)
+        .cloned()?;
+    let s = lock(&shared);
+    check_shared(&s).ok().map(|()| s.hold)
 }
 
 /// Takes the lease of a pipeline whose state lives in `store` (S3 mode).

@@ -20,7 +20,7 @@ impl WalStore {
     pub fn for_pipeline(storage: &Location, storage_path: &Path, name: &str) -> Result<Self> {
         match storage {
             Location::Local(_) => Self::open(&storage_path.join("wal").join(name)),
-            s3 => Ok(Self::on_objects(Store::open(s3, None)?, &prefix(name))),
+            s3 => Ok(Self::on_objects(Store::open(s3, None)?, &prefix(name)).with_role(name, true)),
         }
     }
 }
@@ -39,7 +39,9 @@ impl WalReader {
     pub fn for_pipeline(storage: &Location, storage_path: &Path, name: &str) -> Result<Self> {
         Ok(match storage {
             Location::Local(_) => Self::Dir(storage_path.join("wal").join(name)),
-            s3 => Self::Objects(WalStore::on_objects(Store::open(s3, None)?, &prefix(name))),
+            s3 => Self::Objects(
+                WalStore::on_objects(Store::open(s3, None)?, &prefix(name)).with_role(name, false),
+            ),
         })
     }
 

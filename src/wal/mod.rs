@@ -20,6 +20,7 @@ mod locate;
 mod objects;
 pub mod spill;
 pub mod store;
+mod view;
 
 pub use crate::change::{Change, Op, Txn};
 pub use codec::Record;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 
 use super::store::{parse_name, SegmentInfo};
+use super::view;
 use crate::change::Lsn;
 use crate::error::{Context, Result};
 use crate::storage::{join_key, Store};
@@ -16,6 +17,9 @@ use crate::storage::{join_key, Store};
 pub struct ObjectWal {
     store: Store,
     prefix: String,
+    /// The pipeline, and whether this handle is its writer: the writer keeps the in-process
+    /// view of the segments (see `view.rs`), and readers in the same process use it.
+    role: Option<(String, bool)>,
 }
 
 impl ObjectWal {
@@ -23,11 +27,45 @@ impl ObjectWal {
         Self {
             store,
             prefix: prefix.trim_matches('/').to_string(),
+            role: None,
         }
+    }
+
+    /// This handle writes (`writer`) or reads the WAL of `pipeline`.
+    pub fn with_role(mut self, pipeline: &str, writer: bool) -> Self {
+        self.role = Some((pipeline.to_string(), writer));
+        self
+    }
+
+    /// The view's key: the WAL's full location.
+    fn root(&self) -> String {
+        self.store.describe(&self.prefix)
     }
 
     /// Complete segments, oldest first.
     pub fn segments(&self) -> Result<Vec<SegmentInfo>> {
+        match &self.role {
+            Some((pipeline, false)) => {
+                if let Some(known) = view::segments(&self.root(), pipeline) {
+                    return Ok(known);
+                }
+                self.list()
+            }
+            Some((pipeline, true)) => {
+                let root = self.root();
+                let hold = view::begin_listing(&root, pipeline);
+                let listed = self.list()?;
+                if let Some(hold) = hold {
+                    view::listed(&root, hold, &listed);
+                }
+                Ok(listed)
+            }
+            None => self.list(),
+        }
+    }
+
+    /// Lists the segments in the store.
+    fn list(&self) -> Result<Vec<SegmentInfo>> {
         let under = format!("{}/", self.prefix);
         let listed = self.store.blocking(self.store.list(&under))?;
         let mut out: Vec<SegmentInfo> = listed
@@ -69,12 +107,16 @@ impl ObjectWal {
                     self.store.describe(&key)
                 )
             })?;
-        Ok(SegmentInfo {
+        let seg = SegmentInfo {
             path: PathBuf::from(key),
             first,
             last,
             bytes,
-        })
+        };
+        if let Some((_, true)) = &self.role {
+            view::written(&self.root(), &seg);
+        }
+        Ok(seg)
     }
 
     /// The segment's bytes, or `None` when it was removed since it was listed.
@@ -117,7 +159,11 @@ impl ObjectWal {
         let key = seg.path.to_string_lossy();
         self.store
             .blocking(self.store.delete(&key))
-            .with_context(|| format!("removing WAL segment {}", self.store.describe(&key)))
+            .with_context(|| format!("removing WAL segment {}", self.store.describe(&key)))?;
+        if let Some((_, true)) = &self.role {
+            view::removed(&self.root(), seg);
+        }
+        Ok(())
     }
 
     /// A small object beside the segments (the acknowledged-position marker), or `None`.

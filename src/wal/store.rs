@@ -110,6 +110,13 @@ impl WalStore {
         }
     }
 
+    /// Marks an object WAL as `pipeline`'s, opened by its writer or by a reader (see
+    /// `view.rs`); a local WAL is unchanged.
+    pub fn with_role(mut self, pipeline: &str, writer: bool) -> Self {
+        self.objects = self.objects.map(|o| o.with_role(pipeline, writer));
+        self
+    }
+
     /// Where transactions larger than the memory budget are spilled while they stream: beside
     /// the segments, or, when the WAL is in an object store, in the local temp folder.
     pub fn spill_dir(&self) -> PathBuf {

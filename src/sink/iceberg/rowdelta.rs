@@ -344,9 +344,15 @@ pub(super) async fn commit_metadata(
     catalog
         .swap_metadata(table.identifier(), &old_location, &new_location)
         .await?;
-    catalog
+    let table = catalog
         .catalog
         .load_table(table.identifier())
         .await
-        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))
+        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))?;
+    if let Some(pipeline) = super::commit::committed_pipeline(&table) {
+        if table.metadata_location() == Some(new_location.as_str()) {
+            catalog.remember(table.identifier(), &new_location, pipeline);
+        }
+    }
+    Ok(table)
 }

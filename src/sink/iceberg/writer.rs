@@ -31,9 +31,21 @@ pub struct TableWriter {
 impl TableWriter {
     /// `prefix` makes file names unique per run and per writer.
     pub async fn new(table: &Table, prefix: String, target_file_size: u64) -> Result<Self> {
+        Self::bounded(table, prefix, target_file_size, None).await
+    }
+
+    /// Like [`TableWriter::new`], with row groups also cut at `row_group_bytes` of encoded
+    /// data, which bounds the memory the writer holds however wide the rows are.
+    pub async fn bounded(
+        table: &Table,
+        prefix: String,
+        target_file_size: u64,
+        row_group_bytes: Option<usize>,
+    ) -> Result<Self> {
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_max_row_group_bytes(row_group_bytes.filter(|b| *b > 0))
             .build();
         let parquet = ParquetWriterBuilder::new(props, table.metadata().current_schema().clone());
         let location = DefaultLocationGenerator::new(table.metadata())?;

@@ -22,6 +22,11 @@ use crate::telemetry::metrics;
 
 /// A data file with at least this share of its rows deleted is rewritten.
 const DELETED_SHARE: f64 = 0.2;
+/// Row groups of rewritten files are cut at this much encoded data, so that compaction holds
+/// about this much of the output in memory whatever the width of the rows.
+const ROW_GROUP_BYTES: usize = 4 * 1024 * 1024;
+/// Rows are read from the files rewritten in batches of about this many decoded bytes.
+const BATCH_BYTES: usize = 1024 * 1024;
 
 /// Where the live rows of one rewritten file went: from its `k`-th live row on, they are in
 /// output `out` from position `pos` on.
@@ -254,8 +259,15 @@ impl TableSink {
                 continue;
             }
             let path = f.file.file_path();
-            let reader =
-                ParquetRecordBatchReaderBuilder::try_new(self.read_file(path).await?)?.build()?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(self.read_file(path).await?)?;
+            // Batches of about BATCH_BYTES decoded, however wide the rows.
+            let meta = builder.metadata();
+            let (bytes, rows) = meta.row_groups().iter().fold((0i64, 0i64), |(b, r), g| {
+                (b + g.total_byte_size(), r + g.num_rows())
+            });
+            let per_row = (bytes / rows.max(1)).max(1) as usize;
+            let batch_rows = (BATCH_BYTES / per_row).clamp(1, 8192);
+            let reader = builder.with_batch_size(batch_rows).build()?;
             let (mut base, mut k, mut written) = (0u64, 0usize, 0u64);
             for batch in reader {
                 let batch = batch?;
@@ -272,8 +284,14 @@ impl TableSink {
                 while offset < kept.num_rows() {
                     if writer.is_none() {
                         let name = format!("{prefix}-{}", outputs.len());
-                        writer =
-                            Some((TableWriter::new(&self.table, name, u64::MAX / 4).await?, 0));
+                        let w = TableWriter::bounded(
+                            &self.table,
+                            name,
+                            u64::MAX / 4,
+                            Some(ROW_GROUP_BYTES),
+                        )
+                        .await?;
+                        writer = Some((w, 0));
                     }
                     let Some((w, in_file)) = writer.as_mut() else {
                         break;
