@@ -14,6 +14,7 @@ import time
 from typing import Sequence
 
 import psycopg
+import pytest
 
 from conftest import Database, Skippr, assert_no_panic, describe_run, free_port, quote_ident
 from test_cdc import bg_log, stop, tx
@@ -262,3 +263,55 @@ def test_schema_changes_are_live_before_their_commit(skippr: Skippr, db: Databas
         if r["amount"] is not None:
             r["amount"] = decimal.Decimal(str(r["amount"]))
     assert got == expected(), got
+
+
+def test_select_list_subqueries_answer_as_postgres_does(skippr: Skippr, db: Database) -> None:
+    """Scalar subqueries in a select list, correlated, over a table named without an alias,
+    or with a bound parameter, through the gateway's extended protocol: each answer equals
+    Postgres's (a compatibility rewrite used to answer some of them with NULL)."""
+    import psycopg
+
+    from conftest import free_port
+
+    db.execute("CREATE TABLE orders (id bigint PRIMARY KEY, customer int NOT NULL, amount numeric(12,2))")
+    db.execute("INSERT INTO orders SELECT g, g % 7, g * 1.5 FROM generate_series(1, 60) g")
+    port = free_port()
+    skippr.write_config(["orders"], query={"listen": f"127.0.0.1:{port}"})
+    skippr.sync_once()
+    proc = skippr.start("serve")
+    queries: list[tuple[str, tuple]] = [
+        ("SELECT (SELECT count(*) FROM orders WHERE id = %s) AS a", (3,)),
+        ("SELECT (SELECT count(*) FROM orders WHERE id > %s) AS a, (SELECT max(amount) FROM orders WHERE customer = %s) AS b", (10, 2)),
+        ("SELECT (SELECT max(orders.amount) FROM orders) AS m", ()),
+        ("SELECT o.id, (SELECT count(*) FROM orders o2 WHERE o2.customer = o.customer) AS same FROM orders o WHERE o.id <= %s ORDER BY o.id", (8,)),
+        ("SELECT (SELECT (SELECT count(*) FROM orders WHERE customer = %s) FROM orders WHERE id = %s) AS nested", (1, 5)),
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr", autocommit=True)
+                break
+            except psycopg.OperationalError:
+                assert proc.poll() is None and time.monotonic() < deadline, (skippr.workdir / "bg.stderr").read_text()[-3000:]
+                time.sleep(0.2)
+        with conn, db.connect() as pgc:
+            problems = []
+            for sql, params in queries:
+                want = pgc.execute(sql, params).fetchall()
+                try:
+                    got = conn.execute(sql, params).fetchall()
+                except psycopg.Error as e:
+                    problems.append(f"{sql} {params}: {e}")
+                    continue
+                if got != want:
+                    problems.append(f"{sql} {params}: gateway {got[:5]} != Postgres {want[:5]}")
+            assert not problems, "\n".join(problems)
+            # A correlation the engine cannot decorrelate (a non-equality) is refused with a
+            # clear error, never answered with NULLs.
+            with pytest.raises(psycopg.errors.FeatureNotSupported):
+                conn.execute("SELECT o.id, (SELECT max(o2.amount) FROM orders o2 WHERE o2.customer = o.customer "
+                             "AND o2.id < o.id) AS prev FROM orders o ORDER BY o.id").fetchall()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

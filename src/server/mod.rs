@@ -16,6 +16,7 @@ mod fuzz;
 mod info_schema;
 mod known;
 mod limits;
+mod pg_parse;
 mod prepared;
 mod readonly;
 mod rewrite;

@@ -453,7 +453,7 @@ impl QueryParser for WireParser {
         let _ = types;
         apply_search_path(&self.ctx, client.metadata(), &self.workspace);
         let (sql, rewritten) = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
-        let mut statements = self.sql_parser.parse(&sql).map_err(api_error)?;
+        let mut statements = super::pg_parse::parse(&self.sql_parser, &sql).map_err(api_error)?;
         if statements.len() > 1 {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
@@ -592,7 +592,7 @@ impl Session {
             .interrupts
             .run(prepare_sql(query, &self.ctx, &self.shared, &self.relations))
             .await?;
-        let statements = self.sql_parser.parse(&query).map_err(api_error)?;
+        let statements = super::pg_parse::parse(&self.sql_parser, &query).map_err(api_error)?;
         statements
             .into_iter()
             .map(|s| {
