@@ -111,7 +111,7 @@ fn rewrite_keeping_subqueries(parser: &PostgresCompatibilityParser, mut s: State
     let restored: Vec<Option<Box<Query>>> = taken
         .into_iter()
         .map(
-            |q| match rewrite_keeping_subqueries(parser, Statement::Query(q)) {
+            |q| match rewrite_keeping_subqueries(parser, Statement::Query(Box::new(q))) {
                 Statement::Query(q) => Some(q),
                 _ => None,
             },
@@ -122,7 +122,7 @@ fn rewrite_keeping_subqueries(parser: &PostgresCompatibilityParser, mut s: State
 }
 
 /// Moves each scalar subquery of a select list out, leaving a marker call in its place.
-struct Take<'a>(&'a mut Vec<Box<Query>>);
+struct Take<'a>(&'a mut Vec<Query>);
 
 impl VisitorMut for Take<'_> {
     type Break = ();
@@ -137,7 +137,7 @@ impl VisitorMut for Take<'_> {
                 if matches!(expr, Expr::Subquery(_)) {
                     let call = marker_call(self.0.len());
                     if let Expr::Subquery(q) = std::mem::replace(expr, call) {
-                        self.0.push(q);
+                        self.0.push(*q);
                     }
                 }
             }
