@@ -3,6 +3,8 @@
 # Iceberg, against pg_recvlogical decoding the same changes with pgoutput to /dev/null, in
 # the same run. Both read their own slot, created at the same position.
 #   benches/cdc.sh [CHANGES] [RUNS]     (defaults: 1000000 changes, 3 runs)
+#   SEED=2000000 benches/cdc.sh 1000000 1   (the table holds SEED rows before the changes;
+#                                            default: the rows the updates and deletes need)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/common.sh"
@@ -13,12 +15,14 @@ start_cluster
 work="$bench_dir/cdc"; rm -rf "$work"; mkdir -p "$work"
 rm -f "$work/recv.txt" "$work/skipprd.txt"
 ins=$((changes / 2)); upd=$((changes * 3 / 10)); del=$((changes - ins - upd))
+seed="${SEED:-$((upd + del))}"
+[ "$seed" -ge $((upd + del)) ] || { echo "SEED must be at least $((upd + del)) (the rows updated and deleted)" >&2; exit 1; }
 for run in $(seq "$runs"); do
   psql -q -d postgres -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('bench_recv', 'skippr_bench_p')" >/dev/null
   psql -q -d postgres -c "DROP DATABASE IF EXISTS bench_cdc" -c "CREATE DATABASE bench_cdc"
   psql -q -d bench_cdc <<SQL
 CREATE TABLE events (id bigint PRIMARY KEY, kind text NOT NULL, amount numeric(12,2), at timestamptz NOT NULL, payload jsonb);
-INSERT INTO events SELECT i, 'seed', i / 100.0, timestamptz '2024-01-01' + i * interval '1 second', '{"seed": true}' FROM generate_series(1, $((upd + del))) i;
+INSERT INTO events SELECT i, 'seed', i / 100.0, timestamptz '2024-01-01' + i * interval '1 second', '{"seed": true}' FROM generate_series(1, $seed) i;
 CREATE PUBLICATION skippr_bench_p FOR TABLE events;
 SQL
   rm -rf "$work/warehouse" "$work/.skippr"
@@ -38,7 +42,7 @@ DO \$\$
 DECLARE b bigint;
 BEGIN
   FOR b IN 0..($ins - 1) / 10000 LOOP
-    INSERT INTO events SELECT i, 'new', i / 100.0, now(), '{"n": 1}' FROM generate_series($((upd + del)) + 1 + b * 10000, least($((upd + del)) + (b + 1) * 10000, $((upd + del + ins)))) i;
+    INSERT INTO events SELECT i, 'new', i / 100.0, now(), '{"n": 1}' FROM generate_series($seed + 1 + b * 10000, least($seed + (b + 1) * 10000, $((seed + ins)))) i;
     COMMIT;
   END LOOP;
   FOR b IN 0..($upd - 1) / 10000 LOOP
@@ -60,4 +64,4 @@ SQL
   [ "$a" = "$b" ] || { echo "run $run: Postgres has $a, Iceberg has $b" >&2; exit 1; }
 done
 recv=$(median 1 "$work/recv.txt"); ours=$(median 1 "$work/skipprd.txt"); rss=$(median 2 "$work/skipprd.txt")
-echo "changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"
+echo "seed_rows=$seed changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"

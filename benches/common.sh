@@ -1,5 +1,6 @@
 # Shared by the benchmarks: a private Postgres cluster with logical WAL, and timing helpers.
-# Source it; it defines start_cluster, timed and median.
+# Source it; it defines start_cluster, timed, median, skipprd_bin, build_release and
+# stop_leftover_serve.
 
 bench_dir="${SKIPPR_BENCH_DIR:-/tmp/skippr-bench}"
 bench_port="${SKIPPR_BENCH_PORT:-55439}"
@@ -48,4 +49,20 @@ build_release() {
   # SKIPPRD_BIN names a binary to measure instead of building one.
   [ -n "${SKIPPRD_BIN:-}" ] && return 0
   (cd "$(dirname "$0")/.." && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/skippr/target-release}" cargo build --release --quiet --bin skipprd)
+}
+
+# stop_leftover_serve WORK BIN: the Python drivers stop their `serve` processes themselves; this
+# catches what they could not (killed, or timed out): the pid recorded in WORK/serve.pid, if
+# that process is still BIN running `serve`.
+stop_leftover_serve() {
+  local work="$1" bin="$2" pid
+  pid="$(cat "$work/serve.pid" 2>/dev/null || true)"
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 0
+  case "$(tr '\0' ' ' <"/proc/$pid/cmdline")" in
+  "$bin "*" serve "*)
+    echo "stopping the leftover skipprd serve (pid $pid)" >&2
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+    kill -KILL "$pid" 2>/dev/null || true ;;
+  esac
 }

@@ -28,20 +28,7 @@ bin="$(skipprd_bin)"
 start_cluster
 work="$bench_dir/serve"
 
-# The Python script stops its `serve` processes itself; this catches what it could not
-# (killed, or timed out): the pid it recorded, if that is still our binary.
-cleanup() {
-  local pid
-  pid="$(cat "$work/serve.pid" 2>/dev/null || true)"
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 0
-  case "$(tr '\0' ' ' <"/proc/$pid/cmdline")" in
-  "$bin "*" serve "*)
-    echo "stopping the leftover skipprd serve (pid $pid)" >&2
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
-    kill -KILL "$pid" 2>/dev/null || true ;;
-  esac
-}
+cleanup() { stop_leftover_serve "$work" "$bin"; }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM

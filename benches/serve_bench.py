@@ -44,23 +44,21 @@ import glob
 import math
 import os
 import random
-import re
 import signal
-import socket
 import sqlite3
-import statistics
-import subprocess
 import sys
 import threading
 import time
 import traceback
-import urllib.request
-from collections import deque
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
+
+from benchlib import (AGG_SQL, JOIN_SQL, BenchError, Load, ProbeTimeout, Serve, ServeEnv, binary_kind,
+                      binary_time, check_same as check_same_in, command_line, create_source, fetch as fetch_in,
+                      machine, ms, probe_once as probe_in, source_version, tail, timed_runs as timed_runs_in,
+                      wait_for, warm_up_probe)
 
 # --------------------------------------------------------------------------------------------
 # Parameters
@@ -105,18 +103,14 @@ REPO = Path(__file__).resolve().parent.parent
 DB = "bench_serve"
 WS = "bench"  # the workspace: tables are bench.orders, bench.customers, bench.events
 
-AGG_SQL = "SELECT count(*) AS n, sum(amount) AS total, avg(amount) AS mean FROM {orders}"
-JOIN_SQL = ("SELECT c.region, count(*) AS n, sum(o.amount) AS total FROM {orders} o "
-            "JOIN {customers} c ON c.id = o.customer_id GROUP BY c.region ORDER BY c.region")
-REGIONS = ["north", "south", "east", "west", "central", "islands", "mountains", "coast"]
-
-
-class BenchError(Exception):
-    pass
-
 
 def log(msg: str) -> None:
     print(f"[serve-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+ENV = ServeEnv(bin=BIN, work=WORK, pg_port=PG_PORT, db=DB, ws=WS, tables=["orders", "customers", "events"],
+               prepare=P["PREPARE"], log=log)
+pg, gateway, tables_status, metric = ENV.pg, ENV.gateway, ENV.tables_status, ENV.metric
 
 
 def pct(values: list[float], p: float) -> float:
@@ -125,321 +119,8 @@ def pct(values: list[float], p: float) -> float:
     return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms"
-
-
 def secs(seconds: float) -> str:
     return f"{seconds:.3f}"
-
-
-def wait_for(what: str, timeout: float, check: Callable[[], Any], interval: float = 0.25,
-             alive: Callable[[], None] | None = None) -> Any:
-    """Polls `check` until it returns something truthy; `alive` raises if a process died."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        if alive:
-            alive()
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except (psycopg.Error, OSError) as e:
-            last = e
-        time.sleep(interval)
-    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-# --------------------------------------------------------------------------------------------
-# Postgres (the source) and the gateway
-# --------------------------------------------------------------------------------------------
-
-
-def pg(dbname: str = DB) -> psycopg.Connection:
-    """The bench cluster (PGHOST/PGPORT/PGUSER from common.sh), autocommit."""
-    return psycopg.connect(dbname=dbname, autocommit=True)
-
-
-GW_PORT = 0
-METRICS_PORT = 0
-
-
-def gateway(timeout: float = 10) -> psycopg.Connection:
-    """A gateway connection: no users configured, so any user and database on loopback."""
-    conn = psycopg.connect(host="127.0.0.1", port=GW_PORT, user="bench", dbname=WS,
-                           autocommit=True, connect_timeout=max(1, int(timeout)), sslmode="disable")
-    if P["PREPARE"] == "never":
-        conn.prepare_threshold = None
-    return conn
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tables_status(conn: psycopg.Connection) -> dict[str, dict]:
-    cur = conn.execute("SELECT * FROM skippr.tables", prepare=False)  # a status poll: never prepared
-    names = [d.name for d in cur.description]
-    return {r["table_name"]: r for r in (dict(zip(names, row)) for row in cur.fetchall())
-            if r["table_schema"] == WS}
-
-
-def metric(name: str, **labels: str) -> float:
-    """Sum of a Prometheus series over the labels not given (0 if it does not exist yet)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10) as resp:
-        body = resp.read().decode()
-    total = 0.0
-    for line in body.splitlines():
-        m = re.match(r"^(\w+)(?:\{(.*)\})?\s+(\S+)", line)
-        if not m or m[1] != name:
-            continue
-        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m[2] or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m[3])
-    return total
-
-
-# --------------------------------------------------------------------------------------------
-# skipprd processes
-# --------------------------------------------------------------------------------------------
-
-
-def write_config(commit_interval: str) -> Path:
-    path = WORK / "skippr.yml"
-    path.write_text(f"""skippr:
-  workspace: {WS}
-  query:
-    listen: 127.0.0.1:{GW_PORT}
-  metrics:
-    listen: 127.0.0.1:{METRICS_PORT}
-pipelines:
-  app:
-    data_source: data_sources.db
-    data_sink: data_sinks.lake
-    commit_interval: {commit_interval}
-data_sources:
-  db: {{Postgres: {{host: 127.0.0.1, port: {PG_PORT}, user: postgres, database: {DB}, tables: [orders, customers, events]}}}}
-data_sinks:
-  lake: {{LocalIceberg: {{warehouse: ./warehouse}}}}
-""")
-    return path
-
-
-def tail(path: Path, n: int = 60) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return f"--- last {min(n, len(lines))} lines of {path} ---\n" + "\n".join(lines[-n:])
-
-
-def sync_once() -> tuple[float, int]:
-    """`sync --pipeline app --once` under /usr/bin/time: (seconds, peak RSS KiB)."""
-    logf, timef = WORK / "sync-once.log", WORK / "sync-once.time"
-    with open(logf, "w") as out:
-        try:
-            r = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", str(timef), BIN, "--config",
-                                str(WORK / "skippr.yml"), "sync", "--pipeline", "app", "--once"],
-                               cwd=WORK, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               timeout=SYNC_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"`sync --once` did not finish within {SYNC_TIMEOUT:.0f}s\n{tail(logf)}")
-    if r.returncode != 0:
-        raise BenchError(f"`sync --once` exited with {r.returncode}\n{tail(logf)}")
-    seconds, kib = timef.read_text().split()[-2:]
-    return float(seconds), int(kib)
-
-
-class Serve:
-    """One `skipprd serve` process: stdout and stderr in WORK/serve-<label>.log, its pid in
-    WORK/serve.pid (serve.sh kills it on exit if this script could not)."""
-
-    running: list["Serve"] = []
-
-    def __init__(self, label: str, commit_interval: str) -> None:
-        self.label = label
-        self.commit_interval = commit_interval
-        self.logfile = WORK / f"serve-{label}.log"
-        self.returncode: int | None = None
-        self.peak_rss_kib = 0
-        write_config(commit_interval)
-        out = open(self.logfile, "w")
-        self.proc = subprocess.Popen([BIN, "--config", str(WORK / "skippr.yml"), "serve"], cwd=WORK,
-                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        out.close()
-        (WORK / "serve.pid").write_text(f"{self.proc.pid}\n")
-        Serve.running.append(self)
-        log(f"serve[{label}] started, pid {self.proc.pid}, commit_interval {commit_interval}, log {self.logfile}")
-
-    def _reap(self, block: bool) -> bool:
-        """Reaps the process with wait4, keeping its exit code and peak RSS (ru_maxrss, KiB)."""
-        if self.returncode is not None:
-            return True
-        pid, status, usage = os.wait4(self.proc.pid, 0 if block else os.WNOHANG)
-        if pid == 0:
-            return False
-        self.returncode = os.waitstatus_to_exitcode(status)
-        self.proc.returncode = self.returncode  # so Popen does not wait for it again
-        self.peak_rss_kib = usage.ru_maxrss
-        Serve.running.remove(self)
-        return True
-
-    def alive(self) -> None:
-        """Raises, with the log, if the process has exited."""
-        if self._reap(block=False):
-            raise BenchError(f"serve[{self.label}] exited with {self.returncode}\n{tail(self.logfile)}")
-
-    def wait_ready(self) -> float:
-        t0 = time.monotonic()
-
-        def ready() -> bool:
-            with gateway(timeout=3) as conn:
-                return conn.execute("SELECT 1").fetchone() == (1,)
-
-        try:
-            wait_for(f"serve[{self.label}] to accept connections on 127.0.0.1:{GW_PORT}",
-                     SERVE_START_TIMEOUT, ready, alive=self.alive)
-        except BenchError as e:
-            raise BenchError(f"{e}\n{tail(self.logfile)}") from None
-        return time.monotonic() - t0
-
-    def stop(self) -> float:
-        """SIGTERM (the tail is committed), waits; returns the seconds it took to exit."""
-        if self._reap(block=False):
-            raise BenchError(f"serve[{self.label}] had already exited with {self.returncode}\n{tail(self.logfile)}")
-        t0 = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        while not self._reap(block=False):
-            if time.monotonic() - t0 > SERVE_STOP_TIMEOUT:
-                self.proc.kill()
-                self._reap(block=True)
-                raise BenchError(f"serve[{self.label}] did not exit within {SERVE_STOP_TIMEOUT:.0f}s of "
-                                 f"SIGTERM (killed)\n{tail(self.logfile)}")
-            time.sleep(0.05)
-        took = time.monotonic() - t0
-        if self.returncode != 0:
-            raise BenchError(f"serve[{self.label}] exited with {self.returncode} after SIGTERM\n{tail(self.logfile)}")
-        log(f"serve[{self.label}] stopped in {took:.2f}s, peak RSS {self.peak_rss_kib // 1024} MiB")
-        return took
-
-    @classmethod
-    def kill_all(cls) -> None:
-        for s in list(cls.running):
-            try:
-                s.proc.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + 30
-                while not s._reap(block=False) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                if s.returncode is None:
-                    s.proc.kill()
-                    s._reap(block=True)
-            except (OSError, ChildProcessError):
-                pass
-
-
-# --------------------------------------------------------------------------------------------
-# Source data and load
-# --------------------------------------------------------------------------------------------
-
-
-def create_source() -> None:
-    with pg("postgres") as conn:
-        # a slot of an earlier run (maybe still held by a stray process) blocks DROP DATABASE
-        for slot, pid in conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots "
-                                      "WHERE database = %s", (DB,)).fetchall():
-            if pid:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                time.sleep(0.5)
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
-    regions = "ARRAY[" + ", ".join(f"'{r}'" for r in REGIONS) + "]"
-    with pg() as conn:
-        conn.execute(f"""
-CREATE TABLE customers (id integer PRIMARY KEY, name text NOT NULL, region text NOT NULL, since date NOT NULL);
-INSERT INTO customers SELECT i, 'customer ' || i, ({regions})[1 + i % {len(REGIONS)}], date '2020-01-01' + i % 1500
-FROM generate_series(0, {CUSTOMERS - 1}) i;
-CREATE TABLE orders (
-  id bigint PRIMARY KEY, customer_id integer NOT NULL, status text NOT NULL,
-  amount numeric(12,2) NOT NULL, ordered_at timestamptz NOT NULL, ref uuid, details jsonb);
-INSERT INTO orders
-SELECT i, ((i::bigint * 7919) % {CUSTOMERS})::int, (ARRAY['pending','paid','shipped'])[1 + i % 3],
-       ((i::bigint * 104729) % 1000000) / 100.0, timestamptz '2024-01-01' + i * interval '1 second',
-       md5(i::text)::uuid, jsonb_build_object('items', i % 7, 'note', 'order ' || i)
-FROM generate_series(1, {ROWS}) i;
-CREATE TABLE events (
-  id bigserial PRIMARY KEY, writer integer NOT NULL, kind text NOT NULL,
-  amount numeric(12,2) NOT NULL, at timestamptz NOT NULL DEFAULT now(), payload text);
-""")
-        conn.execute("VACUUM ANALYZE")
-
-
-class Load:
-    """`writers` connections, each committing `rate / writers` transactions per second, paced
-    (a writer that falls more than 1 s behind its schedule does not try to catch up). Every
-    statement runs in autocommit, so one statement is one transaction.
-    mix "events": 3/4 inserts into events, 1/4 updates of a recent row of the same writer.
-    mix "orders": 1/2 updates of a random order, 1/2 inserts into events."""
-
-    running: list["Load"] = []
-
-    def __init__(self, rate: float, writers: int, mix: str) -> None:
-        self.rate, self.writers, self.mix = rate, writers, mix
-        self.counts = [0] * writers
-        self.errors: list[str] = []
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(writers)]
-
-    def start(self) -> "Load":
-        Load.running.append(self)
-        for t in self.threads:
-            t.start()
-        return self
-
-    def total(self) -> int:
-        return sum(self.counts)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for t in self.threads:
-            t.join(timeout=30)
-        Load.running.remove(self)
-        if self.errors:
-            raise BenchError(f"the load had {len(self.errors)} errors, first: {self.errors[:3]}")
-
-    def _run(self, i: int) -> None:
-        rng = random.Random(i)
-        recent: deque[int] = deque(maxlen=1000)
-        interval = self.writers / self.rate
-        try:
-            with pg() as conn:
-                next_at = time.monotonic()
-                while not self.stopping.is_set():
-                    if self.mix == "events" and recent and rng.random() < 0.25:
-                        conn.execute("UPDATE events SET amount = amount + 1, kind = 'updated' WHERE id = %s",
-                                     (rng.choice(recent),))
-                    elif self.mix == "orders" and rng.random() < 0.5:
-                        conn.execute("UPDATE orders SET amount = amount + 1, status = 'updated' WHERE id = %s",
-                                     (rng.randint(1, ROWS),))
-                    else:
-                        row = conn.execute(
-                            "INSERT INTO events (writer, kind, amount, payload) VALUES (%s, 'load', %s, %s) RETURNING id",
-                            (i, Decimal(rng.randint(0, 100000)) / 100, f"payload {rng.getrandbits(64):x}"),
-                        ).fetchone()
-                        recent.append(row[0])
-                    self.counts[i] += 1
-                    next_at += interval
-                    delay = next_at - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    elif delay < -1:
-                        next_at = time.monotonic()
-        except Exception as e:  # reported by stop()
-            self.errors.append(f"writer {i}: {type(e).__name__}: {e}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,54 +129,18 @@ class Load:
 
 
 def timed_runs(run: Callable[[], Any], runs: int = RUNS) -> tuple[float, list[float], Any]:
-    """One warm-up, then `runs` timed runs: (median seconds, all seconds, the last answer)."""
-    answer = run()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        answer = run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times, answer
+    return timed_runs_in(run, runs)
 
 
 def fetch(conn: psycopg.Connection, sql: str) -> Callable[[], list[tuple]]:
-    """A function that runs `sql` on `conn`, cancelled after QUERY_TIMEOUT seconds."""
-    def run() -> list[tuple]:
-        timer = threading.Timer(QUERY_TIMEOUT, conn.cancel)
-        timer.start()
-        try:
-            return conn.execute(sql).fetchall()
-        except psycopg.errors.QueryCanceled:
-            raise BenchError(f"cancelled after {QUERY_TIMEOUT:.0f}s: {sql}") from None
-        finally:
-            timer.cancel()
-    return run
+    return fetch_in(conn, sql, QUERY_TIMEOUT)
 
 
 problems: list[str] = []
 
 
 def check_same(label: str, expected: list[tuple], actual: list[tuple]) -> None:
-    """Counts and sums must be equal; averages equal to 1e-9 relative."""
-    def num(v: Any) -> Any:
-        try:
-            return Decimal(str(v)) if not isinstance(v, bool) else v
-        except ArithmeticError:  # decimal.InvalidOperation: not a number, e.g. a region
-            return v
-
-    def norm(row: tuple) -> tuple:
-        return tuple(num(v) for v in row)
-    ok = len(expected) == len(actual)
-    for e, a in zip(expected, actual):
-        for ev, av in zip(norm(e), norm(a)):
-            if isinstance(ev, Decimal) and isinstance(av, Decimal):
-                if ev != av and abs(ev - av) > abs(ev) * Decimal("1e-9"):
-                    ok = False
-            elif ev != av:
-                ok = False
-    if not ok:
-        problems.append(f"{label}: answer differs from Postgres: expected {expected[:10]}, got {actual[:10]}")
-        log(f"MISMATCH {label}: expected {expected[:10]}, got {actual[:10]}")
+    check_same_in(problems, label, expected, actual, log)
 
 
 def duckdb_connect():
@@ -533,8 +178,8 @@ def phase_union_and_analytics() -> None:
     """Union overhead (gateway with a 1% tail vs with an empty tail) and analytics (gateway vs
     DuckDB vs Postgres). commit_interval 1h: nothing is committed while the tail is measured."""
     # serve with a tail of 1% of the rows -------------------------------------------------
-    serve = Serve("1-tail", "1h")
-    serve.wait_ready()
+    serve = Serve(ENV, "1-tail", "1h")
+    serve.wait_ready(SERVE_START_TIMEOUT)
     with gateway() as gw:
         committed_before = tables_status(gw)["orders"]["committed_lsn"]
         with pg() as src:
@@ -560,12 +205,12 @@ def phase_union_and_analytics() -> None:
             problems.append(f"orders was committed while the tail was measured (commit_interval 1h): "
                             f"committed_lsn {committed_before} -> {after['committed_lsn']}, tail {after['wal_tail_rows']} rows")
     serve.alive()
-    R["stop_commit_s"] = serve.stop()
+    R["stop_commit_s"] = serve.stop(SERVE_STOP_TIMEOUT)
     R["rss_tail"] = serve.peak_rss_kib
 
     # serve again: the tail was committed at the stop, so it is empty ----------------------
-    serve = Serve("2-empty", "1h")
-    serve.wait_ready()
+    serve = Serve(ENV, "2-empty", "1h")
+    serve.wait_ready(SERVE_START_TIMEOUT)
     with gateway() as gw:
         wait_for("an empty tail of orders after the restart", 60,
                  lambda: tables_status(gw)["orders"]["wal_tail_changes"] == 0, alive=serve.alive)
@@ -575,7 +220,7 @@ def phase_union_and_analytics() -> None:
         R["gw_join_s"], _, gw_join = timed_runs(fetch(gw, JOIN_SQL.format(orders=f"{WS}.orders",
                                                                            customers=f"{WS}.customers")))
     serve.alive()
-    serve.stop()
+    serve.stop(SERVE_STOP_TIMEOUT)
     R["rss_empty"] = serve.peak_rss_kib
 
     # the same queries in DuckDB over the same Iceberg metadata, and in Postgres -------------
@@ -598,47 +243,19 @@ def phase_union_and_analytics() -> None:
     check_same("DuckDB join", pg_join, duck_join)
 
 
-class ProbeTimeout(Exception):
-    pass
-
-
-def probe_once(src: psycopg.Connection, gw: psycopg.Connection, serve: Serve, timeout: float = PROBE_TIMEOUT) -> float:
-    """Commits a marker row and polls the gateway until it is visible: seconds from the commit
-    returning to the row being seen. ProbeTimeout (with a diagnosis) after `timeout` seconds."""
-    row_id = src.execute("INSERT INTO events (writer, kind, amount) VALUES (-1, 'probe', 0) RETURNING id").fetchone()[0]
-    committed = time.perf_counter()
-    while True:
-        if gw.execute("SELECT id FROM bench.events WHERE id = %s", (row_id,)).fetchone():
-            return time.perf_counter() - committed
-        if time.perf_counter() - committed > timeout:
-            serve.alive()
-            if gw.execute("SELECT id FROM bench.events WHERE id = %s", (row_id,), prepare=False).fetchone():
-                raise ProbeTimeout(
-                    f"probe row {row_id} was not visible {timeout:.0f}s after its commit through the server-side "
-                    "prepared statement psycopg creates after 5 executions (PREPARE=auto), but an unprepared query "
-                    "(Parse per execution) sees it: the gateway's prepared statements answer from the data of their "
-                    "Parse. PREPARE=never measures with unprepared statements.")
-            raise ProbeTimeout(f"probe row {row_id} was not visible through the gateway {timeout:.0f}s after "
-                               f"its commit (PREPARE={P['PREPARE']})")
-        time.sleep(POLL)
+def probe_once(src: psycopg.Connection, gw: psycopg.Connection, serve: Serve) -> float:
+    return probe_in(ENV, src, gw, serve, POLL, PROBE_TIMEOUT)
 
 
 def phase_freshness(serve: Serve) -> None:
     """Probes under a steady load, with commits every COMMIT_INTERVAL. A probe that times out is
     recorded as a problem; the phase ends after 3 of them (or the first stale-statement one)."""
     log(f"freshness: load of {RATE:.0f} tx/s on {WRITERS} connections, {PROBES} probes")
-    load = Load(RATE, WRITERS, "events").start()
+    load = Load(ENV, RATE, WRITERS, "events").start()
     timeouts: list[str] = []
     with pg() as src, gateway() as gw:
         src.execute("SET synchronous_commit = on")  # the probe's commit is flushed when it returns
-        # Not measured: one probe on an unprepared connection shows the pipeline streams (serve
-        # accepts clients before it has loaded its key indexes), then the load settles.
-        with gateway() as warm:
-            warm.prepare_threshold = None
-            try:
-                probe_once(src, warm, serve, timeout=SERVE_START_TIMEOUT)
-            except ProbeTimeout as e:
-                raise BenchError(f"the warm-up probe failed: {e}\n{tail(serve.logfile)}") from None
+        warm_up_probe(ENV, src, serve, POLL, SERVE_START_TIMEOUT)  # not measured; then the load settles
         time.sleep(3)
         commits0, events_commits0 = metric("skippr_commits_total"), metric("skippr_commits_total", table="events")
         tx0, t0 = load.total(), time.monotonic()
@@ -771,7 +388,7 @@ def phase_concurrency(serve: Serve) -> None:
     except threading.BrokenBarrierError:
         raise BenchError(f"the {CLIENTS} clients did not connect within 120s; errors: {clients.errors[:5]}\n"
                          f"{tail(serve.logfile)}") from None
-    load = Load(CONC_RATE, 1, "orders").start()
+    load = Load(ENV, CONC_RATE, 1, "orders", ROWS).start()
     t0 = time.monotonic()
     clients.stop_at = t0 + DURATION
     clients.go.set()
@@ -802,36 +419,19 @@ def phase_concurrency(serve: Serve) -> None:
 
 def phase_live() -> None:
     """Freshness, then concurrency, on one `serve` with the normal commit_interval."""
-    serve = Serve("3-live", COMMIT_INTERVAL)
-    serve.wait_ready()
+    serve = Serve(ENV, "3-live", COMMIT_INTERVAL)
+    serve.wait_ready(SERVE_START_TIMEOUT)
     phase_freshness(serve)
     phase_concurrency(serve)
     R["commits_total"] = metric("skippr_commits_total")
     serve.alive()
-    R["stop_live_s"] = serve.stop()
+    R["stop_live_s"] = serve.stop(SERVE_STOP_TIMEOUT)
     R["rss_live"] = serve.peak_rss_kib
 
 
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
-
-
-def command_line() -> str:
-    prefix = " ".join(f"{k}={v}" for k, v in P.items())
-    binary = f"SKIPPRD_BIN={os.environ['SKIPPRD_BIN']} " if os.environ.get("SKIPPRD_BIN") else ""
-    return f"{binary}{prefix} benches/serve.sh"
-
-
-def source_version() -> str:
-    try:
-        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "src", "Cargo.toml", "Cargo.lock"],
-                               capture_output=True, text=True).stdout.strip()
-        return f"`{sha}`" + (" plus uncommitted changes in src/" if dirty else "")
-    except OSError:
-        return "unknown"
 
 
 def report(setup: dict[str, Any]) -> str:
@@ -845,21 +445,18 @@ def report(setup: dict[str, Any]) -> str:
 
     def lat_ms(p: float) -> str:
         return ms(pct(lat, p)) if lat else "-"
-    kind = "debug" if "/debug/" in BIN else "release"
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     with pg() as src:
         pg_version = src.execute("SHOW server_version").fetchone()[0]
     union_ratio = R["agg_tail_s"] / R["agg_empty_s"]
-    binary_time = f"{dt.datetime.fromtimestamp(os.stat(BIN).st_mtime, dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
     out = [
         "## skipprd serve",
         "",
         "```sh",
-        command_line(),
+        command_line(P, "benches/serve.sh"),
         "```",
         "",
-        f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores, {mem_gib:.0f} GiB; "
-        f"Postgres {pg_version}; skipprd {kind} build `{BIN}` of {binary_time} (source tree at {source_version()}). "
+        f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; {machine()}; "
+        f"Postgres {pg_version}; skipprd {binary_kind(BIN)} build `{BIN}` of {binary_time(BIN)} (source tree at {source_version(REPO)}). "
         f"Snapshot of {ROWS:,} orders + {CUSTOMERS:,} customers by `sync --once`: {setup['sync_s']:.1f} s, "
         f"peak RSS {setup['sync_rss'] // 1024} MiB.",
         "",
@@ -940,15 +537,13 @@ def report(setup: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    global GW_PORT, METRICS_PORT
-    GW_PORT, METRICS_PORT = free_port(), free_port()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         log(f"creating {DB}: {ROWS:,} orders, {CUSTOMERS:,} customers")
-        create_source()
-        write_config("1h")
+        create_source(ENV, ROWS, CUSTOMERS)
+        ENV.write_config("1h")
         log("snapshot: sync --once")
-        sync_s, sync_rss = sync_once()
+        sync_s, sync_rss = ENV.sync_once(SYNC_TIMEOUT)
         log(f"snapshot took {sync_s:.1f}s, peak RSS {sync_rss // 1024} MiB")
         phase_union_and_analytics()
         phase_live()
@@ -961,8 +556,7 @@ def main() -> int:
         print(f"\nserve benchmark FAILED (unexpected error above)\n{tail(logs[-1]) if logs else ''}", file=sys.stderr)
         return 1
     finally:
-        for load in Load.running:
-            load.stopping.set()
+        Load.stop_all()
         Serve.kill_all()
     text = report({"sync_s": sync_s, "sync_rss": sync_rss})
     (WORK / "results.md").write_text(text + "\n")

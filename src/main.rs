@@ -15,6 +15,21 @@ use skippr::config::{Config, PipelineConfig, SinkConfig};
 use skippr::error::{Error, Result};
 use skippr::{config, query, source, telemetry};
 
+/// jemalloc returns freed memory to the system where glibc's per-thread arenas keep it, so a
+/// long-running `serve` stays at the size of its live heap (see docs/architecture.md).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings: a background thread hands memory freed for a second back to the
+/// system, so the resident size follows the live heap (a large transaction or a compaction
+/// leaves no lasting high-water mark). `_RJEM_MALLOC_CONF` in the environment overrides them.
+#[cfg(not(target_env = "msvc"))]
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static _rjem_malloc_conf: &[u8] =
+    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);

@@ -534,3 +534,58 @@ def test_serve_reads_its_own_writes_on_s3_without_a_request_per_statement(skippr
     for task in table.scan().plan_files():
         for f in [task.file, *task.delete_files]:
             assert f.file_path.removeprefix(f"s3://{LAKE_BUCKET}/") in keys, f.file_path
+
+
+def test_serve_asks_glue_once_for_a_table_it_has_not_written_yet(skippr: Skippr, moto: Moto) -> None:
+    """A `serve` that took the lease over tables another run committed (nothing has changed
+    since, so it commits nothing itself) asks Glue where each table points once, then
+    trusts that while it holds the lease: warm statements send no GetTable."""
+    import psycopg
+
+    db = skippr.db
+    db.execute("CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2))")
+    db.execute("INSERT INTO orders SELECT g, g * 0.5 FROM generate_series(1, 300) g")
+    flagship_config(skippr, ["orders"], commit_interval="300ms")
+    skippr.env.update(moto.env)
+    skippr.sync_once()
+    port = free_port()
+    text = skippr.config_path.read_text().replace(
+        "\npipelines:\n", f"  query:\n    listen: 127.0.0.1:{port}\n\npipelines:\n", 1
+    )
+    skippr.config_path.write_text(text)
+    proc = skippr.start("serve")
+    log = skippr.workdir / "bg.stderr"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            try:
+                conn = psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr",
+                                       autocommit=True, connect_timeout=10)
+                break
+            except psycopg.Error:
+                assert time.monotonic() < deadline, "serve did not answer within 120 s:\n" + log.read_text()[-4000:]
+                time.sleep(0.3)
+        with conn:
+            # The lease is taken once the pipeline runs; then a statement reads Glue once.
+            until = time.monotonic() + 60
+            while "pipeline lease taken" not in log.read_text():
+                assert time.monotonic() < until, log.read_text()[-3000:]
+                time.sleep(0.2)
+            assert conn.execute("SELECT count(*), sum(amount) FROM orders").fetchone()[0] == 300
+            time.sleep(1)
+            assert conn.execute("SELECT count(*) FROM orders").fetchone() == (300,)
+            moto.record(True)
+            for _ in range(50):
+                assert conn.execute("SELECT count(*) FROM orders WHERE id <= 100").fetchone() == (100,)
+            moto.record(False)
+        lookups = [r for r in moto.recorded() if _is_glue(r, "GetTable")]
+        assert len(lookups) <= 2, f"{len(lookups)} Glue GetTable for 50 statements"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, log.read_text()[-4000:]

@@ -266,7 +266,8 @@ def start_gateway(
         wait_until_serving(gw)
         yield gw
     finally:
-        stop_gateway(proc)
+        # A test may have restarted the gateway: stop the process running now.
+        stop_gateway(gw.proc if gw.proc is not None else proc)
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,15 @@ FILTERS = [
     "id % 7 = 3 AND id < 1000",                     # nothing to prune with
     "id > 299990 OR id < 5",
     "id > 300000",                                  # only rows of the tail
+    # Pages (8,192 rows) pruned by the page index: single pages, across page boundaries
+    # within a row group, with committed deletes and tail changes on the pages kept.
+    "id BETWEEN 8180 AND 8200",
+    "id BETWEEN 8000 AND 25000",
+    "id IN (8191, 8192, 8193, 16384, 75000, 75001, 128050)",
+    "at BETWEEN '2026-01-02 10:00:00+00' AND '2026-01-02 10:30:00+00'",
+    "id BETWEEN 128000 AND 128200",                 # mostly deleted in Iceberg
+    "id BETWEEN 16380 AND 16400 AND grp > 10",      # two columns: row groups only
+    "id < 0",
 ]
 
 

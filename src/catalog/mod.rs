@@ -5,6 +5,7 @@
 
 pub mod glue;
 pub mod glue_api;
+pub mod models;
 pub mod sql;
 
 use std::collections::HashMap;
@@ -95,10 +96,35 @@ impl SinkCatalog {
         }
     }
 
+    /// The models (schemas, tables and views built through the gateway) of this catalog,
+    /// beside its replicated tables; `protected` namespaces are never models. Only the
+    /// sqlite catalog of a `LocalIceberg` warehouse holds models.
+    pub fn models(&self, protected: Vec<String>) -> Option<models::ModelsCatalog> {
+        match &self.pointer {
+            Pointer::Sql(p) => {
+                let db = p.db().to_path_buf();
+                let warehouse = db.parent()?.to_path_buf();
+                Some(models::ModelsCatalog::new(db, &warehouse, protected))
+            }
+            Pointer::Glue(_) => None,
+        }
+    }
+
     /// The table's current state for a query. While its metadata file has not changed,
     /// the table loaded before is returned (one catalog lookup instead of reading and
     /// parsing the metadata, the manifest list and every manifest again).
     pub async fn load_current(&self, ident: &TableIdent) -> Result<Table> {
+        self.load_current_of(ident, None).await
+    }
+
+    /// Like [`LocalCatalog::load_current`], for a table that `pipeline` writes: while this
+    /// process holds that pipeline's lease, the pointer read from Glue is remembered, so the
+    /// next statements need no lookup until the lease changes hands.
+    pub async fn load_current_of(
+        &self,
+        ident: &TableIdent,
+        pipeline: Option<&str>,
+    ) -> Result<Table> {
         // Glue: where this process itself last pointed a table it writes needs no lookup.
         if let (Pointer::Glue(g), Some(known)) = (&self.pointer, pointers::get(&self.key, ident)) {
             if let Some(table) = self.cached(ident, &known) {
@@ -115,7 +141,14 @@ impl SinkCatalog {
             return Ok(table);
         }
         let location = match self.metadata_location(ident).await {
-            Ok(location) => location,
+            Ok(Some(location)) => {
+                if let Some(pipeline) = pipeline {
+                    // Kept only under the current hold of this process (see `pointers`).
+                    self.remember(ident, &location, pipeline);
+                }
+                Some(location)
+            }
+            Ok(None) => None,
             Err(e) => {
                 tracing::debug!(table = %ident, error = %e, "metadata location lookup failed; loading the table");
                 None

@@ -61,6 +61,11 @@ pub(super) async fn open(warehouse: &Path) -> Result<(Arc<dyn Catalog>, SqlPoint
 }
 
 impl SqlPointer {
+    /// The catalog's database file.
+    pub(super) fn db(&self) -> &Path {
+        &self.db
+    }
+
     /// Where the catalog points `ident` now, or `None` when it has no such table.
     pub(super) async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
         use sqlx::Row;

@@ -815,7 +815,7 @@ impl Validator<'_> {
                                 .join("pipelines")
                                 .join(format!("{name}.state.json")),
                         ),
-                        s3 => StateFile::object(s3, &format!("pipelines/{name}.state.json")),
+                        s3 => StateFile::object(s3, &format!("pipelines/{name}.state.json"), name),
                     },
                 });
             }

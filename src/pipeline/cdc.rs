@@ -128,6 +128,9 @@ impl<T: TableSink> Sinks<T> {
                         )));
                     }
                     txn = Some((t.end_lsn, t.xid, t.end_lsn <= self.applied_through));
+                    for sink in &mut self.tables {
+                        sink.begin_txn(t.commit_time_micros);
+                    }
                 }
                 Item::Change(c) => {
                     let Some((end_lsn, xid, skipped)) = txn else {

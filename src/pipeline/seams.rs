@@ -126,6 +126,9 @@ pub trait TableSink: Send {
     fn apply(&mut self, change: &Change, end_lsn: Lsn) -> Result<()>;
     /// Marks the table complete through `end_lsn` although the transaction did not change it.
     fn advance(&mut self, end_lsn: Lsn);
+    /// A transaction committed in the source at `commit_micros` (Postgres epoch) starts: the
+    /// changes and the `advance` that follow are of it (recorded for time travel).
+    fn begin_txn(&mut self, _commit_micros: i64) {}
     fn pending_changes(&self) -> u64;
     /// Memory the staged changes hold.
     fn pending_bytes(&self) -> u64;
@@ -309,6 +312,10 @@ impl TableSink for IcebergTable {
 
     fn advance(&mut self, end_lsn: Lsn) {
         self.sink.advance(end_lsn)
+    }
+
+    fn begin_txn(&mut self, commit_micros: i64) {
+        self.sink.begin_txn(commit_micros)
     }
 
     fn pending_changes(&self) -> u64 {

@@ -4,9 +4,9 @@
 //! keys are cached).
 
 use std::any::Any;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow::array::{
     new_null_array, Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch,
@@ -32,28 +32,56 @@ use iceberg::io::{FileIO, FileMetadata};
 use iceberg::spec::DataContentType;
 use iceberg::table::Table;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
-use parquet::arrow::arrow_reader::{ArrowPredicateFn, RowFilter, RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{
+    ArrowPredicateFn, ArrowReaderOptions, RowFilter, RowSelection, RowSelector,
+};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask, PARQUET_FIELD_ID_META_KEY};
+use parquet::file::metadata::PageIndexPolicy;
 
 use super::live::HiddenSet;
 
 /// Memory the per-process caches of key columns and position deletes may hold.
-const CACHE_BUDGET_BYTES: usize = 512 << 20;
+const CACHE_BUDGET_BYTES: u64 = 192 << 20;
+/// An entry no query has read for this long is dropped: a file that compaction replaced or
+/// snapshot expiry removed is never read again, and must not hold memory until the budget
+/// pushes it out.
+const CACHE_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Immutable per-file facts shared by all queries of a process: a data file's key column
 /// (single integer keys) and a delete file's positions, by path. Files never change once
-/// written, so entries never go stale; the oldest are dropped past the budget.
-#[derive(Default)]
+/// written, so entries never go stale; they go when idle, when a full listing of their table
+/// no longer has them, or past the budget (least recently used first).
 pub struct ScanCaches {
-    inner: Mutex<CacheInner>,
+    facts: moka::sync::Cache<String, Fact>,
 }
 
-#[derive(Default)]
-struct CacheInner {
-    keys: HashMap<String, Arc<Int64Array>>,
-    deletes: HashMap<String, Arc<HashMap<String, Vec<u64>>>>,
-    order: VecDeque<(bool, String, usize)>,
-    bytes: usize,
+#[derive(Clone)]
+enum Fact {
+    Keys(Arc<Int64Array>),
+    Deletes(Arc<HashMap<String, Vec<u64>>>),
+}
+
+impl Fact {
+    fn weight(&self) -> usize {
+        match self {
+            Fact::Keys(k) => k.get_array_memory_size(),
+            Fact::Deletes(d) => d.iter().map(|(k, v)| k.len() + v.len() * 8 + 64).sum(),
+        }
+    }
+}
+
+impl Default for ScanCaches {
+    fn default() -> Self {
+        Self {
+            facts: moka::sync::Cache::builder()
+                .max_capacity(CACHE_BUDGET_BYTES)
+                .weigher(|path: &String, fact: &Fact| {
+                    u32::try_from(64 + path.len() + fact.weight()).unwrap_or(u32::MAX)
+                })
+                .time_to_idle(CACHE_IDLE)
+                .build(),
+        }
+    }
 }
 
 impl fmt::Debug for ScanCaches {
@@ -63,53 +91,44 @@ impl fmt::Debug for ScanCaches {
 }
 
 impl ScanCaches {
-    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn keys(&self, path: &str) -> Option<Arc<Int64Array>> {
-        self.lock().keys.get(path).cloned()
+        match self.facts.get(path) {
+            Some(Fact::Keys(k)) => Some(k),
+            _ => None,
+        }
     }
 
     fn deletes(&self, path: &str) -> Option<Arc<HashMap<String, Vec<u64>>>> {
-        self.lock().deletes.get(path).cloned()
+        match self.facts.get(path) {
+            Some(Fact::Deletes(d)) => Some(d),
+            _ => None,
+        }
     }
 
     fn put_keys(&self, path: &str, keys: Arc<Int64Array>) {
-        let size = keys.get_array_memory_size();
-        let mut c = self.lock();
-        if c.keys.insert(path.to_string(), keys).is_none() {
-            c.admit(true, path, size);
-        }
+        self.facts.insert(path.to_string(), Fact::Keys(keys));
     }
 
     fn put_deletes(&self, path: &str, deletes: Arc<HashMap<String, Vec<u64>>>) {
-        let size = deletes
-            .iter()
-            .map(|(k, v)| k.len() + v.len() * 8 + 64)
-            .sum::<usize>();
-        let mut c = self.lock();
-        if c.deletes.insert(path.to_string(), deletes).is_none() {
-            c.admit(false, path, size);
+        self.facts.insert(path.to_string(), Fact::Deletes(deletes));
+    }
+
+    /// Drops the entries of files under `location` (a table's folder) that `live` (every
+    /// data and delete file of its current snapshot) no longer lists.
+    fn forget_dead(&self, location: &str, live: &HashSet<&str>) {
+        let prefix = format!("{}/", location.trim_end_matches('/'));
+        for (path, _) in self.facts.iter() {
+            if path.starts_with(&prefix) && !live.contains(path.as_str()) {
+                self.facts.invalidate(path.as_str());
+            }
         }
     }
-}
 
-impl CacheInner {
-    fn admit(&mut self, is_keys: bool, path: &str, size: usize) {
-        self.order.push_back((is_keys, path.to_string(), size));
-        self.bytes += size;
-        while self.bytes > CACHE_BUDGET_BYTES && self.order.len() > 1 {
-            let Some((k, p, s)) = self.order.pop_front() else {
-                break;
-            };
-            if k {
-                self.keys.remove(&p);
-            } else {
-                self.deletes.remove(&p);
-            }
-            self.bytes -= s;
-        }
+    /// Entries held (after pending evictions run), for tests.
+    #[cfg(test)]
+    fn len(&self) -> u64 {
+        self.facts.run_pending_tasks();
+        self.facts.entry_count()
     }
 }
 
@@ -201,6 +220,8 @@ impl CommittedScan {
     ) -> DfResult<Self> {
         let mut files: Vec<DataFile> = Vec::new();
         if table.metadata().current_snapshot().is_some() {
+            // Whether the listing holds every live file (no filter pruned any).
+            let mut complete = false;
             let mut tasks = match filter.as_ref().and_then(|f| f.iceberg.clone()) {
                 // A filter Iceberg cannot bind (a column only the tail has) prunes nothing.
                 Some(predicate) => match table
@@ -212,11 +233,20 @@ impl CommittedScan {
                 {
                     Ok(scan) => match scan.plan_files().await {
                         Ok(tasks) => tasks,
-                        Err(_) => Self::all_files(table).await?,
+                        Err(_) => {
+                            complete = true;
+                            Self::all_files(table).await?
+                        }
                     },
-                    Err(_) => Self::all_files(table).await?,
+                    Err(_) => {
+                        complete = true;
+                        Self::all_files(table).await?
+                    }
                 },
-                None => Self::all_files(table).await?,
+                None => {
+                    complete = true;
+                    Self::all_files(table).await?
+                }
             };
             while let Some(task) = tasks.next().await {
                 let task = task.map_err(df_err)?;
@@ -240,6 +270,16 @@ impl CommittedScan {
                         .map(|d| (d.file_path.clone(), d.file_size_in_bytes))
                         .collect(),
                 });
+            }
+            if complete {
+                let live: HashSet<&str> = files
+                    .iter()
+                    .flat_map(|f| {
+                        std::iter::once(f.path.as_str())
+                            .chain(f.deletes.iter().map(|(p, _)| p.as_str()))
+                    })
+                    .collect();
+                caches.forget_dead(table.metadata().location(), &live);
             }
         }
         // Largest first, each to the lightest partition.
@@ -396,15 +436,26 @@ fn field_id(f: &arrow::datatypes::Field) -> Option<i32> {
 }
 
 impl FileReader {
+    /// Opens a Parquet file for reading. With `page_index`, its offset and column indexes
+    /// are read too, so that the pages holding none of the selected rows (a filtered scan:
+    /// a point lookup selects one row) are neither fetched nor decompressed.
     async fn builder(
         &self,
         path: &str,
         size: u64,
+        page_index: bool,
     ) -> DfResult<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
         let input = self.file_io.new_input(path).map_err(df_err)?;
         let read = input.reader().await.map_err(df_err)?;
         let reader = ArrowFileReader::new(FileMetadata { size }, read);
-        ParquetRecordBatchStreamBuilder::new(reader)
+        // Files written elsewhere may have no page index: then every page is read.
+        let policy = if page_index {
+            PageIndexPolicy::Optional
+        } else {
+            PageIndexPolicy::Skip
+        };
+        let options = ArrowReaderOptions::new().with_page_index_policy(policy);
+        ParquetRecordBatchStreamBuilder::new_with_options(reader, options)
             .await
             .map_err(|e| DataFusionError::Execution(format!("reading Parquet file {path}: {e}")))
     }
@@ -417,7 +468,11 @@ impl FileReader {
                 Some(m) => m,
                 None => {
                     let mut map: HashMap<String, Vec<u64>> = HashMap::new();
-                    let mut stream = self.builder(path, *size).await?.build().map_err(df_err)?;
+                    let mut stream = self
+                        .builder(path, *size, false)
+                        .await?
+                        .build()
+                        .map_err(df_err)?;
                     while let Some(batch) = stream.next().await {
                         let batch = batch.map_err(df_err)?;
                         let (Some(paths), Some(pos)) = (
@@ -451,7 +506,7 @@ impl FileReader {
         if let Some(k) = self.caches.keys(&file.path) {
             return Ok(k);
         }
-        let builder = self.builder(&file.path, file.size).await?;
+        let builder = self.builder(&file.path, file.size, false).await?;
         let key = Arc::new(self.table_schema.field(self.key_cols[0]).clone());
         let map = ColumnMap::new(builder.schema(), std::slice::from_ref(&key));
         let mask = ProjectionMask::roots(builder.parquet_schema(), map.roots.iter().copied());
@@ -483,7 +538,10 @@ impl FileReader {
     /// position, the rows whose key the tail replaced.
     async fn open(&self, file: DataFile) -> DfResult<BoxStream<'static, DfResult<RecordBatch>>> {
         let mut skip = self.deleted(&file).await?;
-        if let Hide::Positions(hidden) = &self.hide {
+        // A filtered scan (a lookup) reads few rows: hiding them by their decoded key costs
+        // less than turning the tail's keys into positions over the whole file's key column.
+        let hide_read_keys = self.filter.is_some() && matches!(self.hide, Hide::Positions(_));
+        if let (Hide::Positions(hidden), false) = (&self.hide, hide_read_keys) {
             let keys = self.key_column(&file).await?;
             for (pos, k) in keys.iter().enumerate() {
                 if k.is_some_and(|k| hidden.hides_int(k)) {
@@ -491,7 +549,9 @@ impl FileReader {
                 }
             }
         }
-        let builder = self.builder(&file.path, file.size).await?;
+        let builder = self
+            .builder(&file.path, file.size, self.filter.is_some())
+            .await?;
         // Row groups the filters may match, and the rows each covers in the file.
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         let mut start = 0u64;
@@ -509,19 +569,25 @@ impl FileReader {
         }
         let kept_ranges: Vec<(u64, u64)> = kept.iter().map(|i| ranges[*i]).collect();
         let pruned = kept.len() < ranges.len();
+        // Within the row groups kept, the pages the filters may match (by the page index).
+        let pages = self
+            .filter
+            .as_ref()
+            .and_then(|f| self.pages(&builder, f, &kept));
         // The columns to read: the projection, plus the keys when hiding by key.
         let mut read: Vec<usize> = self.projection.clone();
         let hide_keys = match &self.hide {
-            Hide::Keys(h) => {
-                for k in &self.key_cols {
-                    if !read.contains(k) {
-                        read.push(*k);
-                    }
-                }
-                Some(h.clone())
-            }
+            Hide::Keys(h) => Some(h.clone()),
+            Hide::Positions(h) if hide_read_keys => Some(h.clone()),
             _ => None,
         };
+        if hide_keys.is_some() {
+            for k in &self.key_cols {
+                if !read.contains(k) {
+                    read.push(*k);
+                }
+            }
+        }
         let targets: Vec<arrow::datatypes::FieldRef> = read
             .iter()
             .map(|i| Arc::new(self.table_schema.field(*i).clone()))
@@ -538,8 +604,16 @@ impl FileReader {
         if pruned {
             builder = builder.with_row_groups(kept);
         }
-        if !skip.is_empty() {
-            builder = builder.with_row_selection(selection(skip, &kept_ranges));
+        let rows = match (skip.is_empty(), pages) {
+            (true, pages) => pages,
+            (false, None) => Some(selection(skip, &kept_ranges)),
+            (false, Some(pages)) => Some(selection(skip, &kept_ranges).intersection(&pages)),
+        };
+        if let Some(rows) = rows {
+            if !rows.selects_any() {
+                return Ok(futures::stream::empty().boxed());
+            }
+            builder = builder.with_row_selection(rows);
         }
         if let Some(row_filter) = row_filter {
             builder = builder.with_row_filter(row_filter);
@@ -649,6 +723,129 @@ impl FileReader {
     }
 }
 
+impl FileReader {
+    /// The rows of the row groups `kept` on the pages that the filters may match, judged by
+    /// the file's column index (each page's min, max and null count); None when the filters
+    /// read more than one column (pages of different columns do not line up), when the file
+    /// has no page index, or when no page can be skipped.
+    fn pages(
+        &self,
+        builder: &ParquetRecordBatchStreamBuilder<ArrowFileReader>,
+        filter: &ScanFilter,
+        kept: &[usize],
+    ) -> Option<RowSelection> {
+        let pruning = filter.pruning.as_ref()?;
+        let [column] = filter.columns.as_slice() else {
+            return None;
+        };
+        let metadata = builder.metadata();
+        let (column_index, offset_index) = (metadata.column_index()?, metadata.offset_index()?);
+        let stats = RowGroupStats {
+            file: builder.schema().clone(),
+            parquet: builder.parquet_schema(),
+            row_groups: metadata.row_groups(),
+            targets: vec![self.table_schema.field(*column).clone()],
+        };
+        let target = datafusion::common::Column::from_name(self.table_schema.field(*column).name());
+        let leaf = stats.converter(&target)?.0.parquet_column_index()?;
+        let mut selectors = Vec::new();
+        let mut skipped = false;
+        for rg in kept {
+            let rows = metadata.row_group(*rg).num_rows().max(0) as usize;
+            let locations = offset_index.get(*rg)?.get(leaf)?.page_locations();
+            let pages = PageStats {
+                row_group: stats.clone(),
+                column_index,
+                offset_index,
+                at: [*rg],
+                pages: locations.len(),
+            };
+            let keep = match pruning.prune(&pages) {
+                Ok(keep) if keep.len() == locations.len() => keep,
+                _ => vec![true; locations.len()],
+            };
+            for (i, page) in locations.iter().enumerate() {
+                let first = page.first_row_index.max(0) as usize;
+                let end = locations
+                    .get(i + 1)
+                    .map_or(rows, |next| next.first_row_index.max(0) as usize);
+                let n = end.saturating_sub(first);
+                if n == 0 {
+                    continue;
+                }
+                if keep[i] {
+                    selectors.push(RowSelector::select(n));
+                } else {
+                    selectors.push(RowSelector::skip(n));
+                    skipped = true;
+                }
+            }
+        }
+        skipped.then(|| RowSelection::from(selectors))
+    }
+}
+
+/// The page index of one column in one row group, as pruning statistics: one container per
+/// data page.
+struct PageStats<'a> {
+    row_group: RowGroupStats<'a>,
+    column_index: &'a parquet::file::metadata::ParquetColumnIndex,
+    offset_index: &'a parquet::file::metadata::ParquetOffsetIndex,
+    at: [usize; 1],
+    pages: usize,
+}
+
+impl PageStats<'_> {
+    fn bound(&self, column: &datafusion::common::Column, max: bool) -> Option<ArrayRef> {
+        let (converter, dt) = self.row_group.converter(column)?;
+        let values = if max {
+            converter.data_page_maxes(self.column_index, self.offset_index, &self.at)
+        } else {
+            converter.data_page_mins(self.column_index, self.offset_index, &self.at)
+        }
+        .ok()?;
+        in_table_type(values, dt)
+    }
+}
+
+impl PruningStatistics for PageStats<'_> {
+    fn min_values(&self, column: &datafusion::common::Column) -> Option<ArrayRef> {
+        self.bound(column, false)
+    }
+
+    fn max_values(&self, column: &datafusion::common::Column) -> Option<ArrayRef> {
+        self.bound(column, true)
+    }
+
+    fn num_containers(&self) -> usize {
+        self.pages
+    }
+
+    fn null_counts(&self, column: &datafusion::common::Column) -> Option<ArrayRef> {
+        let (converter, _) = self.row_group.converter(column)?;
+        let counts = converter
+            .data_page_null_counts(self.column_index, self.offset_index, &self.at)
+            .ok()?;
+        Some(Arc::new(counts))
+    }
+
+    fn row_counts(&self, column: &datafusion::common::Column) -> Option<ArrayRef> {
+        let (converter, _) = self.row_group.converter(column)?;
+        let counts = converter
+            .data_page_row_counts(self.offset_index, self.row_group.row_groups, &self.at)
+            .ok()??;
+        Some(Arc::new(counts))
+    }
+
+    fn contained(
+        &self,
+        _column: &datafusion::common::Column,
+        _values: &std::collections::HashSet<datafusion::common::ScalarValue>,
+    ) -> Option<BooleanArray> {
+        None
+    }
+}
+
 /// A Parquet row filter evaluating the scan's filters on their columns only: the other
 /// columns are decoded just for the rows that pass. A filter that fails to evaluate keeps
 /// every row (DataFusion evaluates it again above the scan and reports the error).
@@ -695,6 +892,7 @@ fn row_filter(
 
 /// Min, max and null counts of the filter columns, per row group of one file, for
 /// [`PruningPredicate`]: columns found by field id, values cast to the table's types.
+#[derive(Clone)]
 struct RowGroupStats<'a> {
     file: SchemaRef,
     parquet: &'a parquet::schema::types::SchemaDescriptor,
@@ -727,11 +925,17 @@ impl RowGroupStats<'_> {
         } else {
             converter.row_group_mins(self.row_groups).ok()?
         };
-        if values.data_type() == dt {
-            Some(values)
-        } else {
-            cast(&values, dt).ok()
-        }
+        in_table_type(values, dt)
+    }
+}
+
+/// Statistics read from a file, in the table's type of the column (older files may hold a
+/// narrower one); None when they cannot be cast.
+fn in_table_type(values: ArrayRef, dt: &DataType) -> Option<ArrayRef> {
+    if values.data_type() == dt {
+        Some(values)
+    } else {
+        cast(&values, dt).ok()
     }
 }
 
@@ -831,6 +1035,28 @@ pub fn int_key(dt: &DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_listing_forgets_the_files_it_no_longer_has() {
+        let caches = ScanCaches::default();
+        let keys = Arc::new(Int64Array::from(vec![1, 2, 3]));
+        let loc = "/wh/ws/orders";
+        for f in ["data/a.parquet", "data/b.parquet", "data/c-deletes.parquet"] {
+            caches.put_keys(&format!("{loc}/{f}"), keys.clone());
+        }
+        // Another table whose name starts the same: not this table's files.
+        caches.put_keys("/wh/ws/orders_archive/data/a.parquet", keys.clone());
+        assert_eq!(caches.len(), 4);
+        let live_path = format!("{loc}/data/b.parquet");
+        let live: HashSet<&str> = [live_path.as_str()].into_iter().collect();
+        caches.forget_dead(&format!("{loc}/"), &live);
+        assert_eq!(caches.len(), 2);
+        assert!(caches.keys(&live_path).is_some());
+        assert!(caches.keys(&format!("{loc}/data/a.parquet")).is_none());
+        assert!(caches
+            .keys("/wh/ws/orders_archive/data/a.parquet")
+            .is_some());
+    }
 
     fn expand(sel: &RowSelection) -> Vec<(bool, usize)> {
         sel.iter().map(|s| (s.skip, s.row_count)).collect()

@@ -79,6 +79,21 @@ impl LiveTable {
         })
     }
 
+    /// A table with no tail (a model the gateway built): its committed rows only.
+    pub async fn committed(table: &Table, caches: Arc<ScanCaches>) -> Result<Self> {
+        let tail = TailSnapshot {
+            floor: Default::default(),
+            schema: ice_schema::arrow_schema(table)?,
+            hidden: Default::default(),
+            rows: None,
+            fill: Vec::new(),
+            changes: 0,
+            oldest_commit_micros: None,
+            wal_lsn: Default::default(),
+        };
+        Self::new(table, Vec::new(), false, Arc::new(tail), caches).await
+    }
+
     /// The tail's rows, with values left unchanged by an update read from Iceberg (only
     /// when a query scans the table, never for catalog lookups).
     async fn rows(&self) -> Result<Option<RecordBatch>> {

@@ -1,15 +1,18 @@
 //! Queries: a DataFusion session over the workspace's live tables (Iceberg snapshot UNION
 //! WAL tail), used by `skipprd query` and by the Postgres-wire gateway of `skipprd serve`.
 
+pub mod as_of;
 pub mod athena;
 pub mod committed;
 pub mod format;
 pub mod limits;
 pub mod live;
+pub mod models;
 pub mod naming;
 pub mod system;
 pub mod tail;
 pub mod tail_schema;
+pub mod view;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -25,6 +28,7 @@ use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableIdent};
 
 use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
 use crate::config::{Config, SinkConfig, TableRef};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::apply::whole_row_key;
@@ -32,7 +36,8 @@ use crate::sink::iceberg::schema as ice_schema;
 use crate::sink::iceberg::{evolve, PROP_PRIMARY_KEY};
 use crate::wal::WalReader;
 use live::LiveTable;
-use tail::{ReducedCache, TableShape, TailCache, TailSnapshot, WalRead};
+use tail::{ReducedCache, TableShape, TailCache, TailSnapshot};
+use view::{PipelineView, ViewHandle};
 
 /// The DataFusion catalog that holds the workspace and the `skippr` system schema.
 pub const CATALOG: &str = "skippr";
@@ -48,18 +53,32 @@ struct TableEntry {
     pipeline: Option<(String, WalReader, TableRef)>,
 }
 
+/// A pipeline writing to one of the workspace's sinks.
+struct PipelineEntry {
+    name: String,
+    wal: WalReader,
+    tables: Vec<TableRef>,
+    /// Its state (how far its WAL was removed, for the read view's cut).
+    state_file: crate::storage::state_file::StateFile,
+    /// Its source, for the gateway's `skippr.wait_lsn(NULL)` (queries never connect to it).
+    source: crate::config::PostgresConfig,
+}
+
 /// Every replicated table of a workspace, read live. One per process, shared by queries.
 pub struct Workspace {
     pub name: String,
     /// `skipprd_el_storage_path`: where the pipelines' state files are.
     pub storage_path: PathBuf,
     sinks: Vec<LocalCatalog>,
-    /// For each sink, the pipelines writing to it: (name, WAL folder, tables).
-    pipelines: Vec<Vec<(String, WalReader, Vec<TableRef>)>>,
+    /// For each sink, the pipelines writing to it.
+    pipelines: Vec<Vec<PipelineEntry>>,
     tables: RwLock<BTreeMap<String, TableEntry>>,
     tail: TailCache,
     reduced: ReducedCache,
     scan_caches: Arc<committed::ScanCaches>,
+    /// The models built through the gateway, in the first `LocalIceberg` warehouse (none
+    /// when the workspace has no such sink).
+    pub models: Option<Arc<models::Models>>,
 }
 
 /// A table's live state at one moment.
@@ -68,13 +87,15 @@ pub struct LiveState {
     pub pipeline: Option<String>,
     pub tail: Arc<TailSnapshot>,
     pub wal_bytes: u64,
+    /// The LSN of the read view the state belongs to (none for a table no pipeline writes).
+    pub visible_lsn: Option<Lsn>,
 }
 
 impl Workspace {
     /// Opens every sink of the configuration and lists the workspace's tables.
     pub async fn open(config: &Config) -> Result<Arc<Self>> {
         let mut sinks = Vec::new();
-        let mut pipelines: Vec<Vec<(String, WalReader, Vec<TableRef>)>> = Vec::new();
+        let mut pipelines: Vec<Vec<PipelineEntry>> = Vec::new();
         let mut warehouses: Vec<String> = Vec::new();
         for p in &config.pipelines {
             // Pipelines writing to the same catalog share one sink.
@@ -96,12 +117,25 @@ impl Workspace {
                     sinks.len() - 1
                 }
             };
-            pipelines[i].push((
-                p.name.clone(),
-                WalReader::for_pipeline(&config.storage, &config.storage_path, &p.name)?,
-                p.source.tables.clone(),
-            ));
+            pipelines[i].push(PipelineEntry {
+                name: p.name.clone(),
+                wal: WalReader::for_pipeline(&config.storage, &config.storage_path, &p.name)?,
+                tables: p.source.tables.clone(),
+                state_file: p.state_file.clone(),
+                source: p.source.clone(),
+            });
         }
+        let scan_caches: Arc<committed::ScanCaches> = Arc::default();
+        let protected = vec![
+            config.workspace.clone(),
+            SYSTEM_SCHEMA.to_string(),
+            "pg_catalog".to_string(),
+            "information_schema".to_string(),
+        ];
+        let models = sinks
+            .iter()
+            .find_map(|s| s.models(protected.clone()))
+            .map(|c| Arc::new(models::Models::new(c, scan_caches.clone())));
         let ws = Arc::new(Self {
             name: config.workspace.clone(),
             storage_path: config.storage_path.clone(),
@@ -110,7 +144,8 @@ impl Workspace {
             tables: RwLock::new(BTreeMap::new()),
             tail: TailCache::default(),
             reduced: ReducedCache::default(),
-            scan_caches: Arc::default(),
+            scan_caches,
+            models,
         });
         ws.refresh().await?;
         Ok(ws)
@@ -135,11 +170,11 @@ impl Workspace {
                 .await
                 .context("listing the workspace's tables")?
             {
-                let pipeline = self.pipelines[i].iter().find_map(|(name, dir, tables)| {
-                    tables
+                let pipeline = self.pipelines[i].iter().find_map(|p| {
+                    p.tables
                         .iter()
                         .find(|t| t.iceberg_name() == ident.name())
-                        .map(|t| (name.clone(), dir.clone(), t.clone()))
+                        .map(|t| (p.name.clone(), p.wal.clone(), t.clone()))
                 });
                 found.insert(
                     ident.name().to_string(),
@@ -172,40 +207,99 @@ impl Workspace {
             .cloned()
     }
 
-    /// Reads a table's committed snapshot and its WAL tail, consistently: the WAL is read
-    /// first, the snapshot after, and a segment removed in between must be covered by it.
+    /// Every pipeline of the workspace, with its source.
+    pub fn pipeline_sources(&self) -> Vec<(String, crate::config::PostgresConfig)> {
+        self.pipelines
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone(), p.source.clone()))
+            .collect()
+    }
+
+    fn pipeline(&self, name: &str) -> Option<&PipelineEntry> {
+        self.pipelines.iter().flatten().find(|p| p.name == name)
+    }
+
+    /// The workspace's tables that `pipeline` writes, by name.
+    fn entries_of(&self, pipeline: &str) -> Vec<(String, TableEntry)> {
+        self.tables
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, e)| e.pipeline.as_ref().is_some_and(|p| p.0 == pipeline))
+            .map(|(n, e)| (n.clone(), e.clone()))
+            .collect()
+    }
+
+    /// Reads a table's committed snapshot and its WAL tail, consistently, in a view of its
+    /// own (see [`view`]).
     pub async fn state(&self, name: &str) -> Result<Option<LiveState>> {
+        self.state_with(name, &ViewHandle::default()).await
+    }
+
+    /// A table's state in the view `views` holds for the current statement.
+    pub async fn state_with(&self, name: &str, views: &ViewHandle) -> Result<Option<LiveState>> {
         let Some(entry) = self.entry(name) else {
             return Ok(None);
         };
-        for _ in 0..8 {
-            let read = match &entry.pipeline {
-                Some((_, wal, _)) => self.tail.read_store(wal.open())?,
-                None => WalRead::default(),
-            };
+        let Some((pipeline, _, source)) = &entry.pipeline else {
+            // Nothing writes it any more: its committed state is the whole of it.
             let table = self.sinks[entry.sink].load_current(&entry.ident).await?;
+            let shape = shape_of(&table, None)?;
             let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
-            if read.vanished_through().is_some_and(|v| v > floor) {
-                // A commit of another table removed a segment this one still needed: the
-                // commit of this table is on its way; read again.
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                continue;
-            }
-            let mut shape = shape_of(&table, entry.pipeline.as_ref().map(|p| p.2.clone()))?;
-            tail_schema::extend(&mut shape, &read);
-            let tail = self
-                .reduced
-                .get_or_reduce(entry.ident.name(), &shape, &read, floor)?;
+            let tail = self.reduced.get_or_reduce(
+                entry.ident.name(),
+                &shape,
+                &tail::WalRead::default(),
+                floor,
+                floor,
+            )?;
             return Ok(Some(LiveState {
                 table,
-                pipeline: entry.pipeline.as_ref().map(|p| p.0.clone()),
+                pipeline: None,
                 tail,
-                wal_bytes: read.bytes(),
+                wal_bytes: 0,
+                visible_lsn: None,
             }));
+        };
+        let view = views.view(self, pipeline).await?;
+        if let Some(reason) = view.refused.get(name) {
+            return Err(Error::query(reason.clone()));
         }
-        Err(Error::retryable(format!(
-            "table {name} kept changing while it was read; run the query again"
-        )))
+        let Some(table) = view.tables.get(name).cloned() else {
+            // Created after the view was read (a first copy while serving): not in it.
+            return Ok(None);
+        };
+        self.state_in(name, &entry, source.clone(), table, &view)
+            .map(Some)
+    }
+
+    fn state_in(
+        &self,
+        name: &str,
+        entry: &TableEntry,
+        source: TableRef,
+        table: Table,
+        view: &PipelineView,
+    ) -> Result<LiveState> {
+        let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
+        let mut shape = shape_of(&table, Some(source))?;
+        tail_schema::extend(&mut shape, &view.read);
+        let tail = self.reduced.get_or_reduce(
+            entry.ident.name(),
+            &shape,
+            &view.read,
+            floor,
+            view.lsn.max(floor),
+        )?;
+        tracing::trace!(table = name, floor = %floor, lsn = %view.lsn, "table in read view");
+        Ok(LiveState {
+            table,
+            pipeline: Some(view.pipeline.clone()),
+            tail,
+            wal_bytes: view.read.bytes(),
+            visible_lsn: Some(view.lsn),
+        })
     }
 
     /// A table's committed schema and properties (no WAL read), for catalog lookups.
@@ -228,12 +322,17 @@ impl Workspace {
         )))
     }
 
-    /// The live table `name`, or `None` when the workspace has no such table.
-    pub async fn live_table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+    /// The live table `name` in the statement's read view, or `None` when the workspace
+    /// has no such table.
+    pub async fn live_table(
+        &self,
+        name: &str,
+        views: &ViewHandle,
+    ) -> Result<Option<Arc<dyn TableProvider>>> {
         if self.entry(name).is_none() {
             self.refresh().await?;
         }
-        let Some(state) = self.state(name).await? else {
+        let Some(state) = self.state_with(name, views).await? else {
             return Ok(None);
         };
         let shape = shape_of(&state.table, None)?;
@@ -250,12 +349,14 @@ impl Workspace {
         Ok(Some(Arc::new(table)))
     }
 
-    /// Every table's state, for `skippr.tables` and the metrics.
+    /// Every table's state, for `skippr.tables` and the metrics: the tables of a pipeline
+    /// in one read view.
     pub async fn states(&self) -> Result<Vec<LiveState>> {
         self.refresh().await?;
+        let views = ViewHandle::default();
         let mut out = Vec::new();
         for name in self.table_names() {
-            if let Some(s) = self.state(&name).await? {
+            if let Some(s) = self.state_with(&name, &views).await? {
                 out.push(s);
             }
         }
@@ -291,8 +392,9 @@ fn shape_of(table: &Table, source: Option<TableRef>) -> Result<TableShape> {
     })
 }
 
-/// The workspace as a DataFusion schema: each table is resolved live, per query.
-pub struct LiveSchema(pub Arc<Workspace>);
+/// The workspace as a DataFusion schema: each table is resolved live, in the read view of
+/// the session's current statement (see [`view`]).
+pub struct LiveSchema(pub Arc<Workspace>, pub Arc<ViewHandle>);
 
 impl std::fmt::Debug for LiveSchema {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -312,7 +414,7 @@ impl SchemaProvider for LiveSchema {
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         self.0
-            .live_table(name)
+            .live_table(name, &self.1)
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))
     }
@@ -335,7 +437,10 @@ pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
         .catalog(CATALOG)
         .ok_or_else(|| Error::fatal("the query session has no default catalog"))?;
     catalog
-        .register_schema(&ws.name, Arc::new(LiveSchema(ws.clone())))
+        .register_schema(
+            &ws.name,
+            Arc::new(LiveSchema(ws.clone(), Arc::new(ViewHandle::default()))),
+        )
         .map_err(Error::from)?;
     if ws.name != SYSTEM_SCHEMA {
         catalog
@@ -349,7 +454,8 @@ pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
 }
 
 /// Builds a session where every table of the workspace is visible, live, as
-/// `<workspace>.<table>`, and the workspace is the default schema.
+/// `<workspace>.<table>`, and the workspace is the default schema; the models built through
+/// the gateway are visible in their schemas.
 /// Its statements run under `skippr.query`'s `statement_timeout` and `max_query_memory`.
 pub async fn session(config: &Config) -> Result<SessionContext> {
     let ws = Workspace::open(config).await?;
@@ -360,7 +466,37 @@ pub async fn session(config: &Config) -> Result<SessionContext> {
         runtime,
     );
     register(&ctx, &ws)?;
+    register_models(&ctx, &ws).await?;
     Ok(ctx)
+}
+
+/// Registers the models schemas as they are committed now (a one-statement session sees
+/// one state of them).
+async fn register_models(ctx: &SessionContext, ws: &Workspace) -> Result<()> {
+    let Some(models) = &ws.models else {
+        return Ok(());
+    };
+    let state = models.state().await?;
+    let catalog = ctx
+        .catalog(CATALOG)
+        .ok_or_else(|| Error::fatal("the query session has no default catalog"))?;
+    let view: Arc<dyn models::ModelsView> = Arc::new(models::Fixed {
+        state: state.clone(),
+        session: models::session_of(ctx),
+    });
+    for name in &state.namespaces {
+        catalog
+            .register_schema(
+                name,
+                Arc::new(models::ModelSchema {
+                    name: name.clone(),
+                    models: models.clone(),
+                    view: view.clone(),
+                }),
+            )
+            .map_err(Error::from)?;
+    }
+    Ok(())
 }
 
 /// What the engine may plan for a reader: no DDL, no DML (`COPY ... TO` a file included), no

@@ -64,6 +64,8 @@ pub fn tables_schema() -> SchemaRef {
             DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
             true,
         ),
+        Field::new("tail_lsn", DataType::Utf8, true),
+        Field::new("lag_bytes", DataType::Int64, true),
     ]))
 }
 
@@ -77,6 +79,8 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
     let mut bytes = Vec::new();
     let mut commit = Vec::new();
     let mut lag = Vec::new();
+    let mut tail_lsn = Vec::new();
+    let mut lag_bytes = Vec::new();
     let mut pipeline_state = Vec::new();
     let mut pipeline_error = Vec::new();
     let (mut data_files, mut delete_files, mut snapshots, mut compacted) =
@@ -125,6 +129,14 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
                 .map(|snap| snap.timestamp_ms() * 1000),
         );
         lag.push(tail_lag_seconds(&s.tail));
+        // The read view's cut: what a live query of the table shows through; the WAL bytes
+        // between it and the commit are the lag a query bridges with the tail.
+        let committed = crate::sink::iceberg::commit::committed_lsn(&s.table).unwrap_or_default();
+        tail_lsn.push(s.visible_lsn.map(|l| l.max(committed).to_string()));
+        lag_bytes.push(
+            s.visible_lsn
+                .map(|l| l.0.saturating_sub(committed.0) as i64),
+        );
     }
     let arrays: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from(cols.0)),
@@ -143,6 +155,8 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
         Arc::new(Int64Array::from(delete_files)),
         Arc::new(Int64Array::from(snapshots)),
         Arc::new(TimestampMicrosecondArray::from(compacted).with_timezone("+00:00")),
+        Arc::new(StringArray::from(tail_lsn)),
+        Arc::new(Int64Array::from(lag_bytes)),
     ];
     Ok(RecordBatch::try_new(tables_schema(), arrays)?)
 }

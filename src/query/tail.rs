@@ -46,6 +46,33 @@ impl WalRead {
         self.segments.iter().map(|(s, _)| s.bytes).sum()
     }
 
+    /// The end LSN of the newest transaction read at or before `cut` (zero when none is):
+    /// two cuts with the same one see the same transactions.
+    pub fn newest_through(&self, cut: Lsn) -> Lsn {
+        self.segments
+            .iter()
+            .flat_map(|(_, records)| records.iter())
+            .filter_map(|r| match r {
+                Record::Txn(t) if t.end_lsn <= cut => Some(t.end_lsn),
+                _ => None,
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The end LSN of the newest transaction read (zero when the read holds none).
+    pub fn newest(&self) -> Lsn {
+        self.segments
+            .iter()
+            .flat_map(|(_, records)| records.iter())
+            .filter_map(|r| match r {
+                Record::Txn(t) => Some(t.end_lsn),
+                Record::Relation(_) => None,
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
     /// Identifies this read, for caching what is derived from it.
     fn fingerprint(&self) -> Vec<PathBuf> {
         self.segments.iter().map(|(s, _)| s.path.clone()).collect()
@@ -183,9 +210,16 @@ struct Pending {
     values: Vec<Datum>,
 }
 
-/// Reduces the WAL read to the tail of one table after `floor` (the LSN its Iceberg snapshot
-/// covers). Only whole transactions exist in the WAL, so only whole transactions show.
-pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnapshot> {
+/// Reduces the WAL read to the tail of one table over `(floor, through]`: after the LSN its
+/// Iceberg snapshot covers, up to the read view's cut. Only whole transactions exist in the
+/// WAL and a transaction is kept or cut whole (by its end LSN), so only whole transactions
+/// show.
+pub fn reduce(
+    shape: &TableShape,
+    read: &WalRead,
+    floor: Lsn,
+    through: Lsn,
+) -> Result<TailSnapshot> {
     let names: Vec<&str> = shape
         .schema
         .fields()
@@ -292,6 +326,11 @@ pub fn reduce(shape: &TableShape, read: &WalRead, floor: Lsn) -> Result<TailSnap
                 }
                 Record::Txn(t) => t,
             };
+            if txn.end_lsn > through {
+                // After the view's cut: not visible to this statement (segments are in LSN
+                // order, but a cut inside a segment leaves the rest of it).
+                continue;
+            }
             wal_lsn = wal_lsn.max(txn.end_lsn);
             // A transaction the snapshot covers still carries the descriptions the later
             // transactions of its segment are read with.
@@ -520,8 +559,8 @@ pub struct ReducedCache {
     entries: Mutex<HashMap<String, CachedTail>>,
 }
 
-/// A reduced tail, with the snapshot LSN and the WAL segments it was reduced from.
-type CachedTail = (Lsn, Vec<PathBuf>, Arc<TailSnapshot>);
+/// A reduced tail, with the snapshot LSN, the cut and the WAL segments it was reduced from.
+type CachedTail = ((Lsn, Lsn), Vec<PathBuf>, Arc<TailSnapshot>);
 
 impl ReducedCache {
     pub fn get_or_reduce(
@@ -530,21 +569,26 @@ impl ReducedCache {
         shape: &TableShape,
         read: &WalRead,
         floor: Lsn,
+        through: Lsn,
     ) -> Result<Arc<TailSnapshot>> {
         let fp = read.fingerprint();
+        // Cuts that differ only by WAL with no transaction in this read (keepalive positions,
+        // other databases' writes) see the same tail: they share one entry, so statements of
+        // a held view and fresh ones do not evict each other's reductions.
+        let through = read.newest_through(through);
         {
             let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((lsn, paths, snap)) = entries.get(table) {
-                if *lsn == floor && *paths == fp && snap_schema_matches(snap, shape) {
+            if let Some((lsns, paths, snap)) = entries.get(table) {
+                if *lsns == (floor, through) && *paths == fp && snap_schema_matches(snap, shape) {
                     return Ok(snap.clone());
                 }
             }
         }
-        let snap = Arc::new(reduce(shape, read, floor)?);
+        let snap = Arc::new(reduce(shape, read, floor, through)?);
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(table.to_string(), (floor, fp, snap.clone()));
+            .insert(table.to_string(), ((floor, through), fp, snap.clone()));
         Ok(snap)
     }
 }
@@ -656,7 +700,7 @@ mod tests {
                 change(Op::Delete, Some(vec![t("2"), Datum::Null]), None),
             ],
         ]);
-        let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
+        let s = reduce(&shape(true), &r, Lsn(0), Lsn(u64::MAX)).unwrap();
         assert_eq!(ids(&s), vec![3]);
         assert_eq!(
             s.hidden.keys.len(),
@@ -672,8 +716,61 @@ mod tests {
             vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
             vec![change(Op::Insert, None, Some(vec![t("2"), t("b")]))],
         ]);
-        let s = reduce(&shape(true), &r, Lsn(100)).unwrap();
+        let s = reduce(&shape(true), &r, Lsn(100), Lsn(u64::MAX)).unwrap();
         assert_eq!(ids(&s), vec![2]);
+    }
+
+    #[test]
+    fn a_cut_keeps_whole_transactions_up_to_it_and_none_after() {
+        // Transactions end at 100, 110 and 120.
+        let r = read(vec![
+            vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
+            vec![
+                change(Op::Insert, None, Some(vec![t("2"), t("b")])),
+                change(Op::Delete, Some(vec![t("1"), Datum::Null]), None),
+            ],
+            vec![change(Op::Insert, None, Some(vec![t("3"), t("c")]))],
+        ]);
+        let s = reduce(&shape(true), &r, Lsn(0), Lsn(110)).unwrap();
+        assert_eq!(
+            ids(&s),
+            vec![2],
+            "both changes of the second transaction, none of the third"
+        );
+        assert_eq!(s.wal_lsn, Lsn(110));
+        assert_eq!(s.changes, 3);
+        let s = reduce(&shape(true), &r, Lsn(0), Lsn(109)).unwrap();
+        assert_eq!(
+            ids(&s),
+            vec![1],
+            "a cut inside a transaction's range leaves it out whole"
+        );
+        let s = reduce(&shape(true), &r, Lsn(110), Lsn(120)).unwrap();
+        assert_eq!(ids(&s), vec![3]);
+        assert_eq!(r.newest(), Lsn(120));
+    }
+
+    #[test]
+    fn cuts_between_the_same_transactions_share_one_reduction() {
+        // Transactions end at 100 and 110.
+        let r = read(vec![
+            vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
+            vec![change(Op::Insert, None, Some(vec![t("2"), t("b")]))],
+        ]);
+        let cache = ReducedCache::default();
+        let held = cache
+            .get_or_reduce("t", &shape(true), &r, Lsn(0), Lsn(104))
+            .unwrap();
+        // A later cut with no transaction of the read in between (WAL of other databases).
+        let fresh = cache
+            .get_or_reduce("t", &shape(true), &r, Lsn(0), Lsn(109))
+            .unwrap();
+        assert!(Arc::ptr_eq(&held, &fresh));
+        assert_eq!(ids(&fresh), vec![1]);
+        let newer = cache
+            .get_or_reduce("t", &shape(true), &r, Lsn(0), Lsn(110))
+            .unwrap();
+        assert_eq!(ids(&newer), vec![1, 2]);
     }
 
     #[test]
@@ -683,7 +780,7 @@ mod tests {
             vec![change(Op::Truncate, None, None)],
             vec![change(Op::Insert, None, Some(vec![t("5"), t("e")]))],
         ]);
-        let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
+        let s = reduce(&shape(true), &r, Lsn(0), Lsn(u64::MAX)).unwrap();
         assert!(s.hidden.all);
         assert_eq!(ids(&s), vec![5]);
     }
@@ -699,7 +796,7 @@ mod tests {
             ],
             vec![change(Op::Delete, Some(row()), None)],
         ]);
-        let s = reduce(&shape(false), &r, Lsn(0)).unwrap();
+        let s = reduce(&shape(false), &r, Lsn(0), Lsn(u64::MAX)).unwrap();
         // One committed copy hidden; of the two pending copies one is deleted again.
         assert_eq!(s.hidden.keys.values().copied().collect::<Vec<_>>(), vec![1]);
         assert_eq!(ids(&s), vec![1]);
@@ -720,7 +817,7 @@ mod tests {
                 Some(vec![t("2"), Datum::Unchanged]),
             )],
         ]);
-        let s = reduce(&shape(true), &r, Lsn(0)).unwrap();
+        let s = reduce(&shape(true), &r, Lsn(0), Lsn(u64::MAX)).unwrap();
         let batch = s.rows.as_ref().unwrap();
         let id = batch
             .column(0)

@@ -7,6 +7,8 @@ use pgwire::api::{ClientInfo, ErrorHandler};
 use pgwire::error::{ErrorInfo, PgWireError};
 
 use crate::error::{Error, ErrorKind};
+use crate::query::as_of::AS_OF_MESSAGE;
+use crate::query::view::LSN_WAIT_MESSAGE;
 
 /// Maps query-engine errors to Postgres SQLSTATEs before they are sent.
 pub struct SqlStateErrors;
@@ -53,6 +55,11 @@ pub fn sqlstate(e: &DataFusionError) -> &'static str {
         DataFusionError::ResourcesExhausted(_) => "53200",
         DataFusionError::External(inner) => match inner.downcast_ref::<Error>() {
             Some(err) => match err.kind() {
+                ErrorKind::Query if err.message().starts_with(LSN_WAIT_MESSAGE) => {
+                    super::limits::QUERY_CANCELED
+                }
+                // Postgres's snapshot_too_old: the state asked for is no longer kept.
+                ErrorKind::Query if err.message().starts_with(AS_OF_MESSAGE) => "72000",
                 ErrorKind::Retryable => "40001",
                 ErrorKind::Query => "42000",
                 ErrorKind::Unrepresentable => "22000",
@@ -64,6 +71,15 @@ pub fn sqlstate(e: &DataFusionError) -> &'static str {
     }
 }
 
+/// The text a client sees: the root cause, without DataFusion's "External error: " wrapper
+/// around errors skipprd raised itself (they name the problem and the fix on their own).
+pub fn message(e: &DataFusionError) -> String {
+    match e.find_root() {
+        DataFusionError::External(inner) => inner.to_string(),
+        root => root.to_string(),
+    }
+}
+
 impl ErrorHandler for SqlStateErrors {
     fn on_error<C>(&self, _client: &C, error: &mut PgWireError)
     where
@@ -72,7 +88,7 @@ impl ErrorHandler for SqlStateErrors {
         let mapped = match error {
             PgWireError::ApiError(inner) => {
                 let (code, message) = if let Some(df) = inner.downcast_ref::<DataFusionError>() {
-                    (sqlstate(df), df.find_root().to_string())
+                    (sqlstate(df), message(df))
                 } else if inner.downcast_ref::<ParserError>().is_some() {
                     ("42601", inner.to_string())
                 } else {
@@ -90,5 +106,21 @@ impl ErrorHandler for SqlStateErrors {
             tracing::debug!(sqlstate = %info.code, "statement failed");
             *error = PgWireError::UserError(Box::new(info));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_skipprd_error_reaches_the_client_without_the_wrapper() {
+        let e = DataFusionError::External(Box::new(Error::query("no pipeline p")));
+        assert_eq!(sqlstate(&e), "42000");
+        let text = message(&e);
+        assert!(text.contains("no pipeline p"), "{text}");
+        assert!(!text.contains("External error"), "{text}");
+        let plain = DataFusionError::Plan("bad plan".into());
+        assert!(message(&plain).contains("bad plan"));
     }
 }

@@ -506,7 +506,7 @@ async fn the_classifier_never_accepts_a_write() {
             continue;
         };
         for s in &statements {
-            match classify(s, &Policy) {
+            match classify(s, &Policy::default()) {
                 Ok(allowed) => {
                     allowed_seen += 1;
                     assert_not_a_write(&ctx, s, allowed).await;
@@ -533,7 +533,7 @@ async fn every_known_write_is_refused_with_a_reason() {
         // What does not parse never runs: the client gets a syntax error (42601).
         let statements = parser.parse(sql).unwrap_or_default();
         for s in &statements {
-            let refusal = classify(s, &Policy).err();
+            let refusal = classify(s, &Policy::default()).err();
             assert!(refusal.is_some(), "accepted {sql}");
         }
     }
@@ -548,13 +548,99 @@ async fn every_known_write_is_refused_with_a_reason() {
     ] {
         let statements = parser.parse(sql).unwrap_or_default();
         assert!(
-            statements.iter().any(|s| classify(s, &Policy).is_err()),
+            statements
+                .iter()
+                .any(|s| classify(s, &Policy::default()).is_err()),
             "accepted {sql}"
         );
     }
     for sql in READS {
         for s in parser.parse(sql).unwrap_or_default() {
-            assert!(classify(&s, &Policy).is_ok(), "refused {sql}");
+            assert!(classify(&s, &Policy::default()).is_ok(), "refused {sql}");
         }
+    }
+}
+
+/// The policy of a session that may build models: the workspace `analytics` (the default
+/// schema) and the system schemas stay read-only.
+fn models_policy() -> Policy {
+    Policy {
+        models: Some(super::readonly::Writable {
+            read_only: vec![
+                "analytics".into(),
+                "skippr".into(),
+                "pg_catalog".into(),
+                "information_schema".into(),
+            ],
+            default_schema: "analytics".into(),
+            temp_schema: "pg_temp_9".into(),
+        }),
+    }
+}
+
+#[tokio::test]
+async fn models_never_open_the_workspace() {
+    let mut rng = Rng::new(seed());
+    let parser = PostgresCompatibilityParser::new();
+    let policy = models_policy();
+    // Generated statements name the workspace's tables: a models policy changes nothing.
+    for _ in 0..iterations(3_000) {
+        let sql = statement(&mut rng);
+        for s in parser.parse(&sql).unwrap_or_default() {
+            let with_models = classify(&s, &policy).map_err(|r| r.sqlstate);
+            let without = classify(&s, &Policy::default()).map_err(|r| r.sqlstate);
+            assert_eq!(with_models, without, "{s}");
+        }
+    }
+    let write = |sql: &str| {
+        parser
+            .parse(sql)
+            .unwrap_or_default()
+            .iter()
+            .map(|s| classify(s, &policy))
+            .collect::<Vec<_>>()
+    };
+    for sql in [
+        "CREATE SCHEMA m",
+        "CREATE TABLE m.t AS SELECT * FROM orders",
+        "CREATE TEMPORARY TABLE t AS SELECT * FROM orders",
+        "CREATE VIEW m.v AS SELECT * FROM orders",
+        "INSERT INTO m.t SELECT * FROM orders",
+        "DELETE FROM m.t WHERE id IN (SELECT id FROM orders)",
+        "UPDATE m.t SET a = 1 FROM orders WHERE m.t.id = orders.id",
+        "ALTER TABLE m.t RENAME TO u",
+        "DROP TABLE IF EXISTS m.t CASCADE",
+        "DROP SCHEMA m CASCADE",
+        "COMMENT ON COLUMN m.t.a IS 'x'",
+        "GRANT SELECT ON m.t TO someone",
+        "TRUNCATE m.t",
+    ] {
+        assert_eq!(write(sql), vec![Ok(Allowed::Write)], "{sql}");
+    }
+    for sql in [
+        "CREATE TABLE t AS SELECT 1",
+        "CREATE TABLE m.t AS WITH d AS (DELETE FROM orders RETURNING *) SELECT * FROM d",
+        "INSERT INTO orders SELECT * FROM m.t",
+        "DELETE FROM orders USING m.t WHERE orders.id = m.t.id",
+        "EXPLAIN ANALYZE INSERT INTO m.t VALUES (1)",
+        "PREPARE p AS INSERT INTO m.t VALUES (1)",
+        "WITH d AS (INSERT INTO m.t VALUES (1) RETURNING *) SELECT * FROM d",
+        "ALTER TABLE analytics.orders RENAME TO o2",
+        "ALTER TABLE m.t ADD COLUMN z integer",
+        "TRUNCATE m.t, orders",
+        "DROP SCHEMA analytics CASCADE",
+        "CREATE SCHEMA pg_mine",
+        "CREATE SCHEMA skippr",
+        "GRANT SELECT ON orders TO someone",
+        "COMMENT ON TABLE orders IS 'x'",
+        "CREATE MATERIALIZED VIEW m.mv AS SELECT 1",
+        "INSERT INTO m.t VALUES (1) ON CONFLICT DO NOTHING",
+        "DELETE FROM m.t RETURNING *",
+    ] {
+        let got = write(sql);
+        assert!(
+            !got.is_empty() && got.iter().all(|r| r.is_err()),
+            "{sql}: {got:?}"
+        );
     }
 }

@@ -4,29 +4,25 @@
 //! each statement (timeout, cancel, memory) and maps errors to SQLSTATEs.
 
 mod auth;
-mod catalog;
-mod compat;
+mod catalogs;
 mod conn;
 mod copy;
 mod errors;
 mod frames;
-mod functions;
 #[cfg(test)]
 mod fuzz;
-mod info_schema;
-mod known;
 mod limits;
-mod pg_parse;
+pub(crate) mod models;
+mod pg;
 mod prepared;
 mod readonly;
-mod rewrite;
-mod session;
+pub(crate) mod session;
 mod settings;
 mod simple;
+mod sql;
 mod startup;
 mod statements;
-mod table_command;
-mod wire;
+pub(crate) mod wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,7 +33,7 @@ use datafusion::execution::SessionState;
 use datafusion::prelude::SessionContext;
 use futures::FutureExt;
 use pgwire::api::auth::DefaultServerParameterProvider;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify, Semaphore};
 
@@ -51,6 +47,8 @@ pub struct Shared {
     base: SessionState,
     workspace: String,
     ws: Arc<Workspace>,
+    /// What each session's own `pg_catalog` is built from.
+    pg: pg::catalog::PgShared,
     users: Option<Arc<Users>>,
     /// The certificate, when TLS is configured (and so required).
     tls_cert_pem: Option<Vec<u8>>,
@@ -87,10 +85,17 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Clients beyond `max_connections` being told so at once; more are only disconnected.
-const REFUSALS_AT_ONCE: usize = 64;
+/// Clients beyond `max_connections` being told so through the protocol's start-up (TLS
+/// negotiation included) at once.
+const REFUSALS_AT_ONCE: usize = 256;
+/// Beyond those, clients being sent the same refusal at once without reading their start-up
+/// first (libpq, pgjdbc and asyncpg report it either way); more are only disconnected.
+const QUICK_REFUSALS_AT_ONCE: usize = 256;
 /// How long a refused client has to send its start-up message.
-const REFUSAL_TIME: Duration = Duration::from_secs(5);
+const REFUSAL_TIME: Duration = Duration::from_secs(10);
+/// How long a refused socket is drained after the refusal, so that the client's own unread
+/// bytes do not turn the close into a reset that hides the message.
+const REFUSAL_DRAIN: Duration = Duration::from_secs(1);
 /// Waits after a failed accept, doubling up to the maximum.
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -122,18 +127,7 @@ impl Gateway {
             query::session_config(&ws.name).with_information_schema(false),
         );
         query::register(&ctx, &ws)?;
-        let catalogs = ctx.state().catalog_list().clone();
-        ctx.catalog(query::CATALOG)
-            .ok_or_else(|| Error::fatal("the gateway session has no default catalog"))?
-            .register_schema(
-                "information_schema",
-                Arc::new(info_schema::InfoSchema::new(catalogs, ws.clone())),
-            )
-            .map_err(Error::from)?;
-        catalog::setup(&ctx, ws.clone())?;
-        // After pg_catalog's own functions, which some of these replace.
-        functions::register(&ctx);
-        ctx.add_analyzer_rule(Arc::new(compat::LikeEscape));
+        let pg = pg::setup(&ctx, ws.clone())?;
         let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
             Error::config(format!(
                 "cannot listen on {} (skippr.query.listen): {e}; choose a free port or stop the process using it",
@@ -151,6 +145,7 @@ impl Gateway {
                 base: ctx.state(),
                 workspace: ws.name.clone(),
                 ws: ws.clone(),
+                pg,
                 users,
                 tls_cert_pem,
                 cancel_keys: Arc::default(),
@@ -173,6 +168,7 @@ impl Gateway {
         warn_if_few_files(self.shared.max_connections);
         let slots = Arc::new(Semaphore::new(self.shared.max_connections));
         let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
+        let quick_refusals = Arc::new(Semaphore::new(QUICK_REFUSALS_AT_ONCE));
         let mut backoff = ACCEPT_BACKOFF_MIN;
         loop {
             tokio::select! {
@@ -204,14 +200,30 @@ impl Gateway {
                         None => match refusals.clone().try_acquire_owned() {
                             Ok(p) => Some(p),
                             Err(_) => {
-                                tracing::debug!(peer = %peer, "disconnected a client: every slot is taken");
+                                match quick_refusals.clone().try_acquire_owned() {
+                                    Ok(permit) => {
+                                        tracing::warn!(peer = %peer, max_connections = self.shared.max_connections, "refused a client: every connection slot is taken");
+                                        let message = too_many_clients(self.shared.max_connections);
+                                        tokio::spawn(async move {
+                                            refuse_busy(socket, &message).await;
+                                            drop(permit);
+                                        });
+                                    }
+                                    Err(_) => tracing::debug!(peer = %peer, "disconnected a client: every slot is taken"),
+                                }
                                 continue;
                             }
                         },
                     };
                     let _ = socket.set_nodelay(true);
                     let admitted = slot.is_some();
-                    let handlers = session::ConnHandlers::new(self.shared.clone(), admitted);
+                    let handlers = match session::ConnHandlers::new(self.shared.clone(), admitted) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            tracing::error!(peer = %peer, error = %e, "could not set up a session for a client; the connection was closed");
+                            continue;
+                        }
+                    };
                     let tls = self.tls.clone();
                     let closing = closing_rx.clone();
                     while sessions.try_join_next().is_some() {}
@@ -286,6 +298,26 @@ async fn refuse(socket: tokio::net::TcpStream) {
     .await
 }
 
+/// Refuses a client beyond `max_connections` without a session: a TLS or GSS encryption
+/// request is declined first (libpq reports an error sent in answer to one only as "server
+/// sent an error response during SSL exchange"), then the 53300 error is sent as the answer
+/// to the start-up message that follows.
+async fn refuse_busy(mut socket: tokio::net::TcpStream, message: &str) {
+    const SSL_REQUEST: u32 = 80_877_103;
+    const GSSENC_REQUEST: u32 = 80_877_104;
+    let mut first = [0u8; 8];
+    if let Ok(Ok(_)) = tokio::time::timeout(REFUSAL_DRAIN, socket.read_exact(&mut first)).await {
+        let len = u32::from_be_bytes([first[0], first[1], first[2], first[3]]);
+        let code = u32::from_be_bytes([first[4], first[5], first[6], first[7]]);
+        if len == 8 && (code == SSL_REQUEST || code == GSSENC_REQUEST) {
+            let _ = socket.write_all(b"N").await;
+            // Answer the start-up message, not the request: wait until it begins.
+            let _ = tokio::time::timeout(REFUSAL_DRAIN, socket.read_exact(&mut first)).await;
+        }
+    }
+    fatal_notice(socket, "53300", message).await
+}
+
 /// Sends one `ErrorResponse` of severity FATAL with `code` and `message`, and closes.
 async fn fatal_notice(mut socket: tokio::net::TcpStream, code: &str, message: &str) {
     let mut body = Vec::new();
@@ -305,6 +337,20 @@ async fn fatal_notice(mut socket: tokio::net::TcpStream, code: &str, message: &s
     msg.extend_from_slice(&body);
     let _ = socket.write_all(&msg).await;
     let _ = socket.shutdown().await;
+    // Read what the client still sends (its TLS request or start-up) until it closes, so
+    // that closing does not reset the connection before the client has read the refusal.
+    let drain = async {
+        let mut buf = [0u8; 512];
+        while matches!(socket.read(&mut buf).await, Ok(n) if n > 0) {}
+    };
+    let _ = tokio::time::timeout(REFUSAL_DRAIN, drain).await;
+}
+
+/// The refusal of a client beyond `max_connections`, as Postgres words it.
+pub(super) fn too_many_clients(max_connections: usize) -> String {
+    format!(
+        "sorry, too many clients already: {max_connections} are connected (skippr.query.max_connections); try again later"
+    )
 }
 
 /// Server parameters announced to clients at start-up.
@@ -329,7 +375,7 @@ fn warn_if_few_files(max_connections: usize) {
         .find(|l| l.starts_with("Max open files"))
         .and_then(|l| l.split_whitespace().nth(3))
         .and_then(|v| v.parse::<usize>().ok());
-    let needed = max_connections + REFUSALS_AT_ONCE + FILES_FOR_INGEST;
+    let needed = max_connections + REFUSALS_AT_ONCE + QUICK_REFUSALS_AT_ONCE + FILES_FOR_INGEST;
     if let Some(soft) = soft.filter(|s| *s < needed) {
         tracing::warn!(
             open_files_limit = soft,

@@ -1,16 +1,21 @@
 //! Gateway, statement classifier: every parsed statement is classified before anything runs
 //! it, against an allow-list. What reads (queries, SHOW, plain EXPLAIN, cursors, prepared
 //! queries, COPY to the client) and what only changes the session (SET of a listed setting,
-//! transaction control, DISCARD) is allowed; everything else is refused with SQLSTATE 25006
-//! (a write: the replicated tables change only through their source) or 42501 (something no
-//! client may do: write server files, change the process's engine settings, switch role).
-//! The statement that was classified is the one that is planned: the caller never re-parses.
+//! transaction control, DISCARD) is allowed; so are the statements that build models (dbt's
+//! CREATE SCHEMA/VIEW/TABLE [AS], INSERT, DELETE, ALTER ... RENAME, DROP, COMMENT, GRANT,
+//! and the UPDATE and TRUNCATE of its snapshots and seeds) when every relation they change
+//! is in a models schema, never a replicated one. Everything else is refused with SQLSTATE
+//! 25006 (a write: the replicated tables change only through their source) or 42501
+//! (something no client may do: write server files, change the process's engine settings,
+//! switch role). The statement that was classified is the one that is planned: the caller
+//! never re-parses.
 
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    CopySource, CopyTarget, ObjectName, Query, Reset, ResetStatement, Select, Set, SetExpr,
-    Statement, TableFactor, TableObject, Visit, Visitor,
+    AlterTableOperation, CommentObject, CopySource, CopyTarget, FromTable, GrantObjects,
+    ObjectName, ObjectType, Query, Reset, ResetStatement, SchemaName, Select, Set, SetExpr,
+    Statement, TableFactor, TableObject, TableWithJoins, Visit, Visitor,
 };
 use pgwire::error::{ErrorInfo, PgWireError};
 
@@ -47,6 +52,9 @@ pub enum Allowed {
     Discard,
     /// `COPY (query) TO STDOUT` or `COPY table TO STDOUT`.
     CopyOut,
+    /// A statement that builds or changes models, every relation it changes in a models
+    /// schema (run by `server::models`).
+    Write,
 }
 
 /// Why a statement is refused: its SQLSTATE and a message saying what to do instead.
@@ -61,7 +69,7 @@ impl Refusal {
         Self {
             sqlstate: READ_ONLY,
             message: format!(
-                "cannot execute {command} in a read-only transaction: Skippr serves tables replicated from Postgres read-only; write to the source database instead"
+                "cannot execute {command} in a read-only transaction: Skippr serves tables replicated from Postgres read-only; write to the source database instead, or build models in a schema of their own (CREATE SCHEMA name)"
             ),
         }
     }
@@ -83,22 +91,69 @@ impl Refusal {
     }
 }
 
-/// Who may write where. Today nothing is writable; a later writable namespace (models
-/// built by SQL, never a replicated schema) becomes a field here, consulted only by
-/// [`decide`] for [`Kind::Write`] statements, so that the read paths cannot change.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Policy;
+/// Who may write where: nothing (the default), or the models schemas of a session.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub models: Option<Writable>,
+}
+
+/// Where a session may build models.
+#[derive(Debug, Clone)]
+pub struct Writable {
+    /// Schemas that hold replicated or system tables: never written.
+    pub read_only: Vec<String>,
+    /// The schema unqualified names mean (the first of `search_path`).
+    pub default_schema: String,
+    /// The session's schema of temporary tables.
+    pub temp_schema: String,
+}
+
+impl Writable {
+    /// Whether a statement may change relations of `schema`.
+    fn allows(&self, schema: &TargetSchema) -> bool {
+        let name = match schema {
+            TargetSchema::Temporary => return true,
+            TargetSchema::Default => &self.default_schema,
+            TargetSchema::Named(n) => n,
+        };
+        if *name == self.temp_schema || name == "pg_temp" {
+            return true;
+        }
+        !self.read_only.iter().any(|r| r == name)
+            && !name.starts_with("pg_")
+            && name != "information_schema"
+    }
+}
+
+/// The schema of a relation (or the schema) a statement changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TargetSchema {
+    /// Unqualified: the session's default schema.
+    Default,
+    /// The session's temporary tables (`CREATE TEMPORARY TABLE`).
+    Temporary,
+    Named(String),
+}
+
+/// The schema a relation name is in.
+fn schema_of(name: &ObjectName) -> TargetSchema {
+    match super::models::names::parts(name).as_slice() {
+        [_] => TargetSchema::Default,
+        [s, _] | [_, s, _] => TargetSchema::Named(s.clone()),
+        _ => TargetSchema::Default,
+    }
+}
 
 /// A statement sorted before the policy is applied.
 #[derive(Debug)]
 enum Kind {
     Allowed(Allowed),
-    /// Writes rows or changes the catalog. `targets`: the relations it would change (empty
-    /// when the statement names none, such as `CREATE SCHEMA`).
+    /// Writes rows or changes the catalog. `targets`: the schemas of what it would change;
+    /// `model`: whether it is a statement models are built with (allowed in models schemas).
     Write {
         command: &'static str,
-        #[allow(dead_code)]
-        targets: Vec<ObjectName>,
+        targets: Vec<TargetSchema>,
+        model: bool,
     },
     Refused(Refusal),
 }
@@ -108,16 +163,54 @@ pub fn classify(statement: &Statement, policy: &Policy) -> Result<Allowed, Refus
     decide(kind(statement), policy)
 }
 
-fn decide(kind: Kind, _policy: &Policy) -> Result<Allowed, Refusal> {
+fn decide(kind: Kind, policy: &Policy) -> Result<Allowed, Refusal> {
     match kind {
         Kind::Allowed(a) => Ok(a),
-        Kind::Write { command, .. } => Err(Refusal::read_only(command)),
+        Kind::Write {
+            command,
+            targets,
+            model,
+        } => match &policy.models {
+            Some(w) if model && !targets.is_empty() && targets.iter().all(|t| w.allows(t)) => {
+                Ok(Allowed::Write)
+            }
+            _ => Err(Refusal::read_only(command)),
+        },
         Kind::Refused(r) => Err(r),
     }
 }
 
+/// A write no models schema allows.
 fn write(command: &'static str, targets: Vec<ObjectName>) -> Kind {
-    Kind::Write { command, targets }
+    Kind::Write {
+        command,
+        targets: targets.iter().map(schema_of).collect(),
+        model: false,
+    }
+}
+
+/// A statement models are built with, changing `targets`; refused like any write when a
+/// query inside it writes.
+fn model_write(statement: &Statement, command: &'static str, targets: Vec<TargetSchema>) -> Kind {
+    let mut nested = NestedWrite::default();
+    let _ = statement.visit(&mut nested);
+    match nested.found {
+        Some(k) => k,
+        None => Kind::Write {
+            command,
+            targets,
+            model: true,
+        },
+    }
+}
+
+/// `model_write` of relation names.
+fn model_relations(statement: &Statement, command: &'static str, names: &[&ObjectName]) -> Kind {
+    model_write(
+        statement,
+        command,
+        names.iter().map(|n| schema_of(n)).collect(),
+    )
 }
 
 fn kind(statement: &Statement) -> Kind {
@@ -145,7 +238,7 @@ fn kind(statement: &Statement) -> Kind {
             Kind::Allowed(_) => Kind::Refused(Refusal::not_permitted(
                 "only a query (SELECT, WITH, VALUES, TABLE) can be prepared",
             )),
-            other => other,
+            other => not_model(other),
         },
         Statement::Execute {
             name: Some(_),
@@ -195,6 +288,21 @@ fn explain_kind(analyze: bool, inner: &Statement) -> Kind {
         Kind::Allowed(_) => Kind::Refused(Refusal::not_permitted(
             "EXPLAIN explains only a query (SELECT, WITH, VALUES, TABLE) here",
         )),
+        other => not_model(other),
+    }
+}
+
+/// A write found inside another statement (a query, EXPLAIN, PREPARE): never run as a
+/// model statement, whatever it changes.
+fn not_model(kind: Kind) -> Kind {
+    match kind {
+        Kind::Write {
+            command, targets, ..
+        } => Kind::Write {
+            command,
+            targets,
+            model: false,
+        },
         other => other,
     }
 }
@@ -277,7 +385,7 @@ impl Visitor for NestedWrite {
                     Kind::Allowed(_) => {
                         Kind::Refused(Refusal::not_permitted("a query may contain only queries"))
                     }
-                    other => other,
+                    other => not_model(other),
                 });
                 return ControlFlow::Break(());
             }
@@ -309,7 +417,7 @@ fn query_kind(query: &Query, as_kind: Allowed) -> Kind {
         Some(k) => k,
         None => match query.body.as_ref() {
             SetExpr::Insert(s) | SetExpr::Update(s) | SetExpr::Delete(s) | SetExpr::Merge(s) => {
-                kind(s)
+                not_model(kind(s))
             }
             _ => Kind::Allowed(as_kind),
         },
@@ -396,52 +504,147 @@ fn set_kind(set: &Set) -> Kind {
     }
 }
 
-/// Every other statement: a write or DDL (refused as read-only), or something else no
-/// client may run.
+/// The relation a `FROM` list or a `TableWithJoins` starts with.
+fn first_table(tables: &[TableWithJoins]) -> Option<&ObjectName> {
+    match &tables.first()?.relation {
+        TableFactor::Table { name, .. } => Some(name),
+        _ => None,
+    }
+}
+
+/// Every other statement: a write or DDL (refused as read-only unless it builds models in
+/// a models schema), or something else no client may run.
 fn write_kind(statement: &Statement) -> Kind {
     match statement {
-        Statement::Insert(i) => write(
-            "INSERT",
-            match &i.table {
-                TableObject::TableName(n) => vec![n.clone()],
-                _ => vec![],
-            },
-        ),
-        Statement::Update(u) => write(
-            "UPDATE",
-            match &u.table.relation {
-                TableFactor::Table { name, .. } => vec![name.clone()],
-                _ => vec![],
-            },
-        ),
-        Statement::Delete(_) => write("DELETE", vec![]),
+        Statement::Insert(i) => match &i.table {
+            TableObject::TableName(n)
+                if i.on.is_none() && i.returning.is_none() && i.source.is_some() =>
+            {
+                model_relations(statement, "INSERT", &[n])
+            }
+            TableObject::TableName(n) => write("INSERT", vec![n.clone()]),
+            _ => write("INSERT", vec![]),
+        },
+        Statement::Update(u) => match &u.table.relation {
+            TableFactor::Table { name, .. } if u.returning.is_none() && u.limit.is_none() => {
+                model_relations(statement, "UPDATE", &[name])
+            }
+            TableFactor::Table { name, .. } => write("UPDATE", vec![name.clone()]),
+            _ => write("UPDATE", vec![]),
+        },
+        Statement::Delete(d) => {
+            let (FromTable::WithFromKeyword(from) | FromTable::WithoutKeyword(from)) = &d.from;
+            match first_table(from) {
+                Some(name)
+                    if d.tables.is_empty()
+                        && from.len() == 1
+                        && d.returning.is_none()
+                        && d.order_by.is_empty()
+                        && d.limit.is_none() =>
+                {
+                    model_relations(statement, "DELETE", &[name])
+                }
+                _ => write("DELETE", vec![]),
+            }
+        }
         Statement::Merge(_) => write("MERGE", vec![]),
-        Statement::Truncate(t) => write(
-            "TRUNCATE",
-            t.table_names.iter().map(|n| n.name.clone()).collect(),
-        ),
+        Statement::Truncate(t) => {
+            let names: Vec<&ObjectName> = t.table_names.iter().map(|n| &n.name).collect();
+            model_relations(statement, "TRUNCATE", &names)
+        }
         Statement::CreateTable(c) if c.external => Kind::Refused(Refusal::not_permitted(
             "CREATE EXTERNAL TABLE is not allowed: it would read or write files on the server",
         )),
-        Statement::CreateTable(c) => write("CREATE TABLE", vec![c.name.clone()]),
+        Statement::CreateTable(c) if c.temporary => {
+            model_write(statement, "CREATE TABLE", vec![TargetSchema::Temporary])
+        }
+        Statement::CreateTable(c) => model_relations(statement, "CREATE TABLE", &[&c.name]),
+        Statement::CreateView(c) if !c.materialized && !c.temporary => {
+            model_relations(statement, "CREATE VIEW", &[&c.name])
+        }
         Statement::CreateView(c) => write("CREATE VIEW", vec![c.name.clone()]),
         Statement::CreateIndex(_) => write("CREATE INDEX", vec![]),
+        Statement::CreateSchema {
+            schema_name: SchemaName::Simple(name),
+            ..
+        } => model_write(
+            statement,
+            "CREATE SCHEMA",
+            vec![TargetSchema::Named(
+                super::models::names::parts(name).join("."),
+            )],
+        ),
         Statement::CreateSchema { .. } => write("CREATE SCHEMA", vec![]),
         Statement::CreateDatabase { .. } => write("CREATE DATABASE", vec![]),
         Statement::CreateFunction(_) => write("CREATE FUNCTION", vec![]),
+        Statement::AlterTable(a)
+            if matches!(
+                a.operations.as_slice(),
+                [AlterTableOperation::RenameTable { .. }]
+            ) =>
+        {
+            model_relations(statement, "ALTER TABLE", &[&a.name])
+        }
         Statement::AlterTable(_) => write("ALTER TABLE", vec![]),
         Statement::AlterView { .. } => write("ALTER VIEW", vec![]),
         Statement::AlterIndex { .. } => write("ALTER INDEX", vec![]),
         Statement::AlterSchema(_) => write("ALTER SCHEMA", vec![]),
+        Statement::Drop {
+            object_type: ObjectType::Table | ObjectType::View,
+            names,
+            ..
+        } => {
+            let names: Vec<&ObjectName> = names.iter().collect();
+            model_relations(statement, "DROP", &names)
+        }
+        Statement::Drop {
+            object_type: ObjectType::Schema,
+            names,
+            ..
+        } => model_write(
+            statement,
+            "DROP",
+            names
+                .iter()
+                .map(|n| TargetSchema::Named(super::models::names::parts(n).join(".")))
+                .collect(),
+        ),
         Statement::Drop { names, .. } => write("DROP", names.clone()),
         Statement::DropFunction(_) => write("DROP FUNCTION", vec![]),
-        Statement::Grant(_) => write("GRANT", vec![]),
+        Statement::Grant(g) => match &g.objects {
+            Some(GrantObjects::Tables(names)) | Some(GrantObjects::Views(names)) => {
+                let names: Vec<&ObjectName> = names.iter().collect();
+                model_relations(statement, "GRANT", &names)
+            }
+            Some(GrantObjects::Schemas(names)) => model_write(
+                statement,
+                "GRANT",
+                names
+                    .iter()
+                    .map(|n| TargetSchema::Named(super::models::names::parts(n).join(".")))
+                    .collect(),
+            ),
+            _ => write("GRANT", vec![]),
+        },
         Statement::Revoke(_) => write("REVOKE", vec![]),
+        Statement::Comment {
+            object_type: CommentObject::Table,
+            object_name,
+            ..
+        } => model_relations(statement, "COMMENT", &[object_name]),
+        Statement::Comment {
+            object_type: CommentObject::Column,
+            object_name,
+            ..
+        } if object_name.0.len() >= 2 => {
+            let table = ObjectName(object_name.0[..object_name.0.len() - 1].to_vec());
+            model_relations(statement, "COMMENT", &[&table])
+        }
         Statement::Comment { .. } => write("COMMENT", vec![]),
         Statement::Analyze(_) => write("ANALYZE", vec![]),
         Statement::Vacuum(_) => write("VACUUM", vec![]),
         other => Kind::Refused(Refusal::not_permitted(format!(
-            "{} is not allowed: this gateway runs queries (SELECT, WITH, VALUES, TABLE, EXPLAIN, COPY ... TO STDOUT), SHOW, SET of session settings, transaction control, PREPARE/EXECUTE, cursors and DISCARD",
+            "{} is not allowed: this gateway runs queries (SELECT, WITH, VALUES, TABLE, EXPLAIN, COPY ... TO STDOUT), SHOW, SET of session settings, transaction control, PREPARE/EXECUTE, cursors, DISCARD, and the statements that build models in a models schema",
             command_name(other)
         ))),
     }

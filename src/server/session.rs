@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
+use datafusion::catalog::SchemaProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::execution::context::SQLOptions;
-use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
@@ -20,7 +21,6 @@ use datafusion_postgres::arrow_pg::datatypes::into_pg_type;
 use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use datafusion_postgres::hooks::cursor::CursorStatementHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
-use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::hooks::HookClient;
 use datafusion_postgres::QueryHook;
 use futures::Sink;
@@ -37,19 +37,25 @@ use pgwire::messages::simplequery::Query;
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::types::format::FormatOptions;
 
+use super::catalogs::SessionCatalogs;
 use super::copy;
 use super::errors::SqlStateErrors;
-use super::functions::Relations;
-use super::known;
 use super::limits::{Canceller, Interrupts};
+use super::models::txn::TransactionHook;
+use super::models::SessionModels;
+use super::pg::fence;
+use super::pg::info_schema::InfoSchema;
+use super::pg::regclass::Relations;
 use super::prepared::{self, Prepared};
-use super::readonly::{classify, Allowed, Policy};
-use super::rewrite::{self, Rewritten};
-use super::settings::{setting, CurrentSetting, Mirror, SetConfig, SettingsHook};
+use super::readonly::{classify, Allowed};
+use super::settings::{current_setting, set_config, Mirror, SettingsHook};
+use super::sql::{apply_search_path, classified, default_schema, policy, prepare_sql};
 use super::startup::Startup;
-use super::statements::{placeholder_plan, SessionStatementsHook};
+use super::statements::{placeholder_plan, Hook, SessionStatementsHook};
 use super::wire::{self, Exec};
 use super::Shared;
+use crate::query::view::ViewHandle;
+use crate::query::LiveSchema;
 use crate::telemetry::metrics;
 
 /// The handlers of one client connection.
@@ -61,14 +67,26 @@ pub struct ConnHandlers {
 
 impl ConnHandlers {
     /// `admitted`: whether the connection got a slot (else start-up refuses it).
-    pub(super) fn new(shared: Arc<Shared>, admitted: bool) -> Self {
-        let ctx = SessionContext::new_with_state(shared.base.clone());
+    pub(super) fn new(shared: Arc<Shared>, admitted: bool) -> crate::error::Result<Self> {
+        let models = Arc::new(SessionModels::new(
+            shared.ws.models.clone(),
+            vec![
+                shared.workspace.clone(),
+                crate::query::SYSTEM_SCHEMA.to_string(),
+                "pg_catalog".to_string(),
+                "information_schema".to_string(),
+            ],
+            shared.max_query_memory,
+        ));
+        let views = Arc::new(ViewHandle::default());
+        let ctx = SessionContext::new_with_state(session_state(&shared, &models, &views)?);
+        models.bind(&ctx);
+        for udf in fence::udfs(views.clone()) {
+            ctx.register_udf(udf);
+        }
         let mirror = Mirror::default();
-        ctx.register_udf(ScalarUDF::from(CurrentSetting::new(
-            mirror.clone(),
-            &shared.workspace,
-        )));
-        ctx.register_udf(ScalarUDF::from(SetConfig::new(mirror.clone())));
+        ctx.register_udf(current_setting(mirror.clone(), &shared.workspace));
+        ctx.register_udf(set_config(mirror.clone()));
         let relations = Relations::default();
         for udf in relations.udfs() {
             ctx.register_udf(udf);
@@ -77,14 +95,17 @@ impl ConnHandlers {
         // Every statement is classified before these run; DECLARE is planned by the
         // session itself, FETCH and CLOSE read the cursor's rows here.
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
-            Arc::new(SessionStatementsHook),
-            Arc::new(SettingsHook {
+            Arc::new(Hook(SessionStatementsHook)),
+            Arc::new(Hook(SettingsHook {
                 workspace: shared.workspace.clone(),
                 default_timeout_ms: shared.default_timeout_ms,
-            }),
+                views: views.clone(),
+            })),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
-            Arc::new(TransactionStatementHook),
+            Arc::new(Hook(TransactionHook {
+                models: models.clone(),
+            })),
         ];
         let interrupts = Arc::new(Interrupts::default());
         let service = Arc::new(Session {
@@ -97,6 +118,7 @@ impl ConnHandlers {
                 workspace: shared.workspace.clone(),
                 shared: shared.clone(),
                 relations: relations.clone(),
+                models: models.clone(),
                 declared: Default::default(),
             }),
             relations,
@@ -107,15 +129,53 @@ impl ConnHandlers {
                 interrupts: interrupts.clone(),
                 memory: shared.max_query_memory,
             },
+            models,
+            views,
             shared: shared.clone(),
         });
         let startup = Arc::new(Startup::new(shared.clone(), interrupts, admitted));
-        Self {
+        Ok(Self {
             service,
             startup,
             shared,
-        }
+        })
     }
+}
+
+/// The engine state of one session: the shared one, with the session's own catalogs
+/// (its models, temporary tables, `pg_catalog` and `information_schema`).
+fn session_state(
+    shared: &Shared,
+    models: &Arc<SessionModels>,
+    views: &Arc<ViewHandle>,
+) -> crate::error::Result<datafusion::execution::SessionState> {
+    let catalogs =
+        SessionCatalogs::new(shared.base.catalog_list().clone(), models.clone(), |list| {
+            let mut own: HashMap<String, Arc<dyn SchemaProvider>> = HashMap::new();
+            own.insert(
+                "information_schema".to_string(),
+                Arc::new(InfoSchema::new(list.clone(), shared.ws.clone())),
+            );
+            if let Ok(pg) = shared
+                .pg
+                .session_schema(list, models.clone(), models.temp_schema())
+            {
+                own.insert("pg_catalog".to_string(), pg);
+            }
+            own.insert(models.temp_schema().to_string(), models.temp_provider());
+            // The live tables in this session's read views (one LSN per statement).
+            own.insert(
+                shared.workspace.clone(),
+                Arc::new(LiveSchema(shared.ws.clone(), views.clone())),
+            );
+            own
+        })
+        .map_err(crate::error::Error::from)?;
+    Ok(
+        datafusion::execution::SessionStateBuilder::new_from_existing(shared.base.clone())
+            .with_catalog_list(catalogs)
+            .build(),
+    )
 }
 
 impl PgWireServerHandlers for ConnHandlers {
@@ -178,12 +238,28 @@ pub struct Session {
     prepared: Prepared,
     /// The limits statements of this connection run under.
     pub(super) exec: Exec,
+    /// The models as this session sees them, and its temporary tables.
+    models: Arc<SessionModels>,
+    /// The read views of the current statement (or transaction).
+    views: Arc<ViewHandle>,
     shared: Arc<Shared>,
 }
 
 impl Session {
     fn finish(&self, started: Instant, ok: bool) {
         metrics::query_done(started.elapsed(), ok);
+    }
+
+    /// A statement starts: a transaction keeps its read views, anything else gets fresh
+    /// ones, fenced by the session's `skippr.min_lsn` and moved back to its `skippr.as_of`.
+    fn begin_view(&self, statement: &SqlStatement, meta: &HashMap<String, String>) {
+        match statement {
+            SqlStatement::StartTransaction { .. } => self.views.hold(),
+            SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => self.views.release(),
+            _ => {}
+        }
+        self.views
+            .begin_statement(fence::fence_of(meta), crate::query::as_of::as_of_of(meta));
     }
 
     /// Runs a statement the classifier allowed and the hooks did not answer: a query or
@@ -215,6 +291,13 @@ impl Session {
                     .interrupts
                     .run(self.prepared.plan_execute(&self.ctx, statement));
                 plan.await?
+            }
+            (Allowed::Write, _) => {
+                let schema = default_schema(&self.ctx);
+                let run = self
+                    .models
+                    .execute(client, &self.ctx, &self.exec, statement, &schema);
+                return self.exec.interrupts.run(run).await;
             }
             (Allowed::Prepare, _) => return self.prepared.prepare(statement),
             (Allowed::Deallocate, _) => {
@@ -254,6 +337,10 @@ impl Session {
             }
             _ => return Err(unsupported(statement)),
         };
+        if let Some(call) = fence::wait_call(&plan) {
+            let wait = fence::wait(&self.shared.ws, call?);
+            return self.exec.interrupts.run(wait).await;
+        }
         let bare = wire::bare_columns(&plan);
         let optimised = self.ctx.state().optimize(&plan).map_err(api_error)?;
         let df = self
@@ -284,7 +371,7 @@ impl Session {
     }
 }
 
-fn api_error(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
+pub(super) fn api_error(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
     PgWireError::ApiError(Box::new(e))
 }
 
@@ -307,23 +394,6 @@ pub(super) fn statement_timeout<C: ClientInfo + ?Sized>(client: &C) -> Option<Du
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .map(Duration::from_millis)
-}
-
-/// Points unqualified names at the first schema of the session's `search_path` (the
-/// workspace by default), as Postgres resolves them.
-fn apply_search_path(ctx: &SessionContext, meta: &HashMap<String, String>, workspace: &str) {
-    let path = setting(meta, "search_path", workspace).unwrap_or_default();
-    let first = path
-        .split(',')
-        .map(|p| p.trim().trim_matches('"').to_string())
-        .find(|p| !p.is_empty() && p != "$user" && p != "public" && p != "pg_catalog")
-        .unwrap_or_else(|| workspace.to_string());
-    let state = ctx.state_ref();
-    let mut state = state.write();
-    let options = state.config_mut().options_mut();
-    if options.catalog.default_schema != first {
-        options.catalog.default_schema = first;
-    }
 }
 
 /// Parameter types of a prepared statement, `$1` first: inferred by the planner, or taken
@@ -355,49 +425,6 @@ fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
     Ok(ordered.into_iter().map(|(_, t)| t).collect())
 }
 
-/// Rewrites a client's SQL for planning ([`rewrite`]): known client queries replaced, then
-/// Postgres casts the engine lacks. Reads the catalog's relation names first when the
-/// statement casts to `regclass`.
-async fn prepare_sql(
-    sql: &str,
-    ctx: &SessionContext,
-    shared: &Shared,
-    relations: &Relations,
-) -> PgWireResult<(String, Rewritten)> {
-    // `TABLE name` first: what follows reads it as the SELECT it means.
-    let expanded = super::table_command::expand(sql);
-    let sql = expanded.as_deref().unwrap_or(sql);
-    let replaced = known::rewrite(sql, &shared.ws).await;
-    let sql = replaced.as_deref().unwrap_or(sql);
-    let mut rewritten = rewrite::rewrite(sql);
-    if rewritten.uses_relations {
-        let schema = ctx
-            .state_ref()
-            .read()
-            .config()
-            .options()
-            .catalog
-            .default_schema
-            .clone();
-        relations
-            .refresh(ctx, vec!["pg_catalog".to_string(), schema])
-            .await
-            .map_err(api_error)?;
-    }
-    let sql = match rewritten.sql.take() {
-        Some(new) => {
-            tracing::debug!(
-                known_query = replaced.is_some(),
-                relations = rewritten.uses_relations,
-                "client SQL rewritten for planning"
-            );
-            new
-        }
-        None => sql.to_string(),
-    };
-    Ok((sql, rewritten))
-}
-
 /// A prepared statement: its SQL as planned, and its parsed statement and plan (none for
 /// an empty query). The statement hooks expect this very type in the portal store.
 pub(super) type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
@@ -415,6 +442,7 @@ pub struct WireParser {
     workspace: String,
     shared: Arc<Shared>,
     relations: Relations,
+    models: Arc<SessionModels>,
     /// The parameter types declared by casts (`$1::oid[]`), by the statement's planned SQL.
     declared: std::sync::Mutex<HashMap<String, HashMap<usize, Type>>>,
 }
@@ -452,8 +480,10 @@ impl QueryParser for WireParser {
     {
         let _ = types;
         apply_search_path(&self.ctx, client.metadata(), &self.workspace);
+        // The models as they are now, before anything (a `regclass` lookup) reads the catalog.
+        self.models.refresh().await?;
         let (sql, rewritten) = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
-        let mut statements = super::pg_parse::parse(&self.sql_parser, &sql).map_err(api_error)?;
+        let mut statements = super::pg::parse::parse(&self.sql_parser, &sql).map_err(api_error)?;
         if statements.len() > 1 {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
@@ -464,7 +494,7 @@ impl QueryParser for WireParser {
         let Some(statement) = statements.pop() else {
             return Ok((sql, None));
         };
-        let allowed = classify(&statement, &Policy).map_err(|r| r.into_error())?;
+        let (statement, allowed) = classified(statement, &self.ctx, &self.models)?;
         let text = statement.to_string();
         let plan = match allowed {
             Allowed::Query | Allowed::Explain => {
@@ -587,16 +617,17 @@ impl Session {
         C: ClientInfo + Send + Sync,
     {
         apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
+        self.models.refresh().await?;
         let (query, _) = self
             .exec
             .interrupts
             .run(prepare_sql(query, &self.ctx, &self.shared, &self.relations))
             .await?;
-        let statements = super::pg_parse::parse(&self.sql_parser, &query).map_err(api_error)?;
+        let statements = super::pg::parse::parse(&self.sql_parser, &query).map_err(api_error)?;
         statements
             .into_iter()
             .map(|s| {
-                let allowed = classify(&s, &Policy).map_err(|r| r.into_error())?;
+                let (s, allowed) = classified(s, &self.ctx, &self.models)?;
                 Ok((s, allowed))
             })
             .collect()
@@ -619,6 +650,7 @@ impl Session {
         if allowed == Allowed::Discard {
             self.prepared.clear();
         }
+        self.begin_view(statement, client.metadata());
         if allowed != Allowed::Declare {
             for hook in &self.hooks {
                 if let Some(result) = hook.handle_simple_query(statement, &self.ctx, client).await {
@@ -673,13 +705,16 @@ impl ExtendedQueryHandler for Session {
             return Ok(Response::EmptyQuery);
         };
         // Classified again: a portal holds only what Parse accepted, and this is cheap.
-        let allowed = classify(statement, &Policy).map_err(|r| r.into_error())?;
+        self.models.refresh().await?;
+        let allowed =
+            classify(statement, &policy(&self.ctx, &self.models)).map_err(|r| r.into_error())?;
         let types = parameter_types(plan)?;
         let refs: Vec<Option<&DataType>> = types.iter().map(|t| t.as_ref()).collect();
         let params = deserialize_parameters(portal, &refs)?;
         if allowed == Allowed::Discard {
             self.prepared.clear();
         }
+        self.begin_view(statement, client.metadata());
         if allowed != Allowed::Declare {
             for hook in &self.hooks {
                 if let Some(result) = hook

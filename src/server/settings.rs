@@ -1,25 +1,21 @@
 //! Gateway, session settings: what `SHOW` and `current_setting()` report for a connection,
 //! from the values it `SET` (kept in the connection's metadata) or the gateway's defaults.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use arrow::array::{Array, AsArray, StringArray};
 use arrow::datatypes::DataType;
 use async_trait::async_trait;
-use datafusion::common::ParamValues;
-use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::logical_expr::{
-    ColumnarValue, LogicalPlan, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
-};
-use datafusion::prelude::SessionContext;
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::{ColumnarValue, LogicalPlan, ScalarUDF, Volatility};
 use datafusion::sql::sqlparser::ast::{Reset, ResetStatement, Set, Statement};
 use datafusion_postgres::hooks::HookClient;
-use datafusion_postgres::QueryHook;
 
+use super::pg::{fence, udf};
 use super::readonly::SESSION_SETTINGS;
-use super::statements::placeholder_plan;
+use super::statements::{placeholder_plan, Answer};
+use crate::query::as_of::{AS_OF, AS_OF_FORMS};
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::{ClientInfo, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
@@ -62,6 +58,8 @@ pub fn setting(meta: &HashMap<String, String>, name: &str, workspace: &str) -> O
         "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric" | "lc_time" => {
             "C.UTF-8".into()
         }
+        // Unset: live (empty, as Postgres shows a reset custom setting).
+        AS_OF => set(AS_OF).unwrap_or_default(),
         "statement_timeout" => match set(STATEMENT_TIMEOUT_KEY) {
             Some(ms) if ms != "0" => format!("{ms}ms"),
             _ => "0".into(),
@@ -132,144 +130,47 @@ impl Mirror {
 }
 
 /// `set_config(name, value, is_local)`: remembered for `current_setting()`, returns the value.
-#[derive(Debug)]
-pub struct SetConfig {
-    signature: Signature,
-    mirror: Mirror,
-}
-
-impl SetConfig {
-    pub fn new(mirror: Mirror) -> Self {
-        Self {
-            signature: Signature::variadic_any(Volatility::Volatile),
-            mirror,
-        }
-    }
-}
-
-impl PartialEq for SetConfig {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.mirror.meta, &other.mirror.meta)
-    }
-}
-
-impl Eq for SetConfig {}
-
-impl std::hash::Hash for SetConfig {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        "set_config".hash(state)
-    }
-}
-
-impl ScalarUDFImpl for SetConfig {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        "set_config"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        let (Some(name), Some(value)) = (args.args.first(), args.args.get(1)) else {
-            return Err(DataFusionError::Plan(
-                "set_config() needs a name and a value".into(),
-            ));
-        };
-        let names = arrow::compute::cast(&name.to_array(args.number_rows)?, &DataType::Utf8)?;
-        let values = arrow::compute::cast(&value.to_array(args.number_rows)?, &DataType::Utf8)?;
-        let (names, values) = (names.as_string::<i32>(), values.as_string::<i32>());
-        let mut out = Vec::with_capacity(names.len());
-        for i in 0..names.len() {
-            if names.is_null(i) || values.is_null(i) {
-                out.push(None);
-                continue;
+pub fn set_config(mirror: Mirror) -> ScalarUDF {
+    udf::with_volatility(
+        "set_config",
+        DataType::Utf8,
+        Volatility::Volatile,
+        move |args| {
+            let names = udf::text_arg(args, 0, "set_config")?;
+            let values = udf::text_arg(args, 1, "set_config")?;
+            let (names, values) = (names.as_string::<i32>(), values.as_string::<i32>());
+            let mut out = Vec::with_capacity(names.len());
+            for i in 0..names.len() {
+                if names.is_null(i) || values.is_null(i) {
+                    out.push(None);
+                    continue;
+                }
+                mirror.set(names.value(i), values.value(i));
+                out.push(Some(values.value(i).to_string()));
             }
-            self.mirror.set(names.value(i), values.value(i));
-            out.push(Some(values.value(i).to_string()));
-        }
-        Ok(ColumnarValue::Array(Arc::new(StringArray::from(out))))
-    }
+            Ok(ColumnarValue::Array(Arc::new(StringArray::from(out))))
+        },
+    )
 }
 
 /// `current_setting(name [, missing_ok])` for one connection.
-#[derive(Debug)]
-pub struct CurrentSetting {
-    signature: Signature,
-    mirror: Mirror,
-    workspace: String,
-}
-
-impl CurrentSetting {
-    pub fn new(mirror: Mirror, workspace: &str) -> Self {
-        Self {
-            signature: Signature::variadic_any(Volatility::Stable),
-            mirror,
-            workspace: workspace.to_string(),
-        }
-    }
-}
-
-impl PartialEq for CurrentSetting {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.mirror.meta, &other.mirror.meta)
-    }
-}
-
-impl Eq for CurrentSetting {}
-
-impl std::hash::Hash for CurrentSetting {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        "current_setting".hash(state)
-    }
-}
-
-impl ScalarUDFImpl for CurrentSetting {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        "current_setting"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        let Some(first) = args.args.first() else {
-            return Err(DataFusionError::Plan(
-                "current_setting() needs a setting name".into(),
-            ));
-        };
+pub fn current_setting(mirror: Mirror, workspace: &str) -> ScalarUDF {
+    let workspace = workspace.to_string();
+    udf::function("current_setting", DataType::Utf8, move |args| {
         let missing_ok = match args.args.get(1) {
             Some(ColumnarValue::Scalar(s)) => s.to_string() == "true",
             _ => false,
         };
-        let names = first.to_array(args.number_rows)?;
-        let names = arrow::compute::cast(&names, &DataType::Utf8)?;
+        let names = udf::text_arg(args, 0, "current_setting")?;
         let names = names.as_string::<i32>();
-        let meta = self.mirror.meta.read().unwrap_or_else(|e| e.into_inner());
+        let meta = mirror.meta.read().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::with_capacity(names.len());
         for i in 0..names.len() {
             if names.is_null(i) {
                 out.push(None);
                 continue;
             }
-            match setting(&meta, names.value(i), &self.workspace) {
+            match setting(&meta, names.value(i), &workspace) {
                 Some(v) => out.push(Some(v)),
                 None if missing_ok => out.push(None),
                 None => {
@@ -281,7 +182,7 @@ impl ScalarUDFImpl for CurrentSetting {
             }
         }
         Ok(ColumnarValue::Array(Arc::new(StringArray::from(out))))
-    }
+    })
 }
 
 /// `SHOW <setting>`, `SET` and `RESET` of session settings.
@@ -289,6 +190,8 @@ pub struct SettingsHook {
     pub workspace: String,
     /// `statement_timeout` after RESET (skippr.query.statement_timeout), in ms; 0: none.
     pub default_timeout_ms: u128,
+    /// The session's read views, for `SHOW skippr.lsn`.
+    pub views: Arc<crate::query::view::ViewHandle>,
 }
 
 fn show_response(name: &str, value: &str) -> PgWireResult<Response> {
@@ -324,6 +227,17 @@ impl SettingsHook {
             .join(" ");
         if name == "all" {
             return None;
+        }
+        // `SHOW skippr.lsn` arrives as two parts.
+        let dotted = name.replace(' ', ".");
+        let name = if dotted.starts_with("skippr.") {
+            dotted
+        } else {
+            name
+        };
+        if name == fence::SHOW_LSN {
+            let lsn = fence::visible_text(&self.views, None).unwrap_or_default();
+            return Some(show_response(fence::SHOW_LSN, &lsn));
         }
         let label = match name.as_str() {
             "time zone" | "timezone" => "TimeZone".to_string(),
@@ -361,6 +275,10 @@ impl SettingsHook {
                 match reset {
                     Reset::ALL => {
                         for name in SESSION_SETTINGS {
+                            self.reset(name, client);
+                        }
+                        // Postgres resets custom settings too: back to live, unfenced.
+                        for name in [AS_OF, fence::MIN_LSN] {
                             self.reset(name, client);
                         }
                     }
@@ -416,6 +334,18 @@ impl SettingsHook {
         if name == "timezone" && text.parse::<chrono_tz::Tz>().is_err() {
             return invalid("TimeZone", &text);
         }
+        if !fence::valid_setting(name, &text) {
+            if name == AS_OF {
+                return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "ERROR".to_string(),
+                    "22023".to_string(),
+                    format!(
+                        "invalid value for parameter \"{AS_OF}\": \"{text}\": expected {AS_OF_FORMS}"
+                    ),
+                ))));
+            }
+            return invalid(name, &text);
+        }
         client.metadata_mut().insert(name.to_string(), text.clone());
         let reported = match name {
             "timezone" => "TimeZone",
@@ -437,11 +367,10 @@ impl SettingsHook {
 }
 
 #[async_trait]
-impl QueryHook for SettingsHook {
-    async fn handle_simple_query(
+impl Answer for SettingsHook {
+    async fn answer(
         &self,
         statement: &Statement,
-        _session_context: &SessionContext,
         client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
         if let Some(done) = self.record(statement, client).await {
@@ -450,12 +379,7 @@ impl QueryHook for SettingsHook {
         self.show(statement, &*client)
     }
 
-    async fn handle_extended_parse_query(
-        &self,
-        statement: &Statement,
-        _session_context: &SessionContext,
-        _client: &(dyn ClientInfo + Send + Sync),
-    ) -> Option<PgWireResult<LogicalPlan>> {
+    fn describe(&self, statement: &Statement) -> Option<PgWireResult<LogicalPlan>> {
         if !matches!(statement, Statement::ShowVariable { .. }) {
             return None;
         }
@@ -465,19 +389,5 @@ impl QueryHook for SettingsHook {
             false,
         )]);
         Some(placeholder_plan(schema, true))
-    }
-
-    async fn handle_extended_query(
-        &self,
-        statement: &Statement,
-        _logical_plan: &LogicalPlan,
-        _params: &ParamValues,
-        _session_context: &SessionContext,
-        client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        if let Some(done) = self.record(statement, client).await {
-            return Some(done);
-        }
-        self.show(statement, &*client)
     }
 }

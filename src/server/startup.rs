@@ -99,10 +99,7 @@ impl Startup {
             );
             return Err(fatal(
                 "53300",
-                format!(
-                    "sorry, too many clients already: {} are connected (skippr.query.max_connections); try again later",
-                    self.shared.max_connections
-                ),
+                super::too_many_clients(self.shared.max_connections),
             ));
         }
         Ok(())

@@ -46,14 +46,48 @@ fn tag(statement: &Statement) -> Option<&'static str> {
 }
 
 #[async_trait]
-impl QueryHook for SessionStatementsHook {
+impl Answer for SessionStatementsHook {
+    async fn answer(
+        &self,
+        statement: &Statement,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        tag(statement).map(|t| Ok(Response::Execution(Tag::new(t))))
+    }
+
+    fn describe(&self, statement: &Statement) -> Option<PgWireResult<LogicalPlan>> {
+        tag(statement)?;
+        Some(placeholder_plan(Schema::empty(), false))
+    }
+}
+
+/// A statement hook that answers a statement the same way in the simple and the extended
+/// protocol: as [`Hook`] runs it.
+#[async_trait]
+pub trait Answer: Send + Sync {
+    /// The response to `statement`, or `None` when this hook does not answer it.
+    async fn answer(
+        &self,
+        statement: &Statement,
+        client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>>;
+
+    /// The plan a prepared `statement` this hook answers describes its result with.
+    fn describe(&self, statement: &Statement) -> Option<PgWireResult<LogicalPlan>>;
+}
+
+/// An [`Answer`] as a hook of both protocols.
+pub struct Hook<T>(pub T);
+
+#[async_trait]
+impl<T: Answer> QueryHook for Hook<T> {
     async fn handle_simple_query(
         &self,
         statement: &Statement,
         _session_context: &SessionContext,
-        _client: &mut dyn HookClient,
+        client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        tag(statement).map(|t| Ok(Response::Execution(Tag::new(t))))
+        self.0.answer(statement, client).await
     }
 
     async fn handle_extended_parse_query(
@@ -62,8 +96,7 @@ impl QueryHook for SessionStatementsHook {
         _session_context: &SessionContext,
         _client: &(dyn ClientInfo + Send + Sync),
     ) -> Option<PgWireResult<LogicalPlan>> {
-        tag(statement)?;
-        Some(placeholder_plan(Schema::empty(), false))
+        self.0.describe(statement)
     }
 
     async fn handle_extended_query(
@@ -72,8 +105,8 @@ impl QueryHook for SessionStatementsHook {
         _logical_plan: &LogicalPlan,
         _params: &ParamValues,
         _session_context: &SessionContext,
-        _client: &mut dyn HookClient,
+        client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        tag(statement).map(|t| Ok(Response::Execution(Tag::new(t))))
+        self.0.answer(statement, client).await
     }
 }

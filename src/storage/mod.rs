@@ -9,6 +9,7 @@
 
 pub mod aws;
 pub mod aws_json;
+pub mod held;
 pub mod iceberg_io;
 pub mod lease;
 mod local;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 
-use super::{Location, Put, Store, Version};
+use super::{held, Location, Put, Store, Version};
 use crate::error::{Context, Error, Result};
 
 /// Where one state document lives.
@@ -27,6 +27,9 @@ pub enum StateFile {
 pub struct StateObject {
     location: Location,
     key: String,
+    /// The pipeline whose state it is: while this process holds its lease, what it wrote
+    /// last is read from memory (see `held`).
+    pipeline: String,
     store: OnceLock<Store>,
     /// `None`: not read yet, or read as absent (the next write creates it).
     version: Mutex<Option<Version>>,
@@ -34,10 +37,11 @@ pub struct StateObject {
 
 impl StateFile {
     /// The document at `key` under `location`.
-    pub fn object(location: &Location, key: &str) -> Self {
+    pub fn object(location: &Location, key: &str, pipeline: &str) -> Self {
         Self::Object(Arc::new(StateObject {
             location: location.clone(),
             key: key.to_string(),
+            pipeline: pipeline.to_string(),
             store: OnceLock::new(),
             version: Mutex::new(None),
         }))
@@ -69,6 +73,10 @@ impl StateFile {
                     .with_context(|| format!("reading the pipeline state {}", path.display())),
             },
             Self::Object(o) => {
+                let at = self.describe();
+                if let Some(bytes) = held::get(&at, &o.pipeline) {
+                    return Ok(bytes);
+                }
                 let store = o.store()?;
                 let got = store.blocking(store.get(&o.key))?;
                 let (bytes, version) = match got {
@@ -76,6 +84,7 @@ impl StateFile {
                     None => (None, None),
                 };
                 *o.version.lock().unwrap_or_else(|e| e.into_inner()) = version;
+                held::read(&at, &o.pipeline, bytes.clone());
                 Ok(bytes)
             }
         }
@@ -91,12 +100,13 @@ impl StateFile {
                 let store = o.store()?;
                 let known = o.version.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let put = match known {
-                    Some(v) => store.blocking(store.put_if_version(&o.key, bytes, v))?,
-                    None => store.blocking(store.put_if_absent(&o.key, bytes))?,
+                    Some(v) => store.blocking(store.put_if_version(&o.key, bytes.clone(), v))?,
+                    None => store.blocking(store.put_if_absent(&o.key, bytes.clone()))?,
                 };
                 match put {
                     Put::Written(v) => {
                         *o.version.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
+                        held::wrote(&self.describe(), &o.pipeline, Some(bytes));
                         Ok(())
                     }
                     Put::Conflict => Err(Error::fatal(format!(
@@ -121,6 +131,7 @@ impl StateFile {
                 let store = o.store()?;
                 store.blocking(store.delete(&o.key))?;
                 *o.version.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                held::wrote(&self.describe(), &o.pipeline, None);
                 Ok(())
             }
         }

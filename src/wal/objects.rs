@@ -10,7 +10,7 @@ use super::store::{parse_name, SegmentInfo};
 use super::view;
 use crate::change::Lsn;
 use crate::error::{Context, Result};
-use crate::storage::{join_key, Store};
+use crate::storage::{held, join_key, Store};
 
 /// The segments of one pipeline under `prefix` in `store`.
 #[derive(Debug, Clone)]
@@ -169,19 +169,32 @@ impl ObjectWal {
     /// A small object beside the segments (the acknowledged-position marker), or `None`.
     pub fn get_marker(&self, name: &str) -> Result<Option<Bytes>> {
         let key = join_key(&self.prefix, name);
+        let at = self.store.describe(&key);
+        if let Some((pipeline, _)) = &self.role {
+            if let Some(bytes) = held::get(&at, pipeline) {
+                return Ok(bytes);
+            }
+        }
         let got = self
             .store
             .blocking(self.store.get(&key))
-            .with_context(|| format!("reading {}", self.store.describe(&key)))?;
-        Ok(got.map(|(bytes, _)| bytes))
+            .with_context(|| format!("reading {at}"))?
+            .map(|(bytes, _)| bytes);
+        if let Some((pipeline, _)) = &self.role {
+            held::read(&at, pipeline, got.clone());
+        }
+        Ok(got)
     }
 
     /// Writes a small object beside the segments, durable when the PUT returns.
     pub fn put_marker(&self, name: &str, bytes: Bytes) -> Result<()> {
         let key = join_key(&self.prefix, name);
         self.store
-            .blocking(self.store.put(&key, bytes))
+            .blocking(self.store.put(&key, bytes.clone()))
             .with_context(|| format!("writing {}", self.store.describe(&key)))?;
+        if let Some((pipeline, true)) = &self.role {
+            held::wrote(&self.store.describe(&key), pipeline, Some(bytes));
+        }
         Ok(())
     }
 
@@ -190,7 +203,11 @@ impl ObjectWal {
         let key = join_key(&self.prefix, name);
         self.store
             .blocking(self.store.delete(&key))
-            .with_context(|| format!("removing {}", self.store.describe(&key)))
+            .with_context(|| format!("removing {}", self.store.describe(&key)))?;
+        if let Some((pipeline, true)) = &self.role {
+            held::wrote(&self.store.describe(&key), pipeline, None);
+        }
+        Ok(())
     }
 
     /// How a person names a segment (an `s3://` URL).

@@ -410,16 +410,33 @@ impl WalStore {
             std::fs::File::open(&self.dir)?.sync_all()
         };
         write().map_err(|e| {
-            Error::new(
-                ErrorKind::Fatal,
-                format!("cannot write {}: {e}", path.display()),
-            )
+            // Nothing is acknowledged before the note is durable: a full disk is waited out
+            // like a segment that cannot be written.
+            let _ = std::fs::remove_file(&tmp);
+            let (kind, hint) = if crate::error::is_storage_full_io(&e) {
+                (
+                    ErrorKind::Retryable,
+                    "; storage full: free space under skipprd_el_storage_path and ingest resumes by itself (nothing was acknowledged, nothing is lost)",
+                )
+            } else {
+                (ErrorKind::Fatal, "")
+            };
+            Error::new(kind, format!("cannot write {}: {e}{hint}", path.display())).with_source(e)
         })
     }
 
     /// The highest position this WAL may have acknowledged to the source: the end of its
     /// newest segment, or a later position noted by [`WalStore::note_acknowledged`].
     pub fn acknowledged(&self) -> Result<Lsn> {
+        let noted = self.noted_acknowledged()?;
+        let last = self.segments()?.last().map(|s| s.last).unwrap_or_default();
+        Ok(noted.max(last))
+    }
+
+    /// The position noted by [`WalStore::note_acknowledged`] alone (zero when none): every
+    /// source transaction of the pipeline's tables ending at or before it is in a segment
+    /// written before the note (or already committed to Iceberg).
+    pub fn noted_acknowledged(&self) -> Result<Lsn> {
         let path = self.dir.join(ACKNOWLEDGED_FILE);
         let text = match &self.objects {
             Some(objects) => match objects.get_marker(ACKNOWLEDGED_FILE)? {
@@ -438,8 +455,7 @@ impl WalStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Lsn::default(),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
-        let last = self.segments()?.last().map(|s| s.last).unwrap_or_default();
-        Ok(noted.max(last))
+        Ok(noted)
     }
 }
 

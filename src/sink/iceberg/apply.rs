@@ -11,12 +11,14 @@ use std::collections::HashMap;
 use arrow::datatypes::SchemaRef;
 use iceberg::table::Table;
 
+use super::keyindex::{KeyIndex, Loc};
 use super::keys::{Key, KeyEncoder};
 use super::maintenance::MaintenanceSettings;
 use super::writer::TableWriter;
 use super::{evolve, PROP_COLUMNS};
 use super::{
-    rowdelta, schema as ice_schema, PROP_PRIMARY_KEY, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
+    rowdelta, schema as ice_schema, PG_EPOCH_MICROS, PROP_PRIMARY_KEY, SUMMARY_COMMIT_TIME,
+    SUMMARY_FIRST_COMMIT_TIME, SUMMARY_FIRST_LSN, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
 };
 use crate::catalog::LocalCatalog;
 use crate::change::types::PgType;
@@ -26,13 +28,6 @@ use crate::config::TableRef;
 use crate::error::{Error, Result};
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
-
-/// Where a live row is: data file (index into `files`) and row position.
-#[derive(Debug, Clone, Copy)]
-struct Loc {
-    file: u32,
-    pos: u64,
-}
 
 /// A row waiting for the next commit, in the table's column order.
 #[derive(Debug, Clone)]
@@ -55,7 +50,7 @@ pub struct TableSink {
     keys: KeyEncoder,
     /// Source LSN covered by the last commit.
     pub lsn: Lsn,
-    index: HashMap<Key, Loc>,
+    index: KeyIndex,
     /// Further copies of a key: only tables keyed by the whole row can have equal rows.
     extra: HashMap<Key, Vec<Loc>>,
     files: Vec<String>,
@@ -71,6 +66,14 @@ pub struct TableSink {
     staged_deletes: Vec<iceberg::spec::DataFile>,
     truncated: bool,
     pending_lsn: Lsn,
+    /// The end LSN of the first transaction among the pending changes (recorded as
+    /// `skippr.first-lsn`).
+    first_pending_lsn: Option<Lsn>,
+    /// The source commit time of the transaction being applied, of the one at
+    /// `first_pending_lsn` and of the one at `pending_lsn` (Postgres epoch).
+    txn_time: Option<i64>,
+    first_pending_time: Option<i64>,
+    pending_time: Option<i64>,
     pending_changes: u64,
     /// Approximate memory held by pending rows, in bytes.
     pending_bytes: u64,
@@ -138,7 +141,7 @@ impl TableSink {
             key_idx,
             keys,
             lsn,
-            index: HashMap::new(),
+            index: KeyIndex::default(),
             extra: HashMap::new(),
             files: Vec::new(),
             rows: Vec::new(),
@@ -149,6 +152,10 @@ impl TableSink {
             staged_deletes: Vec::new(),
             truncated: false,
             pending_lsn: lsn,
+            first_pending_lsn: None,
+            txn_time: None,
+            first_pending_time: None,
+            pending_time: None,
             pending_changes: 0,
             pending_bytes: 0,
             rel_maps: HashMap::new(),
@@ -430,24 +437,25 @@ impl TableSink {
         })
     }
 
-    fn index_insert(&mut self, key: Key, loc: Loc) {
+    fn index_insert(&mut self, key: Key, loc: Loc) -> Result<()> {
         if self.keyed {
-            self.index.insert(key, loc);
-        } else {
-            match self.index.entry(key) {
-                std::collections::hash_map::Entry::Occupied(e) => {
-                    self.extra.entry(e.key().clone()).or_default().push(loc);
-                }
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(loc);
-                }
-            }
+            self.index.insert(&key, loc)?;
+        } else if !self.index.insert_new(&key, loc)? {
+            self.extra.entry(key).or_default().push(loc);
         }
+        Ok(())
     }
 
     /// Applies one change of a transaction ending at `end_lsn`.
     pub fn apply(&mut self, change: &Change, end_lsn: Lsn) -> Result<()> {
-        self.pending_lsn = self.pending_lsn.max(end_lsn);
+        if end_lsn >= self.pending_lsn {
+            self.pending_lsn = end_lsn;
+            self.pending_time = self.txn_time;
+        }
+        if self.first_pending_lsn.is_none() {
+            self.first_pending_lsn = Some(end_lsn);
+            self.first_pending_time = self.txn_time;
+        }
         self.pending_changes += 1;
         match change.op {
             // Relation changes are handled by the caller before the changes that follow.
@@ -573,7 +581,15 @@ impl TableSink {
 
     /// Marks `lsn` as covered even without changes to this table (for exactly-once bookkeeping).
     pub fn advance(&mut self, lsn: Lsn) {
-        self.pending_lsn = self.pending_lsn.max(lsn);
+        if lsn > self.pending_lsn {
+            self.pending_lsn = lsn;
+            self.pending_time = self.txn_time;
+        }
+    }
+
+    /// A source transaction committed at `commit_micros` (Postgres epoch) starts.
+    pub fn begin_txn(&mut self, commit_micros: i64) {
+        self.txn_time = Some(commit_micros);
     }
 
     pub fn has_pending(&self) -> bool {
@@ -650,7 +666,7 @@ impl TableSink {
                     file: file_no,
                     pos: pos as u64,
                 },
-            );
+            )?;
         }
         Ok(Some(file))
     }
@@ -722,11 +738,22 @@ impl TableSink {
                 return Err(e);
             }
         }
-        let props = HashMap::from([
+        let mut props = HashMap::from([
             (SUMMARY_LSN.to_string(), self.pending_lsn.to_string()),
             (SUMMARY_PHASE.to_string(), "cdc".to_string()),
             (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
         ]);
+        if let Some(first) = self.first_pending_lsn {
+            props.insert(SUMMARY_FIRST_LSN.to_string(), first.to_string());
+        }
+        for (key, time) in [
+            (SUMMARY_COMMIT_TIME, self.pending_time),
+            (SUMMARY_FIRST_COMMIT_TIME, self.first_pending_time),
+        ] {
+            if let Some(t) = time {
+                props.insert(key.to_string(), (t + PG_EPOCH_MICROS).to_string());
+            }
+        }
         self.table = rowdelta::commit(
             catalog,
             &self.table,
@@ -757,6 +784,8 @@ impl TableSink {
         self.deletes.clear();
         self.truncated = false;
         self.pending_changes = 0;
+        self.first_pending_lsn = None;
+        self.first_pending_time = None;
         Ok(())
     }
 }

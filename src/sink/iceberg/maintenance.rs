@@ -12,7 +12,7 @@ use iceberg::spec::{
 };
 use iceberg::table::Table;
 
-use super::{commit, rowdelta, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
+use super::{commit, rowdelta, SUMMARY_COMMIT_TIME, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
 use crate::catalog::LocalCatalog;
 use crate::error::{Context, Error, Result};
 use crate::storage::{Location, Store};
@@ -245,7 +245,17 @@ pub async fn commit_rewrite(
         .summary()
         .additional_properties
         .iter()
-        .filter(|(k, _)| [SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE].contains(&k.as_str()))
+        // The same state at the same LSN, reached in the source at the same time (its first
+        // change is its parent's: a compaction adds none).
+        .filter(|(k, _)| {
+            [
+                SUMMARY_LSN,
+                SUMMARY_PHASE,
+                SUMMARY_PIPELINE,
+                SUMMARY_COMMIT_TIME,
+            ]
+            .contains(&k.as_str())
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     summary.insert(SUMMARY_MAINTENANCE.to_string(), "compaction".to_string());
@@ -329,7 +339,7 @@ pub async fn expire(catalog: &LocalCatalog, table: &Table, ids: &[i64]) -> Resul
 
 /// Every file the table's metadata references: of each retained snapshot its manifest
 /// list, manifests and live files, and the metadata files of the log.
-async fn referenced(table: &Table) -> Result<HashSet<String>> {
+pub(super) async fn referenced(table: &Table) -> Result<HashSet<String>> {
     let meta = table.metadata();
     let mut out: HashSet<String> = meta
         .metadata_log()

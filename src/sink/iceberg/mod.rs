@@ -5,8 +5,10 @@ pub mod apply;
 pub mod commit;
 pub mod durable;
 pub mod evolve;
+pub mod keyindex;
 pub mod keys;
 pub mod maintenance;
+pub mod models;
 pub mod rowdelta;
 pub mod schema;
 pub mod writer;
@@ -17,6 +19,18 @@ pub const SUMMARY_LSN: &str = "skippr.lsn";
 pub const SUMMARY_PHASE: &str = "skippr.phase";
 /// Snapshot summary key: the pipeline that wrote the snapshot.
 pub const SUMMARY_PIPELINE: &str = "skippr.pipeline";
+/// Snapshot summary key of a CDC commit: the end LSN of the first source transaction it
+/// holds a change of. The table did not change between its previous snapshot's LSN and
+/// this one, which lets time travel answer there after the WAL is gone.
+pub const SUMMARY_FIRST_LSN: &str = "skippr.first-lsn";
+/// Snapshot summary key of a CDC commit: the source commit time (microseconds since
+/// 1970-01-01 UTC) of the transaction at `skippr.lsn`.
+pub const SUMMARY_COMMIT_TIME: &str = "skippr.commit-time";
+/// Snapshot summary key of a CDC commit: the source commit time of the transaction at
+/// `skippr.first-lsn`.
+pub const SUMMARY_FIRST_COMMIT_TIME: &str = "skippr.first-commit-time";
+/// Postgres commit times count from 2000-01-01; the summary's from 1970-01-01.
+pub const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 /// Table property: the source table, `schema.name`.
 pub const PROP_SOURCE: &str = "skippr.source";
 /// Table property: the primary key columns, comma-separated, in key order.

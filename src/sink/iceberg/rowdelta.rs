@@ -130,6 +130,65 @@ pub async fn commit(
     props: HashMap<String, String>,
 ) -> Result<Table> {
     let pipeline = props.get(super::SUMMARY_PIPELINE).cloned();
+    let (snapshot, new_files) = new_snapshot(table, data, deletes, replace_all, props).await?;
+    // A process that lost its pipeline's lease (S3 mode) must not make anything current.
+    if let Some(pipeline) = &pipeline {
+        crate::storage::lease::ensure_held(pipeline)?;
+    }
+    commit_metadata(catalog, table, &new_files, |b| add_current(b, snapshot)).await
+}
+
+/// Like [`commit`] (without deletes), but the new metadata is only written and made durable,
+/// not made current: the returned table is the table as it will be once a catalog swap (or
+/// a new catalog entry) names its metadata location. Models of the gateway commit several
+/// tables at once this way.
+/// Every snapshot before the new one is expired in the same change (a model keeps no
+/// history: what only older snapshots read becomes garbage once the change is current).
+pub async fn stage(
+    table: &Table,
+    data: Vec<DataFile>,
+    replace_all: bool,
+    props: HashMap<String, String>,
+) -> Result<Table> {
+    let older: Vec<i64> = table
+        .metadata()
+        .snapshots()
+        .map(|s| s.snapshot_id())
+        .collect();
+    let (snapshot, new_files) = new_snapshot(table, data, Vec::new(), replace_all, props).await?;
+    stage_metadata(table, &new_files, |b| {
+        let b = add_current(b, snapshot)?;
+        Ok(if older.is_empty() {
+            b
+        } else {
+            b.remove_snapshots(&older)
+        })
+    })
+    .await
+}
+
+/// Makes `snapshot` the table's current one on the main branch.
+fn add_current(
+    b: TableMetadataBuilder,
+    snapshot: Snapshot,
+) -> iceberg::Result<TableMetadataBuilder> {
+    let id = snapshot.snapshot_id();
+    b.add_snapshot(snapshot)?.set_ref(
+        MAIN_BRANCH,
+        SnapshotReference::new(id, SnapshotRetention::branch(None, None, None)),
+    )
+}
+
+/// Writes the manifests and the manifest list of a snapshot adding `data` and `deletes`
+/// (after every existing file, or instead of them with `replace_all`), and returns the
+/// snapshot with the files written for it.
+async fn new_snapshot(
+    table: &Table,
+    data: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+    replace_all: bool,
+    props: HashMap<String, String>,
+) -> Result<(Snapshot, Vec<String>)> {
     let meta = table.metadata();
     let file_io = table.file_io();
     let commit_id = uuid::Uuid::now_v7();
@@ -265,18 +324,7 @@ pub async fn commit(
         })
         .with_schema_id(meta.current_schema_id())
         .build();
-
-    // A process that lost its pipeline's lease (S3 mode) must not make anything current.
-    if let Some(pipeline) = &pipeline {
-        crate::storage::lease::ensure_held(pipeline)?;
-    }
-    commit_metadata(catalog, table, &new_files, |b| {
-        b.add_snapshot(snapshot)?.set_ref(
-            MAIN_BRANCH,
-            SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
-        )
-    })
-    .await
+    Ok((snapshot, new_files))
 }
 
 /// A snapshot id for the commit `commit_id`, unused in the table so far.
@@ -310,7 +358,29 @@ pub(super) async fn commit_metadata(
     new_files: &[String],
     change: impl FnOnce(TableMetadataBuilder) -> iceberg::Result<TableMetadataBuilder>,
 ) -> Result<Table> {
-    let old_location = table
+    let old_location = metadata_location(table)?;
+    let staged = stage_metadata(table, new_files, change).await?;
+    let new_location = metadata_location(&staged)?;
+    durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
+    catalog
+        .swap_metadata(table.identifier(), &old_location, &new_location)
+        .await?;
+    let table = catalog
+        .catalog
+        .load_table(table.identifier())
+        .await
+        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))?;
+    if let Some(pipeline) = super::commit::committed_pipeline(&table) {
+        if table.metadata_location() == Some(new_location.as_str()) {
+            catalog.remember(table.identifier(), &new_location, pipeline);
+        }
+    }
+    Ok(table)
+}
+
+/// Where the table's current metadata file is.
+fn metadata_location(table: &Table) -> Result<String> {
+    Ok(table
         .metadata_location()
         .ok_or_else(|| {
             Error::fatal(format!(
@@ -318,7 +388,18 @@ pub(super) async fn commit_metadata(
                 table.identifier()
             ))
         })?
-        .to_string();
+        .to_string())
+}
+
+/// Applies `change` to the table's metadata, writes the next metadata file and makes it
+/// and `new_files` durable; the catalog is not told. Returns the table as that metadata
+/// describes it.
+pub(super) async fn stage_metadata(
+    table: &Table,
+    new_files: &[String],
+    change: impl FnOnce(TableMetadataBuilder) -> iceberg::Result<TableMetadataBuilder>,
+) -> Result<Table> {
+    let old_location = metadata_location(table)?;
     let builder = TableMetadataBuilder::new_from_metadata(
         table.metadata().clone(),
         Some(old_location.clone()),
@@ -340,19 +421,12 @@ pub(super) async fn commit_metadata(
             .map(String::as_str)
             .chain(std::iter::once(new_location.as_str())),
     )?;
-    durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
-    catalog
-        .swap_metadata(table.identifier(), &old_location, &new_location)
-        .await?;
-    let table = catalog
-        .catalog
-        .load_table(table.identifier())
-        .await
-        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))?;
-    if let Some(pipeline) = super::commit::committed_pipeline(&table) {
-        if table.metadata_location() == Some(new_location.as_str()) {
-            catalog.remember(table.identifier(), &new_location, pipeline);
-        }
-    }
-    Ok(table)
+    Table::builder()
+        .runtime(iceberg::Runtime::try_current().context("finding the async runtime")?)
+        .file_io(table.file_io().clone())
+        .metadata_location(new_location)
+        .metadata(new_meta)
+        .identifier(table.identifier().clone())
+        .build()
+        .with_context(|| format!("describing Iceberg table {}", table.identifier()))
 }

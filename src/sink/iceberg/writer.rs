@@ -13,11 +13,19 @@ use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::error::{Context, Result};
 
 /// Rows per Parquet row group.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
+/// Rows per data page at most: the page index (min, max per page) lets a lookup by key
+/// fetch and decompress one page of each column instead of a whole row group.
+const PAGE_ROWS: usize = 8 * 1024;
+/// A column's dictionary page at most, after which the column chunk falls back to plain
+/// encoding: a reader of any page of a chunk first decodes its whole dictionary, so a large
+/// one (a column of unique values) costs a lookup more than the page it wants.
+const DICTIONARY_BYTES: usize = 64 * 1024;
 
 type Inner =
     DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
@@ -42,11 +50,23 @@ impl TableWriter {
         target_file_size: u64,
         row_group_bytes: Option<usize>,
     ) -> Result<Self> {
-        let props = WriterProperties::builder()
+        let schema = table.metadata().current_schema();
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .set_max_row_group_bytes(row_group_bytes.filter(|b| *b > 0))
-            .build();
+            .set_data_page_row_count_limit(PAGE_ROWS)
+            .set_dictionary_page_size_limit(DICTIONARY_BYTES)
+            .set_max_row_group_bytes(row_group_bytes.filter(|b| *b > 0));
+        // Key columns are unique: a dictionary would only be decoded, never useful.
+        for id in schema.identifier_field_ids() {
+            if let Some(field) = schema.field_by_id(id) {
+                props = props.set_column_dictionary_enabled(
+                    ColumnPath::new(vec![field.name.clone()]),
+                    false,
+                );
+            }
+        }
+        let props = props.build();
         let parquet = ParquetWriterBuilder::new(props, table.metadata().current_schema().clone());
         let location = DefaultLocationGenerator::new(table.metadata())?;
         let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);

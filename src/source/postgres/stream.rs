@@ -356,6 +356,15 @@ pub async fn stream(
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
                 server_end = server_end.max(Lsn(wal_end.0));
+                if out.open_changes().is_none() {
+                    // A logical walsender's keepalive carries the position it decoded
+                    // through: every transaction committed before it was sent before this
+                    // message. Once what was received is flushed, the WAL holds every change
+                    // up to it, so it can be noted and acknowledged like the end of a
+                    // transaction without our tables. This is what lets a reader's fence on
+                    // `pg_current_wal_insert_lsn()` complete when no later change arrives.
+                    last_end = last_end.max(Lsn(wal_end.0));
+                }
                 // Nothing received and not yet durable: caught up, whatever else the server
                 // wrote meanwhile (other databases, tables outside the publication).
                 let behind = if out.is_empty() && out.open_changes().is_none() {
@@ -388,8 +397,8 @@ pub async fn stream(
                     );
                 }
                 if out.open_changes().is_some() {
-                    last_end = Lsn(end_lsn.0);
-                    out.commit(Lsn(lsn.0), last_end)?;
+                    last_end = last_end.max(Lsn(end_lsn.0));
+                    out.commit(Lsn(lsn.0), Lsn(end_lsn.0))?;
                 }
                 if out.flush_due() {
                     flush(out, &client, &mut last_durable)?;

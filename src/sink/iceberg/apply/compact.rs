@@ -174,8 +174,10 @@ impl TableSink {
         live
     }
 
-    fn locs(&self) -> impl Iterator<Item = &Loc> {
-        self.index.values().chain(self.extra.values().flatten())
+    fn locs(&self) -> impl Iterator<Item = Loc> + '_ {
+        self.index
+            .locs()
+            .chain(self.extra.values().flatten().copied())
     }
 
     /// Decides whether a compaction is due and which data files it rewrites: the small
@@ -431,9 +433,7 @@ impl TableSink {
                 pos: seg.pos + (k - seg.k),
             })
         };
-        for loc in self.index.values_mut() {
-            *loc = moved(loc)?;
-        }
+        self.index.try_remap(|loc| moved(&loc))?;
         for loc in self.extra.values_mut().flatten() {
             *loc = moved(loc)?;
         }

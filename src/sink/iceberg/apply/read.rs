@@ -8,10 +8,16 @@ use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow::compute::{cast, concat_batches, interleave, take};
 use arrow::datatypes::DataType;
 use bytes::Bytes;
+use futures::StreamExt;
+use iceberg::arrow::ArrowFileReader;
+use iceberg::io::FileMetadata;
 use iceberg::spec::{DataContentType, ManifestStatus};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::file::metadata::PageIndexPolicy;
 
 use super::{Loc, PendingRow, TableSink};
 use crate::change::types::ColumnBuilder;
@@ -35,7 +41,7 @@ impl TableSink {
         let pending_deletes: Vec<(String, i64)> =
             self.deletes.iter().map(path_of).collect::<Result<_>>()?;
         let mut deleted: HashSet<(String, i64)> = pending_deletes.iter().cloned().collect();
-        let mut data_files = Vec::new();
+        let mut data_files: Vec<(String, u64)> = Vec::new();
         // After a TRUNCATE staged for the next commit, no committed row is live.
         if !self.truncated {
             let (committed, committed_deletes) = self.committed_files().await?;
@@ -49,9 +55,27 @@ impl TableSink {
             .map(|f| f.file_path().to_string())
             .collect();
         self.read_deletes(&staged_deletes, &mut deleted).await?;
-        data_files.extend(self.staged.iter().map(|f| f.file_path().to_string()));
-        for path in data_files {
-            self.index_file(path, &deleted).await?;
+        data_files.extend(
+            self.staged
+                .iter()
+                .map(|f| (f.file_path().to_string(), f.file_size_in_bytes())),
+        );
+        // Deleted positions by file, sorted.
+        let mut deleted_in: HashMap<String, Vec<u64>> = HashMap::new();
+        for (path, pos) in deleted {
+            deleted_in.entry(path).or_default().push(pos.max(0) as u64);
+        }
+        for positions in deleted_in.values_mut() {
+            positions.sort_unstable();
+        }
+        let expected: u64 = self.expected_rows();
+        self.index.reserve(
+            usize::try_from(expected).unwrap_or(usize::MAX),
+            self.int_key(),
+        );
+        for (path, size) in data_files {
+            let gone = deleted_in.remove(&path).unwrap_or_default();
+            self.index_file(path, size, &gone).await?;
         }
         // Renumber what the staged changes point at.
         let numbers: HashMap<&str, u32> = self
@@ -80,12 +104,12 @@ impl TableSink {
                 row.previous = Some(renumber(&p, pos as u64)?);
             }
         }
-        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), files = self.files.len(), "key index loaded");
+        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), index_mib = self.index.bytes() >> 20, files = self.files.len(), "key index loaded");
         Ok(())
     }
 
     /// The live data files and position delete files of the current snapshot.
-    async fn committed_files(&self) -> Result<(Vec<String>, Vec<String>)> {
+    async fn committed_files(&self) -> Result<(Vec<(String, u64)>, Vec<String>)> {
         let mut data_files = Vec::new();
         let mut delete_files = Vec::new();
         let meta = self.table.metadata();
@@ -110,7 +134,9 @@ impl TableSink {
                 }
                 let df = entry.data_file();
                 match df.content_type() {
-                    DataContentType::Data => data_files.push(df.file_path().to_string()),
+                    DataContentType::Data => {
+                        data_files.push((df.file_path().to_string(), df.file_size_in_bytes()))
+                    }
                     DataContentType::PositionDeletes => delete_files.push(df.file_path().to_string()),
                     DataContentType::EqualityDeletes => {
                         return Err(Error::unrepresentable(format!(
@@ -153,11 +179,39 @@ impl TableSink {
         Ok(())
     }
 
-    /// Indexes the live rows of one data file (as file number `files.len()`).
-    async fn index_file(&mut self, path: String, deleted: &HashSet<(String, i64)>) -> Result<()> {
+    /// Rows the current snapshot holds (its summary's `total-records`), to size the index.
+    fn expected_rows(&self) -> u64 {
+        self.table
+            .metadata()
+            .current_snapshot()
+            .and_then(|s| s.summary().additional_properties.get("total-records"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether the table's key is one integer column (held exactly in the index).
+    fn int_key(&self) -> bool {
+        matches!(self.key_idx.as_slice(), [k] if matches!(
+            self.arrow.field(*k).data_type(),
+            DataType::Int16 | DataType::Int32 | DataType::Int64
+        ))
+    }
+
+    /// Indexes the live rows of one data file (as file number `files.len()`), reading only
+    /// its key columns; `deleted`: its deleted positions, sorted.
+    async fn index_file(&mut self, path: String, size: u64, deleted: &[u64]) -> Result<()> {
         let file_no = self.files.len() as u32;
-        let bytes = self.read_file(&path).await?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+        let input = self.table.file_io().new_input(&path)?;
+        let reader = ArrowFileReader::new(
+            FileMetadata { size },
+            input
+                .reader()
+                .await
+                .with_context(|| format!("opening {path}"))?,
+        );
+        let builder = ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .with_context(|| format!("reading the footer of {path}"))?;
         // Match key columns by field id, not position: the file may predate columns
         // added, renamed or widened since. Missing columns read NULL; older types are
         // cast to the current one.
@@ -177,10 +231,15 @@ impl TableSink {
         roots.sort();
         roots.dedup();
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-        let reader = builder.with_projection(mask).build()?;
+        let mut stream = builder
+            .with_projection(mask)
+            .with_batch_size(64 * 1024)
+            .build()
+            .with_context(|| format!("reading the keys of {path}"))?;
         let mut pos: u64 = 0;
-        for batch in reader {
-            let batch = batch?;
+        let mut gone = deleted.iter().copied().peekable();
+        while let Some(batch) = stream.next().await {
+            let batch = batch.with_context(|| format!("reading the keys of {path}"))?;
             let mut cols: Vec<ArrayRef> = Vec::with_capacity(wanted.len());
             for (file_col, dt) in &wanted {
                 let col = match file_col.and_then(|i| roots.iter().position(|r| *r == i)) {
@@ -198,7 +257,8 @@ impl TableSink {
             }
             for row in 0..batch.num_rows() {
                 let p = pos + row as u64;
-                if deleted.contains(&(path.clone(), p as i64)) {
+                while gone.next_if(|g| *g < p).is_some() {}
+                if gone.next_if_eq(&p).is_some() {
                     continue;
                 }
                 if let Some(key) = self.keys.from_arrays(&cols, row) {
@@ -208,7 +268,7 @@ impl TableSink {
                             file: file_no,
                             pos: p,
                         },
-                    );
+                    )?;
                 }
             }
             pos += batch.num_rows() as u64;
@@ -296,12 +356,21 @@ impl TableSink {
         let mut parts: Vec<RecordBatch> = Vec::new();
         let mut order: Vec<usize> = Vec::new();
         for (file, wanted) in by_file {
-            let bytes = self.read_file(&self.files[file as usize]).await?;
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
-            let file_schema = arrow::array::RecordBatchReader::schema(&reader);
-            let batches: Vec<RecordBatch> = reader.collect::<std::result::Result<_, _>>()?;
-            let all = concat_batches(&file_schema, &batches)?;
-            let idx = UInt32Array::from_iter_values(wanted.iter().map(|(_, p)| *p as u32));
+            let path = &self.files[file as usize];
+            let mut positions: Vec<u64> = wanted.iter().map(|(_, p)| *p).collect();
+            positions.sort_unstable();
+            positions.dedup();
+            let all = self.read_positions(path, &positions).await?;
+            // Each wanted row's place among the rows read (ascending, unique positions).
+            let idx = wanted
+                .iter()
+                .map(|(_, p)| {
+                    positions
+                        .binary_search(p)
+                        .map(|k| k as u32)
+                        .map_err(|_| Error::fatal("a row position was not read back"))
+                })
+                .collect::<Result<UInt32Array>>()?;
             let cols = all
                 .columns()
                 .iter()
@@ -324,6 +393,65 @@ impl TableSink {
             .map(|c| take(c.as_ref(), &idx, None))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(RecordBatch::try_new(self.arrow.clone(), cols)?)
+    }
+
+    /// Reads the rows at `positions` (ascending, unique) of a data file, every column, in
+    /// that order: only the pages holding them are fetched and decoded (by the offset index),
+    /// so memory follows the rows asked for, not the file's size.
+    async fn read_positions(&self, path: &str, positions: &[u64]) -> Result<RecordBatch> {
+        let input = self.table.file_io().new_input(path)?;
+        let size = input
+            .metadata()
+            .await
+            .with_context(|| format!("reading the size of {path}"))?
+            .size;
+        let reader = ArrowFileReader::new(
+            FileMetadata { size },
+            input
+                .reader()
+                .await
+                .with_context(|| format!("opening {path}"))?,
+        );
+        let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+        let builder = ParquetRecordBatchStreamBuilder::new_with_options(reader, options)
+            .await
+            .with_context(|| format!("reading the footer of {path}"))?;
+        let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+        let mut selectors = Vec::new();
+        let mut at = 0u64;
+        for &p in positions {
+            if p >= total {
+                return Err(Error::fatal(format!(
+                    "the key index points past the end of data file {path}"
+                )));
+            }
+            if p > at {
+                selectors.push(RowSelector::skip((p - at) as usize));
+            }
+            selectors.push(RowSelector::select(1));
+            at = p + 1;
+        }
+        if total > at {
+            selectors.push(RowSelector::skip((total - at) as usize));
+        }
+        let schema = builder.schema().clone();
+        let mut stream = builder
+            .with_row_selection(RowSelection::from(selectors))
+            .build()
+            .with_context(|| format!("reading {path}"))?;
+        let mut batches = Vec::new();
+        while let Some(batch) = stream.next().await {
+            batches.push(batch.with_context(|| format!("reading {path}"))?);
+        }
+        let rows = concat_batches(&schema, &batches)?;
+        if rows.num_rows() != positions.len() {
+            return Err(Error::fatal(format!(
+                "read {} rows of data file {path} where {} were asked for",
+                rows.num_rows(),
+                positions.len()
+            )));
+        }
+        Ok(rows)
     }
 
     /// Reshapes rows read from a data file to the table's current schema, matching columns by

@@ -8,29 +8,70 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use async_trait::async_trait;
+use datafusion::catalog::CatalogProviderList;
 use datafusion::catalog::{SchemaProvider, Session};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::TableProvider;
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::logical_expr::{
-    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
-};
+use datafusion::logical_expr::{ColumnarValue, Expr};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
-use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::{
+    setup_pg_catalog, PgCatalogSchemaProvider, PgCatalogStaticTables,
+};
 
 use crate::config::quote_ident;
 use crate::error::{Error, Result};
+use crate::query::models::ModelsView;
 use crate::query::{Workspace, CATALOG};
-use crate::sink::iceberg::{SourceColumn, PROP_COLUMNS, PROP_PRIMARY_KEY};
+use crate::sink::iceberg::PROP_PRIMARY_KEY;
 
-/// Registers `pg_catalog` (with primary keys) and the Postgres functions clients call.
-pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<()> {
+use super::relations;
+use super::types::{column_types, declared_types, ColumnTypes, TYPE_OIDS};
+use super::udf;
+
+/// What the `pg_catalog` of every session shares.
+#[derive(Clone)]
+pub struct PgShared {
+    static_tables: Arc<PgCatalogStaticTables>,
+    ws: Arc<Workspace>,
+    defs: Definitions,
+    namespaces: Arc<Namespaces>,
+}
+
+impl PgShared {
+    /// The `pg_catalog` of one session: over its catalogs `list`, with the models as
+    /// `models` shows them and its temporary schema.
+    pub fn session_schema(
+        &self,
+        list: Arc<dyn CatalogProviderList>,
+        models: Arc<dyn ModelsView>,
+        temp_schema: &str,
+    ) -> Result<Arc<dyn SchemaProvider>> {
+        let inner = PgCatalogSchemaProvider::try_new(
+            list,
+            self.static_tables.clone(),
+            EmptyContextProvider,
+        )
+        .map_err(|e| Error::fatal(format!("cannot set up pg_catalog: {e}")))?;
+        Ok(Arc::new(PgCatalog {
+            inner: Arc::new(inner),
+            ws: self.ws.clone(),
+            defs: self.defs.clone(),
+            namespaces: self.namespaces.clone(),
+            models: Some((models, temp_schema.to_string())),
+        }))
+    }
+}
+
+/// Registers `pg_catalog` (with primary keys) and the Postgres functions clients call;
+/// returns what each session's own `pg_catalog` is built from.
+pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
     setup_pg_catalog(ctx, CATALOG, EmptyContextProvider)
         .map_err(|e| Error::fatal(format!("cannot set up pg_catalog: {e}")))?;
     let catalog = ctx
@@ -40,6 +81,15 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<()> {
         .schema("pg_catalog")
         .ok_or_else(|| Error::fatal("pg_catalog was not registered"))?;
     let defs = Definitions::default();
+    let shared = PgShared {
+        static_tables: Arc::new(
+            PgCatalogStaticTables::try_new()
+                .map_err(|e| Error::fatal(format!("cannot set up pg_catalog: {e}")))?,
+        ),
+        ws: ws.clone(),
+        defs: defs.clone(),
+        namespaces: Arc::default(),
+    };
     catalog
         .register_schema(
             "pg_catalog",
@@ -47,25 +97,45 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<()> {
                 inner,
                 ws,
                 defs: defs.clone(),
-                namespaces: Arc::default(),
+                namespaces: shared.namespaces.clone(),
+                models: None,
             }),
         )
         .map_err(Error::from)?;
-    ctx.register_udf(ScalarUDF::from(DefinitionUdf::new(
-        "pg_get_indexdef",
-        defs.clone(),
-    )));
-    ctx.register_udf(ScalarUDF::from(DefinitionUdf::new(
-        "pg_get_constraintdef",
-        defs,
-    )));
-    ctx.register_udf(ScalarUDF::from(ToRegtypeUdf {
-        signature: Signature::variadic_any(Volatility::Stable),
+    for name in ["pg_get_indexdef", "pg_get_constraintdef"] {
+        let defs = defs.clone();
+        ctx.register_udf(udf::function(name, DataType::Utf8, move |args| {
+            let oids = udf::int_arg(args, 0, name)?;
+            let defs = defs.0.read().unwrap_or_else(|e| e.into_inner());
+            let out: arrow::array::StringArray = oids
+                .iter()
+                .map(|oid| oid.and_then(|o| defs.get(&o).cloned()))
+                .collect();
+            Ok(ColumnarValue::Array(Arc::new(out)))
+        }));
+    }
+    // `to_regtype(name)`: the oid of a built-in type, NULL for any other (so a client
+    // probing for an extension type such as `hstore` learns it is absent).
+    ctx.register_udf(udf::function("to_regtype", DataType::Int64, |args| {
+        let names = udf::text_arg(args, 0, "to_regtype")?;
+        let names = names.as_string::<i32>();
+        let out: arrow::array::Int64Array = names
+            .iter()
+            .map(|n| {
+                let n = n?.trim().trim_start_matches("pg_catalog.");
+                TYPE_OIDS
+                    .iter()
+                    .find(|(t, _)| t.eq_ignore_ascii_case(n))
+                    .map(|(_, oid)| *oid)
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(out)))
     }));
-    ctx.register_udf(ScalarUDF::from(VersionUdf {
-        signature: Signature::exact(vec![], Volatility::Stable),
-    }));
-    Ok(())
+    ctx.register_udf(udf::constant(
+        "version",
+        ScalarValue::Utf8(Some(version_string())),
+    ));
+    Ok(shared)
 }
 
 /// What `version()` returns: clients (SQLAlchemy, JDBC tools) parse the Postgres version
@@ -78,202 +148,20 @@ pub fn version_string() -> String {
     )
 }
 
-/// Built-in types by name, for `to_regtype`.
-const TYPE_OIDS: &[(&str, i64)] = &[
-    ("bool", 16),
-    ("boolean", 16),
-    ("bytea", 17),
-    ("char", 18),
-    ("name", 19),
-    ("int8", 20),
-    ("bigint", 20),
-    ("int2", 21),
-    ("smallint", 21),
-    ("int4", 23),
-    ("integer", 23),
-    ("int", 23),
-    ("text", 25),
-    ("oid", 26),
-    ("json", 114),
-    ("float4", 700),
-    ("real", 700),
-    ("float8", 701),
-    ("double precision", 701),
-    ("varchar", 1043),
-    ("character varying", 1043),
-    ("date", 1082),
-    ("time", 1083),
-    ("timestamp", 1114),
-    ("timestamptz", 1184),
-    ("interval", 1186),
-    ("numeric", 1700),
-    ("uuid", 2950),
-    ("jsonb", 3802),
-];
-
-/// `to_regtype(name)`: the oid of a built-in type, NULL for any other (so a client probing
-/// for an extension type such as `hstore` learns it is absent).
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct ToRegtypeUdf {
-    signature: Signature,
-}
-
-impl ScalarUDFImpl for ToRegtypeUdf {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        "to_regtype"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Int64)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        let Some(first) = args.args.first() else {
-            return Err(DataFusionError::Plan(
-                "to_regtype() needs a type name".into(),
-            ));
-        };
-        let names = first.to_array(args.number_rows)?;
-        let names = arrow::compute::cast(&names, &DataType::Utf8)?;
-        let names = names.as_string::<i32>();
-        let out: arrow::array::Int64Array = (0..names.len())
-            .map(|i| {
-                if names.is_null(i) {
-                    return None;
-                }
-                let n = names.value(i).trim().trim_start_matches("pg_catalog.");
-                TYPE_OIDS
-                    .iter()
-                    .find(|(t, _)| t.eq_ignore_ascii_case(n))
-                    .map(|(_, oid)| *oid)
-            })
-            .collect();
-        Ok(ColumnarValue::Array(Arc::new(out)))
-    }
-}
-
-/// `version()`, Postgres-style.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct VersionUdf {
-    signature: Signature,
-}
-
-impl ScalarUDFImpl for VersionUdf {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        "version"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
-            version_string(),
-        ))))
-    }
-}
-
 /// The definitions of our indexes and constraints by oid, as `pg_get_indexdef` and
 /// `pg_get_constraintdef` print them; filled whenever the key catalog is read.
 #[derive(Debug, Clone, Default)]
 struct Definitions(Arc<RwLock<HashMap<i64, String>>>);
 
-/// `pg_get_indexdef(oid [, column, pretty])` and `pg_get_constraintdef(oid [, pretty])`.
-#[derive(Debug)]
-struct DefinitionUdf {
-    name: &'static str,
-    signature: Signature,
-    defs: Definitions,
-}
-
-impl DefinitionUdf {
-    fn new(name: &'static str, defs: Definitions) -> Self {
-        Self {
-            name,
-            signature: Signature::variadic_any(Volatility::Stable),
-            defs,
-        }
-    }
-}
-
-impl PartialEq for DefinitionUdf {
-    fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
-    }
-}
-
-impl Eq for DefinitionUdf {}
-
-impl std::hash::Hash for DefinitionUdf {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.name.hash(state)
-    }
-}
-
-impl ScalarUDFImpl for DefinitionUdf {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        let Some(first) = args.args.first() else {
-            return Err(DataFusionError::Plan(format!(
-                "{}() needs an oid argument",
-                self.name
-            )));
-        };
-        let oids = first.to_array(args.number_rows)?;
-        let oids = arrow::compute::cast(&oids, &DataType::Int64)?;
-        let oids = oids.as_primitive::<Int64Type>();
-        let defs = self.defs.0.read().unwrap_or_else(|e| e.into_inner());
-        let out: arrow::array::StringArray = (0..oids.len())
-            .map(|i| {
-                if oids.is_null(i) {
-                    None
-                } else {
-                    defs.get(&oids.value(i)).cloned()
-                }
-            })
-            .collect();
-        Ok(ColumnarValue::Array(Arc::new(out)))
-    }
-}
-
-/// `pg_catalog`, with the primary keys of the workspace's tables added.
-struct PgCatalog {
-    inner: Arc<dyn SchemaProvider>,
-    ws: Arc<Workspace>,
+/// `pg_catalog`, with the primary keys of the workspace's tables added, and, in a
+/// session, its model relations.
+pub(super) struct PgCatalog {
+    pub(super) inner: Arc<dyn SchemaProvider>,
+    pub(super) ws: Arc<Workspace>,
     defs: Definitions,
     namespaces: Arc<Namespaces>,
+    /// The session's models and temporary schema.
+    pub(super) models: Option<(Arc<dyn ModelsView>, String)>,
 }
 
 /// Schema oids that stay the same. pg_catalog hands out a schema's oid anew whenever its
@@ -317,9 +205,6 @@ impl std::fmt::Debug for PgCatalog {
         write!(f, "PgCatalog")
     }
 }
-
-/// The declared Postgres type of each column of a table, by attnum - 1: (oid, typmod).
-pub(super) type ColumnTypes = Vec<(i32, i32)>;
 
 /// One primary key: the table's and the schema's oid, the index oid, names and attnums.
 struct PrimaryKey {
@@ -433,6 +318,7 @@ impl PgCatalog {
                 });
             }
         }
+        self.model_types(&mut types).await?;
         Ok(WorkspaceTables {
             keys: out,
             types,
@@ -452,7 +338,7 @@ struct WorkspaceTables {
 
 /// An identifier as Postgres prints it: bare when it is a plain lower-case name, quoted
 /// otherwise.
-pub(super) fn ident(name: &str) -> String {
+pub(crate) fn ident(name: &str) -> String {
     let plain = name
         .chars()
         .next()
@@ -467,23 +353,28 @@ pub(super) fn ident(name: &str) -> String {
     }
 }
 
-/// Which catalog table gains rows for the primary keys.
+/// Which catalog table gains rows for the primary keys (or, in a session, for its models).
 #[derive(Debug, Clone, Copy)]
-enum Extra {
+pub(super) enum Extra {
     Index,
     Constraint,
     Class,
     Attribute,
     Namespace,
+    Tables,
+    Views,
+    Rewrite,
+    Depend,
+    Description,
 }
 
 /// A `pg_catalog` table with one row added per primary key. The rows are built when the
 /// table is scanned, never when it is only looked up: pg_catalog's own builders look up
 /// every table of every schema (this one included) while they run.
-struct Extended {
-    base: Arc<dyn TableProvider>,
-    catalog: Arc<PgCatalog>,
-    extra: Extra,
+pub(super) struct Extended {
+    pub(super) base: Arc<dyn TableProvider>,
+    pub(super) catalog: Arc<PgCatalog>,
+    pub(super) extra: Extra,
 }
 
 impl std::fmt::Debug for Extended {
@@ -531,6 +422,15 @@ impl TableProvider for Extended {
                 projection.cloned(),
             )?);
         }
+        if let Some((models, _)) = &self.catalog.models {
+            if let Some(batches) = self.model_rows(models.state().as_ref()).await? {
+                return Ok(MemorySourceConfig::try_new_exec(
+                    &[batches],
+                    self.base.schema(),
+                    projection.cloned(),
+                )?);
+            }
+        }
         let WorkspaceTables {
             keys,
             types,
@@ -561,6 +461,13 @@ impl TableProvider for Extended {
                 .map(|b| remap_oids(b, "relnamespace", current))
                 .collect::<DfResult<_>>()?;
         }
+        if let (Extra::Class, Some((_, temp))) = (self.extra, &self.catalog.models) {
+            let temp = self.catalog.namespaces.oid(temp);
+            batches = batches
+                .into_iter()
+                .map(|b| relations::mark_temporary(b, temp))
+                .collect::<DfResult<_>>()?;
+        }
         if matches!(self.extra, Extra::Class) && !keys.is_empty() {
             // Tables with a primary key have an index (psql's `\d` only looks when it is set).
             batches = batches
@@ -573,8 +480,8 @@ impl TableProvider for Extended {
                 Extra::Index => rows(&schema, &keys, index_value)?,
                 Extra::Constraint => rows(&schema, &keys, constraint_value)?,
                 Extra::Class => rows(&schema, &keys, class_value)?,
-                // Handled above: columns are rewritten, not added.
-                Extra::Attribute | Extra::Namespace => RecordBatch::new_empty(schema.clone()),
+                // Handled above: columns are rewritten, not added, or rows of models.
+                _ => RecordBatch::new_empty(schema.clone()),
             });
         }
         let full = self.schema();
@@ -631,7 +538,7 @@ fn added_columns(extra: Extra) -> Vec<Field> {
             DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
             true,
         )],
-        Extra::Index | Extra::Constraint | Extra::Attribute | Extra::Namespace => Vec::new(),
+        _ => Vec::new(),
     }
 }
 
@@ -658,140 +565,6 @@ fn add_null_columns(batch: RecordBatch, full: &SchemaRef) -> DfResult<RecordBatc
         ));
     }
     Ok(RecordBatch::try_new(full.clone(), columns)?)
-}
-
-/// The Postgres type of each column: the source's declared type as the table records it
-/// (`skippr.columns`), or the type of its Iceberg field (columns without a record, such as
-/// dropped ones).
-pub(super) fn column_types(schema: &Schema, props: &HashMap<String, String>) -> ColumnTypes {
-    let recorded: Vec<SourceColumn> = props
-        .get(PROP_COLUMNS)
-        .and_then(|c| serde_json::from_str(c).ok())
-        .unwrap_or_default();
-    schema
-        .fields()
-        .iter()
-        .map(|f| {
-            recorded
-                .iter()
-                .find(|c| c.target() == f.name())
-                .map(|c| (c.oid as i32, c.typmod))
-                .unwrap_or_else(|| arrow_type_oid(f.data_type()))
-        })
-        .collect()
-}
-
-/// The Postgres type that carries an Arrow type: (oid, typmod).
-pub(super) fn arrow_type_oid(dt: &DataType) -> (i32, i32) {
-    match dt {
-        DataType::Boolean => (16, -1),
-        DataType::Int16 => (21, -1),
-        DataType::Int32 => (23, -1),
-        DataType::Int64 => (20, -1),
-        DataType::Float32 => (700, -1),
-        DataType::Float64 => (701, -1),
-        DataType::Decimal128(p, s) => (1700, ((*p as i32) << 16 | (*s as i32)) + 4),
-        DataType::Binary | DataType::LargeBinary => (17, -1),
-        DataType::FixedSizeBinary(16) => (2950, -1),
-        DataType::Date32 => (1082, -1),
-        DataType::Time64(_) => (1083, -1),
-        DataType::Timestamp(_, Some(_)) => (1184, -1),
-        DataType::Timestamp(_, None) => (1114, -1),
-        DataType::List(inner) => {
-            let (elem, typmod) = arrow_type_oid(inner.data_type());
-            let array = match elem {
-                16 => 1000,
-                17 => 1001,
-                21 => 1005,
-                23 => 1007,
-                20 => 1016,
-                700 => 1021,
-                701 => 1022,
-                1700 => 1231,
-                2950 => 2951,
-                1082 => 1182,
-                1083 => 1183,
-                1184 => 1185,
-                1114 => 1115,
-                _ => 1009,
-            };
-            (array, typmod)
-        }
-        _ => (25, -1),
-    }
-}
-
-/// Array type oids (for `attndims`).
-fn is_array_oid(oid: i32) -> bool {
-    matches!(
-        oid,
-        1000 | 1001
-            | 1005
-            | 1007
-            | 1009
-            | 1014
-            | 1015
-            | 1016
-            | 1021
-            | 1022
-            | 1115
-            | 1182
-            | 1183
-            | 1185
-            | 1231
-            | 2951
-            | 199
-            | 3807
-    )
-}
-
-/// Rewrites `atttypid`, `atttypmod` and `attndims` of the workspace's columns.
-fn declared_types(batch: RecordBatch, types: &HashMap<i64, ColumnTypes>) -> DfResult<RecordBatch> {
-    let schema = batch.schema();
-    let idx = |n: &str| schema.index_of(n).ok();
-    let (Some(rel), Some(num), Some(typ), Some(typmod)) = (
-        idx("attrelid"),
-        idx("attnum"),
-        idx("atttypid"),
-        idx("atttypmod"),
-    ) else {
-        return Ok(batch);
-    };
-    let dims = idx("attndims");
-    let rels = arrow::compute::cast(batch.column(rel), &DataType::Int64)?;
-    let rels = rels.as_primitive::<Int64Type>();
-    let nums = arrow::compute::cast(batch.column(num), &DataType::Int64)?;
-    let nums = nums.as_primitive::<Int64Type>();
-    let mut typ_out = Vec::with_capacity(batch.num_rows());
-    let mut mod_out = Vec::with_capacity(batch.num_rows());
-    let mut dim_out = Vec::with_capacity(batch.num_rows());
-    let old_typ = arrow::compute::cast(batch.column(typ), &DataType::Int32)?;
-    let old_typ = old_typ.as_primitive::<Int32Type>();
-    let old_mod = arrow::compute::cast(batch.column(typmod), &DataType::Int32)?;
-    let old_mod = old_mod.as_primitive::<Int32Type>();
-    for i in 0..batch.num_rows() {
-        let declared = types
-            .get(&rels.value(i))
-            .and_then(|cols| cols.get((nums.value(i) - 1).max(0) as usize).copied())
-            .filter(|_| nums.value(i) > 0);
-        let (t, m) = declared.unwrap_or((old_typ.value(i), old_mod.value(i)));
-        typ_out.push(t);
-        mod_out.push(m);
-        dim_out.push(if is_array_oid(t) { 1 } else { 0 });
-    }
-    let mut columns = batch.columns().to_vec();
-    let typed = |v: Vec<i32>, like: &ArrayRef| -> DfResult<ArrayRef> {
-        Ok(arrow::compute::cast(
-            &(Arc::new(arrow::array::Int32Array::from(v)) as ArrayRef),
-            like.data_type(),
-        )?)
-    };
-    columns[typ] = typed(typ_out, &columns[typ])?;
-    columns[typmod] = typed(mod_out, &columns[typmod])?;
-    if let Some(d) = dims {
-        columns[d] = typed(dim_out, &columns[d])?;
-    }
-    Ok(RecordBatch::try_new(schema, columns)?)
 }
 
 /// Sets `relhasindex` on the rows of tables that have a primary key.
@@ -859,7 +632,7 @@ fn class_value(col: &str, k: &PrimaryKey) -> Option<Value> {
 }
 
 /// A catalog value, converted to whatever type the column has.
-enum Value {
+pub(super) enum Value {
     Int(i64),
     Bool(bool),
     Text(String),
@@ -892,10 +665,12 @@ fn scalar(v: Value, field: &Field) -> DfResult<ScalarValue> {
     Ok(s)
 }
 
-fn rows(
+/// A batch of `schema` with one row per item: each column's value as `value` gives it by
+/// column name, else NULL (or the type's default in a NOT NULL column).
+pub(super) fn rows<T>(
     schema: &SchemaRef,
-    keys: &[PrimaryKey],
-    value: impl Fn(&str, &PrimaryKey) -> Option<Value>,
+    keys: &[T],
+    value: impl Fn(&str, &T) -> Option<Value>,
 ) -> DfResult<RecordBatch> {
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for field in schema.fields() {
@@ -927,12 +702,18 @@ impl SchemaProvider for PgCatalog {
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        let models = self.models.is_some();
         let extra = match name.to_ascii_lowercase().as_str() {
             "pg_index" => Extra::Index,
             "pg_constraint" => Extra::Constraint,
             "pg_class" => Extra::Class,
             "pg_attribute" => Extra::Attribute,
             "pg_namespace" => Extra::Namespace,
+            "pg_tables" if models => Extra::Tables,
+            "pg_views" if models => Extra::Views,
+            "pg_rewrite" if models => Extra::Rewrite,
+            "pg_depend" if models => Extra::Depend,
+            "pg_description" if models => Extra::Description,
             _ => return self.inner.table(name).await,
         };
         let Some(base) = self.inner.table(name).await? else {
@@ -945,6 +726,7 @@ impl SchemaProvider for PgCatalog {
                 ws: self.ws.clone(),
                 defs: self.defs.clone(),
                 namespaces: self.namespaces.clone(),
+                models: self.models.clone(),
             }),
             extra,
         })))
@@ -958,6 +740,7 @@ impl SchemaProvider for PgCatalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow::datatypes::Int32Type;
 
     #[test]
     fn schema_oids_stay_the_same() {

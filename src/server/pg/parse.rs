@@ -1,4 +1,4 @@
-//! Gateway, parsing: the Postgres-compatibility parser's rewrites, except the one that
+//! Gateway, Postgres imitation, parsing: the Postgres-compatibility parser's rewrites, except the one that
 //! answers a scalar subquery in a select list with NULL when it looks correlated (it counts a
 //! bound parameter or a table named without an alias as a correlation), which silently
 //! changed answers. Those subqueries are kept, rewritten like the rest of the statement, and

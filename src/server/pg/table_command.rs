@@ -1,6 +1,8 @@
-//! Gateway, the `TABLE name` command: before a client's SQL is parsed, each `TABLE name`
-//! that stands where a query may start becomes `SELECT * FROM name`, which Postgres defines
-//! it to mean. The SQL parser reads `TABLE` itself only partly (it takes the next three
+//! Gateway, the `TABLE name` command, and views named as views: before a client's SQL is
+//! parsed, each `TABLE name` that stands where a query may start becomes `SELECT * FROM
+//! name`, which Postgres defines it to mean, and `ALTER VIEW name RENAME TO` and `COMMENT ON
+//! VIEW` (which the parser lacks) are spelled with `TABLE`, which Postgres accepts for views
+//! too. The SQL parser reads `TABLE` itself only partly (it takes the next three
 //! tokens whatever they are, so `TABLE x ORDER BY id` or `TABLE x; SELECT 1` break, and the
 //! planner does not plan it at all). Only the keyword is replaced, in the original text:
 //! the name (quoted or not), comments and literals stay exactly as written.
@@ -19,13 +21,8 @@ pub fn expand(sql: &str) -> Option<String> {
     {
         return None;
     }
-    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
-        .tokenize_with_location()
-        .ok()?;
-    let significant: Vec<&TokenWithSpan> = tokens
-        .iter()
-        .filter(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF))
-        .collect();
+    let tokens = tokens(sql)?;
+    let significant: Vec<&TokenWithSpan> = tokens.iter().collect();
     let mut at = Vec::new();
     // The first word of the statement being read, and its parenthesis depth.
     let mut first: Option<Keyword> = None;
@@ -108,6 +105,82 @@ pub fn expand(sql: &str) -> Option<String> {
     Some(out)
 }
 
+/// `sql` with `ALTER VIEW ... RENAME` and `COMMENT ON VIEW` spelled with `TABLE`, and the
+/// dollar-quoted text of a `COMMENT ON` (dbt quotes comments so) as a plain literal; `None`
+/// when it has none of these.
+pub fn view_as_table(sql: &str) -> Option<String> {
+    let lower = sql.to_ascii_lowercase();
+    if !lower.contains("view") && !lower.contains("comment") {
+        return None;
+    }
+    let tokens = tokens(sql)?;
+    let significant: Vec<&TokenWithSpan> = tokens.iter().collect();
+    // (start, end, replacement) in the original text, in order.
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    let mut start = 0;
+    for (i, t) in significant.iter().enumerate() {
+        if t.token == Token::SemiColon {
+            start = i + 1;
+            continue;
+        }
+        let words: Vec<Option<Keyword>> = significant[start..i]
+            .iter()
+            .map(|w| keyword(&w.token))
+            .collect();
+        let commenting = words.starts_with(&[Some(Keyword::COMMENT), Some(Keyword::ON)]);
+        if let Token::DollarQuotedString(text) = &t.token {
+            if commenting {
+                let literal = format!("'{}'", text.value.replace('\'', "''"));
+                edits.push((
+                    offset(sql, t.span.start)?,
+                    offset(sql, t.span.end)?,
+                    literal,
+                ));
+            }
+            continue;
+        }
+        if keyword(&t.token) != Some(Keyword::VIEW) {
+            continue;
+        }
+        let renames = || {
+            significant[i..]
+                .iter()
+                .take_while(|w| w.token != Token::SemiColon)
+                .any(|w| keyword(&w.token) == Some(Keyword::RENAME))
+        };
+        let comment = words == [Some(Keyword::COMMENT), Some(Keyword::ON)];
+        let alter = words == [Some(Keyword::ALTER)] && renames();
+        if comment || alter {
+            let begin = offset(sql, t.span.start)?;
+            if !sql.get(begin..begin + 4)?.eq_ignore_ascii_case("view") {
+                return None;
+            }
+            edits.push((begin, begin + 4, "TABLE".to_string()));
+        }
+    }
+    if edits.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(sql.len() + 8 * edits.len());
+    let mut from = 0;
+    for (begin, end, text) in edits {
+        out.push_str(sql.get(from..begin)?);
+        out.push_str(&text);
+        from = end;
+    }
+    out.push_str(&sql[from..]);
+    Some(out)
+}
+
+/// The tokens of `sql` that are not white space; `None` when it does not tokenize.
+fn tokens(sql: &str) -> Option<Vec<TokenWithSpan>> {
+    let mut tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize_with_location()
+        .ok()?;
+    tokens.retain(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF));
+    Some(tokens)
+}
+
 /// The keyword of an unquoted word.
 fn keyword(t: &Token) -> Option<Keyword> {
     match t {
@@ -130,12 +203,39 @@ fn offset(sql: &str, at: Location) -> Option<usize> {
         sql.match_indices('\n').nth(line - 1)?.0 + 1
     };
     let rest = sql.get(line_start..)?;
-    rest.char_indices().nth(column).map(|(i, _)| line_start + i)
+    // The end of the text is a position too (where a last token ends).
+    rest.char_indices()
+        .map(|(i, _)| i)
+        .chain(std::iter::once(rest.len()))
+        .nth(column)
+        .map(|i| line_start + i)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn views_are_renamed_and_commented_as_tables() {
+        assert_eq!(
+            view_as_table(r#"alter view "m"."v__dbt_tmp" rename to "v""#).as_deref(),
+            Some(r#"alter TABLE "m"."v__dbt_tmp" rename to "v""#)
+        );
+        assert_eq!(
+            view_as_table("comment on view m.v is 'x'; select 'view'").as_deref(),
+            Some("comment on TABLE m.v is 'x'; select 'view'")
+        );
+        assert_eq!(view_as_table("create view v as select 1"), None);
+        assert_eq!(
+            view_as_table("comment on view \"m\".\"v\" is $c$it's $x$c$;").as_deref(),
+            Some("comment on TABLE \"m\".\"v\" is 'it''s $x';")
+        );
+        assert_eq!(
+            view_as_table("comment on column m.t.a is $dbt$a$dbt$").as_deref(),
+            Some("comment on column m.t.a is 'a'")
+        );
+        assert_eq!(view_as_table("select * from pg_views"), None);
+    }
 
     fn ex(sql: &str) -> String {
         expand(sql).unwrap_or_else(|| sql.to_string())

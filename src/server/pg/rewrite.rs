@@ -1,6 +1,6 @@
 //! Gateway, SQL rewriting: between a client's statement and the planner. Postgres type
 //! casts the query engine does not know are rewritten on the statement's syntax tree:
-//! `regclass` casts become catalog lookups ([`super::functions`]), `oid[]` an integer array,
+//! `regclass` casts become catalog lookups ([`super::regclass`]), `oid[]` an integer array,
 //! `'name'::regtype` a `to_regtype()` call; whole client queries with a known shape are
 //! replaced ([`super::known`]). The types a client gives its parameters by casting them
 //! (`$1::oid[]`) are kept, to describe the parameters as Postgres would. A correlated
@@ -27,8 +27,8 @@ use datafusion::sql::sqlparser::parser::Parser;
 use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use pgwire::api::Type;
 
-use super::functions::{REGCLASS_NAME, REGCLASS_OID};
 use super::known;
+use super::regclass::{REGCLASS_NAME, REGCLASS_OID};
 
 /// What rewriting a client's SQL gave.
 #[derive(Debug, Default)]
@@ -39,6 +39,9 @@ pub struct Rewritten {
     pub declared: HashMap<usize, Type>,
     /// Whether the statement looks relations up by name (a `regclass` cast).
     pub uses_relations: bool,
+    /// Whether it reads view definitions or comments by oid (`pg_get_viewdef`,
+    /// `obj_description`, `col_description`).
+    pub uses_descriptions: bool,
 }
 
 /// Rewrites `sql` (one or more statements). SQL the parser does not read is left for the
@@ -83,6 +86,7 @@ pub fn rewrite(sql: &str) -> Rewritten {
         }),
         declared: visitor.declared,
         uses_relations: visitor.uses_relations,
+        uses_descriptions: visitor.uses_descriptions,
     }
 }
 
@@ -157,6 +161,7 @@ const OID_TYPES: &[&str] = &["oid", "int", "integer", "int4", "bigint", "int8"];
 struct CastRewrite {
     changed: bool,
     uses_relations: bool,
+    uses_descriptions: bool,
     declared: HashMap<usize, Type>,
 }
 
@@ -617,6 +622,13 @@ impl VisitorMut for CastRewrite {
             return ControlFlow::Continue(());
         }
         if let Expr::Function(f) = e {
+            let name = f.name.to_string().to_ascii_lowercase();
+            let name = name.trim_start_matches("pg_catalog.");
+            if super::regclass::LOOKUPS.contains(&name) {
+                // Answered from the session's snapshot of the catalog, read before planning.
+                self.uses_relations = true;
+                self.uses_descriptions = true;
+            }
             if let Some(replacement) = array_set_function(f) {
                 self.changed = true;
                 *e = replacement;

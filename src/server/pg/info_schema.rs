@@ -18,7 +18,7 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::prelude::SessionContext;
 use pgwire::api::Type;
 
-use super::catalog::{arrow_type_oid, column_types, ColumnTypes};
+use super::types::{arrow_type_oid, column_types, ColumnTypes};
 
 use crate::query::{Workspace, CATALOG};
 use crate::sink::iceberg::PROP_PRIMARY_KEY;
@@ -45,10 +45,15 @@ impl InfoSchema {
     }
 
     /// (table, key columns in order) for every table with a primary key.
-    async fn keys(&self) -> crate::error::Result<Vec<(String, Vec<String>)>> {
+    async fn keys(&self) -> DfResult<Vec<(String, Vec<String>)>> {
         let mut out = Vec::new();
         for name in self.ws.table_names() {
-            if let Some((_, props)) = self.ws.table_meta(&name).await? {
+            let meta = self
+                .ws
+                .table_meta(&name)
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            if let Some((_, props)) = meta {
                 let cols: Vec<String> = props
                     .get(PROP_PRIMARY_KEY)
                     .map(|k| {
@@ -67,24 +72,20 @@ impl InfoSchema {
     }
 
     async fn table_constraints(&self) -> DfResult<Arc<dyn TableProvider>> {
-        let keys = self
-            .keys()
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let text = text_field;
-        let schema = Arc::new(Schema::new(vec![
-            text("constraint_catalog"),
-            text("constraint_schema"),
-            text("constraint_name"),
-            text("table_catalog"),
-            text("table_schema"),
-            text("table_name"),
-            text("constraint_type"),
-            text("is_deferrable"),
-            text("initially_deferred"),
-            text("enforced"),
-            text("nulls_distinct"),
-        ]));
+        let keys = self.keys().await?;
+        let schema = Arc::new(Schema::new(
+            CONSTRAINT_COLUMNS
+                .iter()
+                .chain(&[
+                    "constraint_type",
+                    "is_deferrable",
+                    "initially_deferred",
+                    "enforced",
+                    "nulls_distinct",
+                ])
+                .map(|c| text_field(c))
+                .collect::<Vec<_>>(),
+        ));
         let n = keys.len();
         let same = |v: &str| repeated(v, n);
         let names: ArrayRef = Arc::new(StringArray::from(
@@ -113,22 +114,19 @@ impl InfoSchema {
     }
 
     async fn key_column_usage(&self) -> DfResult<Arc<dyn TableProvider>> {
-        let keys = self
-            .keys()
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let text = text_field;
-        let schema = Arc::new(Schema::new(vec![
-            text("constraint_catalog"),
-            text("constraint_schema"),
-            text("constraint_name"),
-            text("table_catalog"),
-            text("table_schema"),
-            text("table_name"),
-            text("column_name"),
-            Field::new("ordinal_position", DataType::Int32, false),
-            Field::new("position_in_unique_constraint", DataType::Int32, true),
-        ]));
+        let keys = self.keys().await?;
+        let mut fields: Vec<Field> = CONSTRAINT_COLUMNS
+            .iter()
+            .chain(&["column_name"])
+            .map(|c| text_field(c))
+            .collect();
+        fields.push(Field::new("ordinal_position", DataType::Int32, false));
+        fields.push(Field::new(
+            "position_in_unique_constraint",
+            DataType::Int32,
+            true,
+        ));
+        let schema = Arc::new(Schema::new(fields));
         let rows: Vec<(String, String, i32)> = keys
             .iter()
             .flat_map(|(t, cols)| {
@@ -276,6 +274,16 @@ impl InfoSchema {
         Ok(Some(Arc::new(MemTable::try_new(schema, vec![out])?)))
     }
 }
+
+/// The columns `table_constraints` and `key_column_usage` start with.
+const CONSTRAINT_COLUMNS: &[&str] = &[
+    "constraint_catalog",
+    "constraint_schema",
+    "constraint_name",
+    "table_catalog",
+    "table_schema",
+    "table_name",
+];
 
 /// `v`, `n` times.
 fn repeated(v: &str, n: usize) -> ArrayRef {

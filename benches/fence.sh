@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Read-your-writes benchmark of `skipprd serve`, in one run against one Postgres and one
+# gateway at a time (a benchmark, not a test):
+#   1. fence latency: under a paced write load (commit_interval 10s, as in serve.sh; the load
+#      committing with synchronous_commit off, then on), a marker row committed in Postgres and
+#      read back through the gateway with `SET skippr.min_lsn`, `skippr.wait_lsn(lsn)` and
+#      `skippr.wait_lsn(NULL)`, against plain freshness (polling until the row shows) and
+#      against Postgres answering the same lookup; the fenced reads must see the row every time;
+#   2. cost of the one-LSN cut: a point lookup, an aggregate and a two-table join with a live
+#      WAL tail and with an empty one, each statement building its read view (autocommit)
+#      against the same statement reusing one (inside a REPEATABLE READ transaction), and
+#      Postgres.
+# Prints a Markdown results block (also in $SKIPPR_BENCH_DIR/fence/results.md) with the exact
+# command; exits 1 on wrong answers or a fenced read that missed its row.
+#   benches/fence.sh                                          (defaults: ROWS=1000000 PROBES=100)
+#   ROWS=50000 PROBES=20 RUNS=3 benches/fence.sh              (a quick smoke run)
+# Parameters (environment): ROWS CUSTOMERS RUNS SHORT_RUNS RATE WRITERS PROBES PROBE_INTERVAL_MS POLL_MS
+# COMMIT_INTERVAL WAIT_TIMEOUT LOAD_COMMIT PREPARE, see benches/fence_bench.py; bounds of the waits:
+# SERVE_START_TIMEOUT SERVE_STOP_TIMEOUT SYNC_TIMEOUT TAIL_TIMEOUT PROBE_TIMEOUT QUERY_TIMEOUT
+# (seconds), BENCH_TIMEOUT (the whole run, default 2 h). SKIPPR_PYTHON: a Python with psycopg 3
+# (default $HOME/.cache/skippr/venv/bin/python). SKIPPR_BENCH_DIR / SKIPPR_BENCH_PORT: the
+# private cluster's folder and port (see common.sh), SKIPPRD_BIN: a binary to measure.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/common.sh"
+python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
+"$python" -c 'import psycopg' || { echo "$python lacks psycopg (tests/run sets up that venv)" >&2; exit 1; }
+build_release
+bin="$(skipprd_bin)"
+[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
+"$bin" serve --help >/dev/null 2>&1 || { echo "$bin has no \`serve\` command" >&2; exit 1; }
+start_cluster
+work="$bench_dir/fence"
+
+cleanup() { stop_leftover_serve "$work" "$bin"; }
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+rm -rf "$work"; mkdir -p "$work"
+rc=0
+SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" \
+  timeout --foreground -k 60 "${BENCH_TIMEOUT:-7200}" "$python" "$here/fence_bench.py" || rc=$?
+[ "$rc" -ne 124 ] || echo "fence benchmark: stopped after BENCH_TIMEOUT=${BENCH_TIMEOUT:-7200}s; logs in $work" >&2
+exit "$rc"

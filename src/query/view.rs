@@ -1,0 +1,376 @@
+//! Queries, the read view: one cut of a pipeline's WAL at a source commit LSN, with the
+//! Iceberg snapshot of each of its tables pinned at the same moment, so that every table a
+//! statement (or a transaction) reads shows exactly the source transactions up to that LSN.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use iceberg::table::Table;
+
+use super::as_of::{travel, AsOf};
+use super::tail::WalRead;
+use super::Workspace;
+use crate::change::Lsn;
+use crate::error::{Error, Result};
+use crate::pipeline::state::PipelineState;
+use crate::sink::iceberg::commit::committed_lsn;
+
+/// The start of the message of a fence that timed out (the gateway answers it with SQLSTATE
+/// 57014, as Postgres answers a statement timeout).
+pub const LSN_WAIT_MESSAGE: &str = "canceling statement due to LSN wait timeout";
+
+/// How often a fence reads the WAL again while it waits.
+const FENCE_POLL: Duration = Duration::from_millis(5);
+
+/// How many times a view is read again when a commit raced with it.
+const ATTEMPTS: usize = 16;
+
+/// One pipeline as a statement sees it.
+pub struct PipelineView {
+    pub pipeline: String,
+    /// The source commit LSN the view shows: every transaction of the pipeline's tables
+    /// ending at or before it, and none after.
+    pub lsn: Lsn,
+    /// The WAL as read (decoded segments are shared, so holding a view costs no copy).
+    pub read: WalRead,
+    /// Each table of the pipeline at the Iceberg metadata loaded for this view.
+    pub tables: HashMap<String, Table>,
+    /// Tables whose state at a time-travel LSN is not known exactly, with the reason: a
+    /// statement that reads one fails with it (the other tables still answer).
+    pub refused: HashMap<String, String>,
+}
+
+/// A fence: the view must show at least `min_lsn`, within `timeout`.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence {
+    pub min_lsn: Lsn,
+    pub timeout: Duration,
+}
+
+/// The views of one session (a gateway connection, or a `skipprd query` run): built at the
+/// first table a statement reads, kept for the next statements while a transaction holds
+/// them.
+#[derive(Default)]
+pub struct ViewHandle {
+    state: Mutex<HandleState>,
+    /// Serialises the building of views, so two tables of one statement share one.
+    building: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct HandleState {
+    current: HashMap<String, Arc<PipelineView>>,
+    /// The LSN per pipeline of the last statement that read a table.
+    last: HashMap<String, Lsn>,
+    /// A transaction is open: statements keep the views they find.
+    held: bool,
+    fence: Option<Fence>,
+    /// The session's time travel (`skippr.as_of`), for the views it builds.
+    as_of: Option<AsOf>,
+}
+
+impl std::fmt::Debug for ViewHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ViewHandle")
+    }
+}
+
+impl ViewHandle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HandleState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A statement starts: outside a transaction it gets fresh views (those of the statement
+    /// before are remembered for [`ViewHandle::visible`]); `fence` applies to the views it
+    /// builds, and `as_of` moves them back in time (see [`super::as_of`]).
+    pub fn begin_statement(&self, fence: Option<Fence>, as_of: Option<AsOf>) {
+        let mut s = self.lock();
+        s.fence = fence;
+        s.as_of = as_of;
+        if !s.held {
+            forget_current(&mut s);
+        }
+    }
+
+    /// A transaction starts: its statements share the views the first of them builds.
+    pub fn hold(&self) {
+        let mut s = self.lock();
+        if !s.held {
+            forget_current(&mut s);
+            s.held = true;
+        }
+    }
+
+    /// The transaction ended: the next statement reads afresh.
+    pub fn release(&self) {
+        let mut s = self.lock();
+        s.held = false;
+        forget_current(&mut s);
+    }
+
+    /// The LSN per pipeline that the current statement sees, or else the last statement that
+    /// read a table saw.
+    pub fn visible(&self) -> HashMap<String, Lsn> {
+        let s = self.lock();
+        if s.current.is_empty() {
+            s.last.clone()
+        } else {
+            s.current.iter().map(|(k, v)| (k.clone(), v.lsn)).collect()
+        }
+    }
+
+    /// The view of `pipeline` for this statement, built at its first use.
+    pub async fn view(&self, ws: &Workspace, pipeline: &str) -> Result<Arc<PipelineView>> {
+        if let Some(v) = self.lock().current.get(pipeline) {
+            return Ok(v.clone());
+        }
+        let _building = self.building.lock().await;
+        let (fence, as_of) = {
+            let s = self.lock();
+            if let Some(v) = s.current.get(pipeline) {
+                return Ok(v.clone());
+            }
+            (s.fence, s.as_of)
+        };
+        let view = Arc::new(ws.pipeline_view(pipeline, fence, as_of).await?);
+        self.lock()
+            .current
+            .insert(pipeline.to_string(), view.clone());
+        Ok(view)
+    }
+}
+
+fn forget_current(s: &mut HandleState) {
+    if !s.current.is_empty() {
+        s.last = s.current.drain().map(|(k, v)| (k, v.lsn)).collect();
+    }
+}
+
+/// Whether a view read at `lsn` may use `table` as loaded: its commit must not be newer than
+/// the WAL read (a commit that raced with the read), and it must cover every segment that
+/// vanished during the read. A table whose newest snapshot is its initial copy may be newer:
+/// its copy is consistent with an LSN the stream has not passed yet, and no older state of
+/// it exists.
+pub(crate) fn fits(table: &Table, lsn: Lsn, read: &WalRead) -> bool {
+    let committed = committed_lsn(table).unwrap_or_default();
+    let covers_vanished = read.vanished_through().is_none_or(|v| v <= committed);
+    covers_vanished && (committed <= lsn || is_copy(table))
+}
+
+/// The table's newest skipprd snapshot is a copy (or the empty start of a table followed
+/// without one): its LSN is where its stream starts, not a position the WAL passed.
+fn is_copy(table: &Table) -> bool {
+    crate::sink::iceberg::commit::last_skippr_snapshot(table).is_some_and(|s| {
+        s.parent_snapshot_id().is_none()
+            || s.summary()
+                .additional_properties
+                .get(crate::sink::iceberg::SUMMARY_PHASE)
+                .is_some_and(|p| p == "snapshot")
+    })
+}
+
+/// The LSN a read shows: its newest transaction, or a later position the WAL or the state
+/// record (`noted`: the stream's note that nothing of the pipeline came before it;
+/// `removed`: the WAL was removed through it after every table committed it), both read
+/// before the WAL was listed.
+pub(crate) fn cut_of(read: &WalRead, noted: Lsn, removed: Lsn) -> Lsn {
+    read.newest()
+        .max(read.vanished_through().unwrap_or_default())
+        .max(noted)
+        .max(removed)
+}
+
+/// Postgres WAL pages are 8 KiB and each starts with a header (24 bytes; 40 on the first
+/// page of a 16 MiB segment). No record ends inside a header, so the position just after
+/// one (what `pg_current_wal_insert_lsn()` answers when the last record ended at the page
+/// boundary) is the same point in the history as the boundary itself, where the stream
+/// reports it.
+pub fn same_point(lsn: Lsn) -> Lsn {
+    const PAGE: u64 = 8192;
+    const SEGMENT: u64 = 16 * 1024 * 1024;
+    let off = lsn.0 % PAGE;
+    let header = if lsn.0 % SEGMENT == 40 { 40 } else { 24 };
+    if off == header {
+        Lsn(lsn.0 - off)
+    } else {
+        lsn
+    }
+}
+
+/// The error of a fence that timed out.
+pub fn fence_timeout(pipeline: &str, fence: &Fence, reached: Lsn) -> Error {
+    Error::query(format!(
+        "{LSN_WAIT_MESSAGE}: pipeline {pipeline} reached {reached}, not {} within {} ms",
+        fence.min_lsn,
+        fence.timeout.as_millis()
+    ))
+}
+
+impl Workspace {
+    /// Reads one view of `pipeline`: the state and the acknowledgement note first, then the
+    /// WAL (its cut is the newest of the three), then every table's current metadata; read
+    /// again when a commit raced with it. With a fence, waits until the cut reaches it. With
+    /// `as_of`, the view is then moved back to it (the caller fences an LSN `as_of`, so that
+    /// the WAL holds it).
+    pub async fn pipeline_view(
+        &self,
+        pipeline: &str,
+        fence: Option<Fence>,
+        as_of: Option<AsOf>,
+    ) -> Result<PipelineView> {
+        let p = self
+            .pipeline(pipeline)
+            .ok_or_else(|| Error::query(format!("no pipeline {pipeline} in this workspace")))?;
+        let started = Instant::now();
+        let mut raced = 0;
+        loop {
+            let store = p.wal.open();
+            let noted = match &store {
+                Some(s) => s.noted_acknowledged()?,
+                None => Lsn::default(),
+            };
+            let removed = PipelineState::load(&p.state_file)?
+                .map(|s| s.wal_removed_through)
+                .unwrap_or_default();
+            let read = self.tail.read_store(store)?;
+            let lsn = cut_of(&read, noted, removed);
+            if let Some(f) = &fence {
+                if lsn < same_point(f.min_lsn) {
+                    if started.elapsed() >= f.timeout {
+                        return Err(fence_timeout(pipeline, f, lsn));
+                    }
+                    tokio::time::sleep(FENCE_POLL).await;
+                    continue;
+                }
+            }
+            let mut tables = HashMap::new();
+            let mut fitting = true;
+            for (name, entry) in self.entries_of(pipeline) {
+                let table = self.sinks[entry.sink]
+                    .load_current_of(&entry.ident, Some(pipeline))
+                    .await?;
+                if !fits(&table, lsn, &read) {
+                    fitting = false;
+                    break;
+                }
+                tables.insert(name, table);
+            }
+            if fitting {
+                tracing::debug!(pipeline, lsn = %lsn, "read view");
+                let view = PipelineView {
+                    pipeline: pipeline.to_string(),
+                    lsn,
+                    read,
+                    tables,
+                    refused: HashMap::new(),
+                };
+                return match as_of {
+                    Some(a) => travel(view, a, removed),
+                    None => Ok(view),
+                };
+            }
+            raced += 1;
+            if raced >= ATTEMPTS {
+                return Err(Error::retryable(format!(
+                    "pipeline {pipeline} kept committing while its tables were read; run the query again"
+                )));
+            }
+            // A commit landed between the WAL read and a table's load: read both again.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::{Record, SegmentInfo, Txn};
+    use std::path::PathBuf;
+
+    fn seg(first: u64, last: u64) -> SegmentInfo {
+        SegmentInfo {
+            path: PathBuf::from(format!("/nonexistent/{first}.seg")),
+            first: Lsn(first),
+            last: Lsn(last),
+            bytes: 0,
+        }
+    }
+
+    fn txn(end: u64) -> Record {
+        Record::Txn(Txn {
+            xid: 1,
+            commit_lsn: Lsn(end),
+            end_lsn: Lsn(end),
+            commit_time_micros: 0,
+            changes: vec![],
+        })
+    }
+
+    #[test]
+    fn the_cut_is_the_newest_position_the_wal_proves() {
+        let read = WalRead {
+            segments: vec![(seg(10, 30), Arc::new(vec![txn(10), txn(30)]))],
+            vanished: vec![seg(1, 8)],
+        };
+        assert_eq!(cut_of(&read, Lsn(0), Lsn(0)), Lsn(30));
+        assert_eq!(
+            cut_of(&read, Lsn(40), Lsn(0)),
+            Lsn(40),
+            "the stream noted 40"
+        );
+        let empty = WalRead::default();
+        assert_eq!(
+            cut_of(&empty, Lsn(0), Lsn(50)),
+            Lsn(50),
+            "all of the WAL was committed and removed through 50"
+        );
+        let vanished = WalRead {
+            segments: vec![],
+            vanished: vec![seg(1, 60)],
+        };
+        assert_eq!(cut_of(&vanished, Lsn(0), Lsn(50)), Lsn(60));
+    }
+
+    #[test]
+    fn a_position_after_a_page_header_is_the_page_boundary() {
+        assert_eq!(same_point(Lsn(0x271A018)), Lsn(0x271A000));
+        assert_eq!(
+            same_point(Lsn(0x3000028)),
+            Lsn(0x3000000),
+            "segment start: long header"
+        );
+        assert_eq!(same_point(Lsn(0x271A020)), Lsn(0x271A020));
+        assert_eq!(same_point(Lsn(0x271A000)), Lsn(0x271A000));
+    }
+
+    #[test]
+    fn a_statement_outside_a_transaction_gets_a_fresh_view_and_a_transaction_keeps_one() {
+        let h = ViewHandle::default();
+        let view = |lsn: u64| {
+            Arc::new(PipelineView {
+                pipeline: "p".into(),
+                lsn: Lsn(lsn),
+                read: WalRead::default(),
+                tables: HashMap::new(),
+                refused: HashMap::new(),
+            })
+        };
+        h.lock().current.insert("p".into(), view(10));
+        assert_eq!(h.visible()["p"], Lsn(10));
+        h.begin_statement(None, None);
+        assert!(h.lock().current.is_empty());
+        assert_eq!(h.visible()["p"], Lsn(10), "the last statement's LSN");
+        h.hold();
+        h.lock().current.insert("p".into(), view(20));
+        h.begin_statement(None, None);
+        assert_eq!(
+            h.lock().current["p"].lsn,
+            Lsn(20),
+            "kept inside the transaction"
+        );
+        h.release();
+        assert!(h.lock().current.is_empty());
+        assert_eq!(h.visible()["p"], Lsn(20));
+    }
+}
