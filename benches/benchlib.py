@@ -8,13 +8,16 @@ the report that say what was measured."""
 from __future__ import annotations
 
 import datetime as dt
+import glob
 import os
 import random
 import re
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -263,6 +266,31 @@ data_sinks:
 """)
         return self.config
 
+    def metadata_location(self, table: str) -> str:
+        """The current metadata JSON of a table of the workspace, from the warehouse's catalog."""
+        with sqlite3.connect(self.work / "warehouse" / "catalog.db") as conn:
+            row = conn.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? "
+                               "AND table_name = ?", (self.ws, table)).fetchone()
+        if not row:
+            raise BenchError(f"{self.ws}.{table} is not in {self.work}/warehouse/catalog.db")
+        return row[0].removeprefix("file://")
+
+    @staticmethod
+    def duckdb(extensions: tuple[str, ...] = ("parquet", "avro", "iceberg")):
+        """An in-memory DuckDB with the extensions of the duckdb-extension-* wheels loaded."""
+        import duckdb
+
+        con = duckdb.connect(config={"autoinstall_known_extensions": "false",
+                                     "autoload_known_extensions": "false", "allow_unsigned_extensions": "true"})
+        for name in extensions:
+            found = [f for sp in sys.path if sp.endswith("site-packages")
+                     for f in glob.glob(f"{sp}/duckdb_extension_{name}/**/{name}.duckdb_extension", recursive=True)]
+            if not found:
+                raise BenchError(f"the duckdb-extension-{name} wheel is not installed in {sys.prefix}")
+            con.execute(f"LOAD '{found[0]}'")
+        con.execute("SET TimeZone = 'UTC'")
+        return con
+
     def sync_once(self, timeout: float) -> tuple[float, int]:
         """`sync --pipeline app --once` under /usr/bin/time: (seconds, peak RSS KiB)."""
         logf, timef = self.work / "sync-once.log", self.work / "sync-once.time"
@@ -379,9 +407,8 @@ JOIN_SQL = ("SELECT c.region, count(*) AS n, sum(o.amount) AS total FROM {orders
 REGIONS = ["north", "south", "east", "west", "central", "islands", "mountains", "coast"]
 
 
-def create_source(env: ServeEnv, rows: int, customers: int) -> None:
-    """(Re)creates env.db: `customers` (ids 0..customers-1), `orders` (ids 1..rows, each with a
-    customer), an empty `events` (bigserial key) for loads and probes."""
+def recreate_database(env: ServeEnv) -> None:
+    """Drops env.db (and the replication slots of an earlier run in it) and creates it empty."""
     db = env.db
     with env.pg("postgres") as conn:
         # a slot of an earlier run (maybe still held by a stray process) blocks DROP DATABASE
@@ -393,6 +420,12 @@ def create_source(env: ServeEnv, rows: int, customers: int) -> None:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {db}")
+
+
+def create_source(env: ServeEnv, rows: int, customers: int) -> None:
+    """(Re)creates env.db: `customers` (ids 0..customers-1), `orders` (ids 1..rows, each with a
+    customer), an empty `events` (bigserial key) for loads and probes."""
+    recreate_database(env)
     regions = "ARRAY[" + ", ".join(f"'{r}'" for r in REGIONS) + "]"
     with env.pg() as conn:
         conn.execute(f"""

@@ -1,6 +1,6 @@
 # Shared by the benchmarks: a private Postgres cluster with logical WAL, and timing helpers.
-# Source it; it defines start_cluster, timed, median, skipprd_bin, build_release and
-# stop_leftover_serve.
+# Source it; it defines start_cluster, timed, median, skipprd_bin, build_release,
+# stop_leftover_serve and run_driver.
 
 bench_dir="${SKIPPR_BENCH_DIR:-/tmp/skippr-bench}"
 bench_port="${SKIPPR_BENCH_PORT:-55439}"
@@ -65,4 +65,29 @@ stop_leftover_serve() {
     for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
     kill -KILL "$pid" 2>/dev/null || true ;;
   esac
+}
+
+# run_driver NAME DRIVER LIMIT MODULES: what the Python-driven benchmarks share. A Python with
+# MODULES (SKIPPR_PYTHON, default the venv tests/run sets up), the binary (built, or
+# SKIPPRD_BIN), the cluster, a fresh work folder $bench_dir/NAME, then DRIVER (a file beside
+# this one) bounded by BENCH_TIMEOUT (default LIMIT seconds), with a `serve` it left running
+# stopped on the way out. Exits with the driver's exit code.
+run_driver() {
+  local name="$1" driver="$2" limit="$3" modules="$4" rc=0 python
+  python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
+  "$python" -c "import $modules" || { echo "$python lacks one of: $modules (tests/run sets up that venv)" >&2; exit 1; }
+  build_release
+  bench_bin="$(skipprd_bin)"
+  [ -x "$bench_bin" ] || { echo "no skipprd binary at $bench_bin" >&2; exit 1; }
+  start_cluster
+  bench_work="$bench_dir/$name"
+  trap 'stop_leftover_serve "$bench_work" "$bench_bin"' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  rm -rf "$bench_work"; mkdir -p "$bench_work"
+  SKIPPRD="$bench_bin" BENCH_WORK="$bench_work" BENCH_PG_PORT="$bench_port" PG_BIN="$pg_bin" \
+    PG_DATA="$bench_dir/pgdata" PG_LOG="$bench_dir/postgres.log" \
+    timeout --foreground -k 60 "${BENCH_TIMEOUT:-$limit}" "$python" "$(dirname "${BASH_SOURCE[0]}")/$driver" || rc=$?
+  [ "$rc" -ne 124 ] || echo "$name benchmark: stopped after ${BENCH_TIMEOUT:-$limit}s (BENCH_TIMEOUT); logs in $bench_work" >&2
+  exit "$rc"
 }

@@ -21,25 +21,5 @@
 # (default $HOME/.cache/skippr/venv/bin/python). SKIPPR_BENCH_DIR / SKIPPR_BENCH_PORT: the
 # private cluster's folder and port (see common.sh), SKIPPRD_BIN: a binary to measure.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-. "$here/common.sh"
-python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
-"$python" -c 'import psycopg' || { echo "$python lacks psycopg (tests/run sets up that venv)" >&2; exit 1; }
-build_release
-bin="$(skipprd_bin)"
-[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
-"$bin" serve --help >/dev/null 2>&1 || { echo "$bin has no \`serve\` command" >&2; exit 1; }
-start_cluster
-work="$bench_dir/fence"
-
-cleanup() { stop_leftover_serve "$work" "$bin"; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-rm -rf "$work"; mkdir -p "$work"
-rc=0
-SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" \
-  timeout --foreground -k 60 "${BENCH_TIMEOUT:-7200}" "$python" "$here/fence_bench.py" || rc=$?
-[ "$rc" -ne 124 ] || echo "fence benchmark: stopped after BENCH_TIMEOUT=${BENCH_TIMEOUT:-7200}s; logs in $work" >&2
-exit "$rc"
+. "$(cd "$(dirname "$0")" && pwd)/common.sh"
+run_driver fence fence_bench.py "7200" "psycopg"

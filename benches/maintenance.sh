@@ -16,37 +16,5 @@
 # see maintenance_bench.py. SKIPPRD_BIN: a binary to measure (default: a release build).
 # SKIPPR_PYTHON: a Python with psycopg 3 (default $HOME/.cache/skippr/venv/bin/python).
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-. "$here/common.sh"
-python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
-"$python" -c 'import psycopg' || { echo "$python lacks psycopg (tests/run sets up that venv)" >&2; exit 1; }
-build_release
-bin="$(skipprd_bin)"
-[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
-start_cluster
-work="$bench_dir/maintenance"
-
-# The Python script stops its `serve` itself; this catches what it could not (killed, or
-# timed out): the pid it recorded, if that is still our binary.
-cleanup() {
-  local pid
-  pid="$(cat "$work/serve.pid" 2>/dev/null || true)"
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 0
-  case "$(tr '\0' ' ' <"/proc/$pid/cmdline")" in
-  "$bin "*" serve"*)
-    echo "stopping the leftover skipprd serve (pid $pid)" >&2
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
-    kill -KILL "$pid" 2>/dev/null || true ;;
-  esac
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-rm -rf "$work"; mkdir -p "$work"
-rc=0
-SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" \
-  timeout --foreground -k 60 "$(( ${MAX_DURATION:-3600} + 1800 ))" "$python" "$here/maintenance_bench.py" || rc=$?
-[ "$rc" -ne 124 ] || echo "maintenance benchmark: timed out; logs in $work" >&2
-exit "$rc"
+. "$(cd "$(dirname "$0")" && pwd)/common.sh"
+run_driver maintenance maintenance_bench.py "$(( ${MAX_DURATION:-3600} + 1800 ))" "psycopg"

@@ -8,15 +8,5 @@
 # SKIPPR_PYTHON: a Python with psycopg 3 and moto[server] (default $HOME/.cache/skippr/venv/bin/python,
 # which tests/run sets up).
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-. "$here/common.sh"
-python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
-"$python" -c 'import psycopg, moto, boto3' || { echo "$python lacks psycopg, moto or boto3 (tests/run sets up that venv)" >&2; exit 1; }
-build_release
-bin="$(skipprd_bin)"
-[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
-start_cluster
-work="$bench_dir/s3"
-rm -rf "$work"; mkdir -p "$work"
-SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" \
-  exec timeout --foreground -k 60 7200 "$python" "$here/s3_bench.py"
+. "$(cd "$(dirname "$0")" && pwd)/common.sh"
+run_driver s3 s3_bench.py "7200" "psycopg, moto, boto3"

@@ -17,25 +17,5 @@
 # QUERY_TIMEOUT (seconds), BENCH_TIMEOUT (the whole run, default 4 h). SKIPPR_PYTHON: a Python
 # with psycopg 3 and duckdb + its extension wheels (default $HOME/.cache/skippr/venv/bin/python).
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-. "$here/common.sh"
-python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
-"$python" -c 'import psycopg, duckdb' || { echo "$python lacks psycopg or duckdb (tests/run sets up that venv)" >&2; exit 1; }
-build_release
-bin="$(skipprd_bin)"
-[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
-"$bin" serve --help >/dev/null 2>&1 || { echo "$bin has no \`serve\` command" >&2; exit 1; }
-start_cluster
-work="$bench_dir/serve"
-
-cleanup() { stop_leftover_serve "$work" "$bin"; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-rm -rf "$work"; mkdir -p "$work"
-rc=0
-SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" \
-  timeout --foreground -k 60 "${BENCH_TIMEOUT:-14400}" "$python" "$here/serve_bench.py" || rc=$?
-[ "$rc" -ne 124 ] || echo "serve benchmark: stopped after BENCH_TIMEOUT=${BENCH_TIMEOUT:-14400}s; logs in $work" >&2
-exit "$rc"
+. "$(cd "$(dirname "$0")" && pwd)/common.sh"
+run_driver serve serve_bench.py "14400" "psycopg, duckdb"

@@ -40,12 +40,10 @@ SKIPPRD (binary), BENCH_WORK (work folder), BENCH_PG_PORT, PGHOST/PGPORT/PGUSER 
 from __future__ import annotations
 
 import datetime as dt
-import glob
 import math
 import os
 import random
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -143,30 +141,6 @@ def check_same(label: str, expected: list[tuple], actual: list[tuple]) -> None:
     check_same_in(problems, label, expected, actual, log)
 
 
-def duckdb_connect():
-    import duckdb
-
-    con = duckdb.connect(config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false",
-                                 "allow_unsigned_extensions": "true"})
-    for name in ("parquet", "avro", "iceberg"):
-        found = [f for sp in sys.path if sp.endswith("site-packages")
-                 for f in glob.glob(f"{sp}/duckdb_extension_{name}/**/{name}.duckdb_extension", recursive=True)]
-        if not found:
-            raise BenchError(f"the duckdb-extension-{name} wheel is not installed in {sys.prefix}")
-        con.execute(f"LOAD '{found[0]}'")
-    con.execute("SET TimeZone = 'UTC'")
-    return con
-
-
-def metadata_location(table: str) -> str:
-    with sqlite3.connect(WORK / "warehouse" / "catalog.db") as conn:
-        row = conn.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?",
-                           (WS, table)).fetchone()
-    if not row:
-        raise BenchError(f"{WS}.{table} is not in {WORK}/warehouse/catalog.db")
-    return row[0].removeprefix("file://")
-
-
 # --------------------------------------------------------------------------------------------
 # The phases
 # --------------------------------------------------------------------------------------------
@@ -225,11 +199,11 @@ def phase_union_and_analytics() -> None:
 
     # the same queries in DuckDB over the same Iceberg metadata, and in Postgres -------------
     log("timing DuckDB (iceberg_scan) and Postgres")
-    con = duckdb_connect()
+    con = ENV.duckdb()
     R["duckdb_version"] = con.execute("SELECT version()").fetchone()[0]
     R["duckdb_threads"] = con.execute("SELECT current_setting('threads')").fetchone()[0]
     for t in ("orders", "customers"):
-        con.execute(f"CREATE VIEW {t} AS SELECT * FROM iceberg_scan('{metadata_location(t)}')")
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM iceberg_scan('{ENV.metadata_location(t)}')")
     R["duck_agg_s"], _, answer = timed_runs(lambda: con.execute(AGG_SQL.format(orders="orders")).fetchall())
     check_same("DuckDB aggregate", expected_agg, answer)
     R["duck_join_s"], _, duck_join = timed_runs(

@@ -11,16 +11,5 @@
 # Parameters (environment): DURATION RATE CLIENTS RESTART_EVERY WINDOW ROWS, see soak_bench.py.
 # SKIPPR_PYTHON: a Python with psycopg 3 (default $HOME/.cache/skippr/venv/bin/python).
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-. "$here/common.sh"
-python="${SKIPPR_PYTHON:-$HOME/.cache/skippr/venv/bin/python}"
-"$python" -c 'import psycopg' || { echo "$python lacks psycopg (tests/run sets up that venv)" >&2; exit 1; }
-build_release
-bin="$(skipprd_bin)"
-[ -x "$bin" ] || { echo "no skipprd binary at $bin" >&2; exit 1; }
-start_cluster
-work="$bench_dir/soak"
-rm -rf "$work"; mkdir -p "$work"
-SKIPPRD="$bin" BENCH_WORK="$work" BENCH_PG_PORT="$bench_port" PG_BIN="$pg_bin" \
-  PG_DATA="$bench_dir/pgdata" PG_LOG="$bench_dir/postgres.log" \
-  exec timeout --foreground -k 60 "$(( ${DURATION:-3600} + 1800 ))" "$python" "$here/soak_bench.py"
+. "$(cd "$(dirname "$0")" && pwd)/common.sh"
+run_driver soak soak_bench.py "$(( ${DURATION:-3600} + 1800 ))" "psycopg"

@@ -1141,3 +1141,56 @@ def test_equal_rows_inserted_and_deleted_in_one_window(skippr: Skippr, db):
     db.execute("DELETE FROM events WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'seed')")
     skippr.sync_once()
     assert_multiset_matches(skippr, db, "events")
+
+
+def test_the_key_index_is_kept_between_runs_and_rebuilt_when_it_does_not_match(skippr: Skippr, db):
+    """A run that ends with everything committed keeps the key index on local disk; the next
+    start reads it instead of every data file when it describes the table's current snapshot.
+    A damaged copy, or one of an older snapshot, is ignored and the index rebuilt: the
+    updates and deletes after each start land on the right rows either way."""
+    db.execute("CREATE TABLE kept (id bigint PRIMARY KEY, v text NOT NULL)")
+    db.execute("CREATE TABLE kept2 (a int, b text, n int NOT NULL, PRIMARY KEY (a, b))")
+    db.execute("INSERT INTO kept SELECT i, 'v' || i FROM generate_series(1, 5000) i")
+    db.execute("INSERT INTO kept2 SELECT i % 50, 'k' || (i / 50), i FROM generate_series(1, 3000) i")
+    skippr.write_config(["kept", "kept2"])
+    skippr.sync_once()
+
+    def round_of_changes(n: int) -> None:
+        tx(db, f"UPDATE kept SET v = 'u{n}' || id WHERE id % 7 = {n}",
+               f"DELETE FROM kept WHERE id % 97 = {n}",
+               f"INSERT INTO kept SELECT i, 'new' FROM generate_series({6000 + n * 100}, {6050 + n * 100}) i",
+               f"UPDATE kept2 SET n = n + 1 WHERE a = {n}",
+               f"DELETE FROM kept2 WHERE a = {n + 20}")
+
+    def started(proc: subprocess.CompletedProcess) -> int:
+        """How many tables started from their saved key index."""
+        return (proc.stdout + proc.stderr).count("key index loaded from its saved copy")
+
+    # The first run copied the tables and caught up: its end kept both indexes.
+    saved = sorted(skippr.workdir.rglob("*.keyindex"))
+    assert [p.name for p in saved] == ["analytics.kept.keyindex", "analytics.kept2.keyindex"], saved
+    for n in (1, 2):
+        round_of_changes(n)
+        run = skippr.sync_once()
+        assert started(run) == 2, describe_run(run, "both tables start from their saved index")
+        assert_synced(skippr, db, ["kept", "kept2"], readers=("pyiceberg",))
+
+    # Damaged: a byte flipped in the middle of the entries.
+    data = bytearray(saved[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    saved[0].write_bytes(bytes(data))
+    round_of_changes(3)
+    third = skippr.sync_once()
+    assert "the saved key index is damaged" in third.stdout + third.stderr, describe_run(third)
+    assert started(third) == 1
+    assert_synced(skippr, db, ["kept", "kept2"], readers=("pyiceberg",))
+
+    # Of an older snapshot: the copy saved now, put back after the next run committed.
+    older = saved[1].read_bytes()
+    round_of_changes(4)
+    skippr.sync_once()
+    saved[1].write_bytes(older)
+    round_of_changes(5)
+    fifth = skippr.sync_once()
+    assert started(fifth) == 1, describe_run(fifth, "kept2's copy names an older snapshot: rebuilt")
+    assert_synced(skippr, db, ["kept", "kept2"], readers=("pyiceberg",))

@@ -39,8 +39,13 @@ class Writer(threading.Thread):
         assert self.held.wait(30), "the writer did not pause"
 
     def go(self) -> None:
-        self.held.clear()
         self.run_ok.set()
+        # Until the writer has taken the go, `held` may still be set by its last pause (a
+        # later `hold()` would then return at once while a transfer runs).
+        deadline = time.monotonic() + 30
+        while self.held.is_set():
+            assert time.monotonic() < deadline and not self.errors, "the writer did not go on"
+            time.sleep(0.001)
 
     def run(self) -> None:
         import random
@@ -53,6 +58,7 @@ class Writer(threading.Thread):
                         self.held.set()
                         self.run_ok.wait(0.05)
                         continue
+                    self.held.clear()
                     transfer(conn, rnd)
                     self.done += 1
         except Exception as e:  # reported by the test
@@ -110,6 +116,7 @@ def test_as_of_answers_the_state_postgres_had(skippr: Skippr, db: Database, bank
         gw.execute(f"SELECT skippr.wait_lsn('{last['lsn']}', '30s')")
         assert answer(gw)[0] == last["tables"]
 
+        moments = sorted(committed + loose, key=lambda m: lsn_to_int(m["lsn"])) + [last]
         for m in committed + [last]:
             gw.execute(f"SET skippr.as_of = '{m['lsn']}'")
             assert gw.execute("SHOW skippr.as_of").fetchone()[0] == m["lsn"]
@@ -119,7 +126,14 @@ def test_as_of_answers_the_state_postgres_had(skippr: Skippr, db: Database, bank
             gw.execute(f"SET skippr.as_of = '{m['at']}'")
             tables, seen = answer(gw)
             assert tables == m["tables"], f"as of {m['at']} ({m['lsn']}): not the state Postgres had"
-            assert lsn_to_int(seen) <= lsn_to_int(m["lsn"]), (seen, m["lsn"])
+            # The LSN reported stands for the same state: the end of the last transaction
+            # committed by then, or (newer than every transaction held) the live LSN; never
+            # past the first transfer after the moment, which ends before the next moment.
+            later = moments[moments.index(m) + 1:]
+            if later:
+                assert lsn_to_int(seen) < lsn_to_int(later[0]["lsn"]), (seen, m["lsn"], later[0]["lsn"])
+            gw.execute(f"SET skippr.as_of = '{seen}'")
+            assert answer(gw) == (m["tables"], seen), f"as of {seen}, the LSN reported for {m['at']}"
         refused = 0
         for m in loose:
             gw.execute(f"SET skippr.as_of = '{m['lsn']}'")

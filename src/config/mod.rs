@@ -159,6 +159,9 @@ pub struct PipelineConfig {
     /// The pipeline's state (tables followed, their watermarks): a file in the state folder,
     /// or an object in the S3 state prefix.
     pub state_file: StateFile,
+    /// The local folder where each table's key index is kept between runs (a cache: under
+    /// the storage path in mode `local`, under this machine's temporary folder in mode `s3`).
+    pub key_index_dir: PathBuf,
 }
 
 /// The loaded, validated configuration.
@@ -817,6 +820,7 @@ impl Validator<'_> {
                         ),
                         s3 => StateFile::object(s3, &format!("pipelines/{name}.state.json"), name),
                     },
+                    key_index_dir: storage_path.join("keyindex").join(name),
                 });
             }
         }

@@ -144,6 +144,9 @@ pub trait TableSink: Send {
     async fn maintain(&mut self) -> Result<()> {
         Ok(())
     }
+    /// The run ends with everything committed: keeps what makes the next start fast (the
+    /// key index). Never fails the run.
+    fn keep_index(&mut self) {}
 }
 
 /// The Postgres replication slot of a pipeline.
@@ -257,6 +260,8 @@ pub struct IcebergTable {
     sink: IcebergSink,
     catalog: LocalCatalog,
     pipeline: String,
+    /// Where the key index is saved between runs.
+    key_index_dir: std::path::PathBuf,
 }
 
 impl IcebergTable {
@@ -274,12 +279,13 @@ impl IcebergTable {
                 .load_table(&ident)
                 .await
                 .with_context(|| format!("loading Iceberg table {ident}"))?;
-            let mut sink = IcebergSink::load(t.clone(), table).await?;
+            let mut sink = IcebergSink::load(t.clone(), table, Some(&p.key_index_dir)).await?;
             sink.set_maintenance(p.maintenance.clone());
             tables.push(Self {
                 sink,
                 catalog: catalog.clone(),
                 pipeline: p.name.clone(),
+                key_index_dir: p.key_index_dir.clone(),
             });
         }
         Ok(tables)
@@ -336,5 +342,9 @@ impl TableSink for IcebergTable {
 
     async fn maintain(&mut self) -> Result<()> {
         self.sink.maintain(&self.catalog, &self.pipeline).await
+    }
+
+    fn keep_index(&mut self) {
+        self.sink.save_index(&self.key_index_dir);
     }
 }

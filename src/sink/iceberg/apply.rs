@@ -5,6 +5,7 @@
 
 mod compact;
 mod read;
+mod saved;
 
 use std::collections::HashMap;
 
@@ -86,11 +87,19 @@ pub struct TableSink {
     maintenance: MaintenanceSettings,
     last_check: Option<std::time::Instant>,
     last_cleanup: Option<std::time::Instant>,
+    /// The snapshot whose index the saved copy on disk holds (nothing to save again).
+    index_saved_for: Option<i64>,
 }
 
 impl TableSink {
-    /// Loads a table's state: its committed LSN and the key index of its live rows.
-    pub async fn load(source: TableRef, table: Table) -> Result<Self> {
+    /// Loads a table's state: its committed LSN and the key index of its live rows (from
+    /// its copy saved under `saved_index` when that describes the current snapshot, else
+    /// rebuilt from the data files).
+    pub async fn load(
+        source: TableRef,
+        table: Table,
+        saved_index: Option<&std::path::Path>,
+    ) -> Result<Self> {
         let arrow = ice_schema::arrow_schema(&table)?;
         let names: Vec<String> = arrow.fields().iter().map(|f| f.name().clone()).collect();
         let pg: Vec<PgType> = arrow
@@ -163,8 +172,11 @@ impl TableSink {
             maintenance: MaintenanceSettings::default(),
             last_check: None,
             last_cleanup: None,
+            index_saved_for: None,
         };
-        sink.build_index().await?;
+        if !saved_index.is_some_and(|dir| sink.load_saved_index(dir)) {
+            sink.build_index().await?;
+        }
         Ok(sink)
     }
 

@@ -130,6 +130,63 @@ impl KeyIndex {
         Ok(())
     }
 
+    /// Writes the entries to `out`: the count and (key, location) pairs of the exact map,
+    /// then of the hashed one, little-endian (read back by [`KeyIndex::read_from`]).
+    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        out.write_all(&(self.exact.len() as u64).to_le_bytes())?;
+        for (k, v) in &self.exact {
+            out.write_all(&k.to_le_bytes())?;
+            out.write_all(&v.to_le_bytes())?;
+        }
+        out.write_all(&(self.hashed.len() as u64).to_le_bytes())?;
+        for (k, v) in &self.hashed {
+            out.write_all(&k[0].to_le_bytes())?;
+            out.write_all(&k[1].to_le_bytes())?;
+            out.write_all(&v.to_le_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Reads what [`KeyIndex::write_to`] wrote; `files`: how many data files the locations
+    /// may name (a location beyond them is an error, as is a short read).
+    pub fn read_from(input: &mut impl std::io::Read, files: u32) -> std::io::Result<Self> {
+        let bad =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let mut word = [0u8; 8];
+        let mut next = |input: &mut dyn std::io::Read| -> std::io::Result<u64> {
+            input.read_exact(&mut word)?;
+            Ok(u64::from_le_bytes(word))
+        };
+        let loc = |v: u64| {
+            if Loc::unpack(v).file < files {
+                Ok(v)
+            } else {
+                Err(bad("a location names a data file the index does not list"))
+            }
+        };
+        let mut index = Self::default();
+        let n = usize::try_from(next(input)?).map_err(|_| bad("entry count"))?;
+        // A count from a damaged file must not reserve memory it does not have.
+        index.exact.reserve(n.min(1 << 28));
+        for _ in 0..n {
+            let k = next(input)? as i64;
+            let v = loc(next(input)?)?;
+            if index.exact.insert(k, v).is_some() {
+                return Err(bad("a key is listed twice"));
+            }
+        }
+        let n = usize::try_from(next(input)?).map_err(|_| bad("entry count"))?;
+        index.hashed.reserve(n.min(1 << 28));
+        for _ in 0..n {
+            let k = [next(input)?, next(input)?];
+            let v = loc(next(input)?)?;
+            if index.hashed.insert(k, v).is_some() {
+                return Err(bad("a key is listed twice"));
+            }
+        }
+        Ok(index)
+    }
+
     /// Bytes the index holds (its slots at their current capacity).
     pub fn bytes(&self) -> usize {
         self.exact.capacity() * (std::mem::size_of::<(i64, u64)>() + 1)
@@ -189,6 +246,28 @@ mod tests {
             assert_eq!(index.remove(k), None);
         }
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn an_index_written_out_reads_back_the_same_and_damage_is_refused() {
+        let mut index = KeyIndex::default();
+        for i in 0..1000u64 {
+            let mut k = vec![1u8];
+            k.extend_from_slice(&(i as i64 * 7 - 300).to_be_bytes());
+            index.insert(&k, at((i % 3) as u32, i)).unwrap();
+            index
+                .insert(format!("key {i}").as_bytes(), at(2, i * 2))
+                .unwrap();
+        }
+        let mut bytes = Vec::new();
+        index.write_to(&mut bytes).unwrap();
+        let mut back = KeyIndex::read_from(&mut bytes.as_slice(), 3).unwrap();
+        assert_eq!(back.len(), 2000);
+        assert!(back.exact == index.exact && back.hashed == index.hashed);
+        assert_eq!(back.remove(b"key 17"), Some(at(2, 34)));
+        // Fewer files than the locations name, or a truncated file: refused.
+        assert!(KeyIndex::read_from(&mut bytes.as_slice(), 2).is_err());
+        assert!(KeyIndex::read_from(&mut &bytes[..bytes.len() - 1], 3).is_err());
     }
 
     #[test]
