@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
@@ -447,6 +448,18 @@ CREATE TABLE events (
         conn.execute("VACUUM ANALYZE")
 
 
+def create_and_copy(env: ServeEnv, rows: int, customers: int, timeout: float) -> tuple[float, int]:
+    """create_source, then the snapshot by `sync --once` (commit_interval 1h in skippr.yml):
+    (seconds, peak RSS KiB) of the copy."""
+    env.log(f"creating {env.db}: {rows:,} orders, {customers:,} customers")
+    create_source(env, rows, customers)
+    env.write_config("1h")
+    env.log("snapshot: sync --once")
+    seconds, rss = env.sync_once(timeout)
+    env.log(f"snapshot took {seconds:.1f}s, peak RSS {rss // 1024} MiB")
+    return seconds, rss
+
+
 class Load:
     """`writers` connections, each committing `rate / writers` transactions per second, paced
     (a writer that falls more than 1 s behind its schedule does not try to catch up). Every
@@ -574,3 +587,30 @@ def warm_up_probe(env: ServeEnv, src: psycopg.Connection, serve: Serve, poll: fl
             probe_once(env, src, warm, serve, poll, timeout)
         except ProbeTimeout as e:
             raise BenchError(f"the warm-up probe failed: {e}\n{tail(serve.logfile)}") from None
+
+
+def run_main(name: str, work: Path, problems: list[str], run: Callable[[], Any], report: Callable[[Any], str]) -> int:
+    """The main of a driver: `run()` (the phases), then its report printed and kept in
+    WORK/results.md. Exit code 1 on a failure (with the tail of the newest `serve` log) or
+    when `problems` lists something wrong; loads and `serve` processes are stopped either way."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        result = run()
+    except BenchError as e:
+        print(f"\n{name} benchmark FAILED: {e}", file=sys.stderr)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        logs = sorted(work.glob("serve-*.log"), key=lambda f: f.stat().st_mtime)
+        print(f"\n{name} benchmark FAILED (unexpected error above)\n{tail(logs[-1]) if logs else ''}", file=sys.stderr)
+        return 1
+    finally:
+        Load.stop_all()
+        Serve.kill_all()
+    text = report(result)
+    (work / "results.md").write_text(text + "\n")
+    print(text)
+    if problems:
+        print(f"\n{name} benchmark: {len(problems)} problem(s), see above", file=sys.stderr)
+        return 1
+    return 0

@@ -59,20 +59,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import signal
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
 from psycopg import sql
 
-from benchlib import (AGG_SQL, JOIN_SQL, LOOKUP_SQL, BenchError, Load, ProbeTimeout, Serve, ServeEnv,
-                      binary_kind, binary_time, check_same, command_line, commit_marker, create_source, fetch,
-                      machine, ms, pct, probe_once, source_version, tail, wait_for, warm_up_probe)
+from benchlib import (AGG_SQL, JOIN_SQL, LOOKUP_SQL, Load, ProbeTimeout, Serve, ServeEnv, binary_kind,
+                      binary_time, check_same, command_line, commit_marker, create_and_copy, fetch, machine, ms, pct,
+                      probe_once, run_main, source_version, wait_for, warm_up_probe)
 
 # --------------------------------------------------------------------------------------------
 # Parameters
@@ -606,38 +604,14 @@ def report(setup: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+def phases() -> dict[str, Any]:
     R["load_start"], R["load_start5"], _ = os.getloadavg()
-    try:
-        log(f"creating {DB}: {ROWS:,} orders, {CUSTOMERS:,} customers")
-        create_source(ENV, ROWS, CUSTOMERS)
-        ENV.write_config("1h")
-        log("snapshot: sync --once")
-        sync_s, _ = ENV.sync_once(SYNC_TIMEOUT)
-        log(f"snapshot took {sync_s:.1f}s")
-        expected = phase_cut_live_tail()
-        phase_live(expected)
-        phase_postgres()
-    except BenchError as e:
-        print(f"\nfence benchmark FAILED: {e}", file=sys.stderr)
-        return 1
-    except Exception:
-        traceback.print_exc()
-        logs = sorted(WORK.glob("serve-*.log"), key=lambda f: f.stat().st_mtime)
-        print(f"\nfence benchmark FAILED (unexpected error above)\n{tail(logs[-1]) if logs else ''}", file=sys.stderr)
-        return 1
-    finally:
-        Load.stop_all()
-        Serve.kill_all()
-    text = report({"sync_s": sync_s})
-    (WORK / "results.md").write_text(text + "\n")
-    print(text)
-    if problems:
-        print(f"\nfence benchmark: {len(problems)} problem(s), see above", file=sys.stderr)
-        return 1
-    return 0
+    sync_s, _ = create_and_copy(ENV, ROWS, CUSTOMERS, SYNC_TIMEOUT)
+    expected = phase_cut_live_tail()
+    phase_live(expected)
+    phase_postgres()
+    return {"sync_s": sync_s}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("fence", WORK, problems, phases, report))

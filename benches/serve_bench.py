@@ -43,19 +43,17 @@ import datetime as dt
 import math
 import os
 import random
-import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
 
 from benchlib import (AGG_SQL, JOIN_SQL, BenchError, Load, ProbeTimeout, Serve, ServeEnv, binary_kind,
-                      binary_time, check_same as check_same_in, command_line, create_source, fetch as fetch_in,
-                      machine, ms, probe_once as probe_in, source_version, tail, timed_runs as timed_runs_in,
+                      binary_time, check_same as check_same_in, command_line, create_and_copy, fetch as fetch_in,
+                      machine, ms, probe_once as probe_in, run_main, source_version, tail, timed_runs as timed_runs_in,
                       wait_for, warm_up_probe)
 
 # --------------------------------------------------------------------------------------------
@@ -510,36 +508,12 @@ def report(setup: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        log(f"creating {DB}: {ROWS:,} orders, {CUSTOMERS:,} customers")
-        create_source(ENV, ROWS, CUSTOMERS)
-        ENV.write_config("1h")
-        log("snapshot: sync --once")
-        sync_s, sync_rss = ENV.sync_once(SYNC_TIMEOUT)
-        log(f"snapshot took {sync_s:.1f}s, peak RSS {sync_rss // 1024} MiB")
-        phase_union_and_analytics()
-        phase_live()
-    except BenchError as e:
-        print(f"\nserve benchmark FAILED: {e}", file=sys.stderr)
-        return 1
-    except Exception:
-        traceback.print_exc()
-        logs = sorted(WORK.glob("serve-*.log"), key=lambda f: f.stat().st_mtime)
-        print(f"\nserve benchmark FAILED (unexpected error above)\n{tail(logs[-1]) if logs else ''}", file=sys.stderr)
-        return 1
-    finally:
-        Load.stop_all()
-        Serve.kill_all()
-    text = report({"sync_s": sync_s, "sync_rss": sync_rss})
-    (WORK / "results.md").write_text(text + "\n")
-    print(text)
-    if problems:
-        print(f"\nserve benchmark: {len(problems)} problem(s), see above", file=sys.stderr)
-        return 1
-    return 0
+def phases() -> dict[str, Any]:
+    sync_s, sync_rss = create_and_copy(ENV, ROWS, CUSTOMERS, SYNC_TIMEOUT)
+    phase_union_and_analytics()
+    phase_live()
+    return {"sync_s": sync_s, "sync_rss": sync_rss}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("serve", WORK, problems, phases, report))

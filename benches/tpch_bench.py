@@ -26,18 +26,16 @@ SKIPPRD (binary), BENCH_WORK (work folder), BENCH_PG_PORT, PGHOST/PGPORT/PGUSER 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from benchlib import (BenchError, Serve, ServeEnv, binary_kind, binary_time, command_line, fetch, machine,
-                      recreate_database, source_version, tail, timed_runs)
+                      recreate_database, run_main, source_version, timed_runs)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -189,30 +187,11 @@ def report(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        texts = load()
-        snapshot()
-        rows = run_queries(texts)
-    except BenchError as e:
-        print(f"\ntpch benchmark FAILED: {e}", file=sys.stderr)
-        return 1
-    except Exception:
-        traceback.print_exc()
-        logs = sorted(WORK.glob("serve-*.log"), key=lambda f: f.stat().st_mtime)
-        print(f"\ntpch benchmark FAILED (unexpected error above)\n{tail(logs[-1]) if logs else ''}", file=sys.stderr)
-        return 1
-    finally:
-        Serve.kill_all()
-    text = report(rows)
-    (WORK / "results.md").write_text(text + "\n")
-    print(text)
-    if problems:
-        print(f"\ntpch benchmark: {len(problems)} problem(s), see above", file=sys.stderr)
-        return 1
-    return 0
+def phases() -> list[dict]:
+    texts = load()
+    snapshot()
+    return run_queries(texts)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("tpch", WORK, problems, phases, report))
