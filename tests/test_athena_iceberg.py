@@ -107,7 +107,16 @@ class Moto:
         """The requests recorded since `record(True)`."""
         if not self.recording.exists():
             return []
-        return [json.loads(line) for line in self.recording.read_text().splitlines() if line.strip()]
+        # moto's threads append records without a lock: two may share a line, so the file is
+        # read as a stream of JSON documents rather than one per line.
+        text, decoder, out, at = self.recording.read_text(), json.JSONDecoder(), [], 0
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if at >= len(text):
+                return out
+            doc, at = decoder.raw_decode(text, at)
+            out.append(doc)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
