@@ -404,28 +404,38 @@ def test_cancel_with_a_wrong_key_does_nothing(sgw):
 # --------------------------------------------------------------------------------------------
 
 
+def connect_at_once(gw, n: int, together: bool, join_s: float) -> tuple[list[psycopg.Connection], list[BaseException]]:
+    """`n` clients connect from threads (released together by a barrier when `together`):
+    (the connections opened, the errors of those refused)."""
+    opened: list[psycopg.Connection] = []
+    refused: list[BaseException] = []
+    lock = threading.Lock()
+    gate = threading.Barrier(n) if together else None
+
+    def connect() -> None:
+        if gate:
+            gate.wait(60)
+        try:
+            c = gw.connect(connect_timeout=30)
+            with lock:
+                opened.append(c)
+        except psycopg.OperationalError as e:
+            with lock:
+                refused.append(e)
+
+    threads = [threading.Thread(target=connect) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+    return opened, refused
+
+
 def test_300_connections_at_once(db, workdir):
     small_source(db)
     ws = unique_workspace()
     with start_gateway(db, workdir, ["items"], workspace=ws, query={"max_connections": 100}) as gw:
-        opened: list[psycopg.Connection] = []
-        refused: list[BaseException] = []
-        lock = threading.Lock()
-
-        def connect() -> None:
-            try:
-                c = gw.connect(connect_timeout=30)
-                with lock:
-                    opened.append(c)
-            except psycopg.OperationalError as e:
-                with lock:
-                    refused.append(e)
-
-        threads = [threading.Thread(target=connect) for _ in range(300)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(90)
+        opened, refused = connect_at_once(gw, 300, together=False, join_s=90)
         try:
             assert len(opened) + len(refused) == 300
             assert 0 < len(opened) <= 100, f"{len(opened)} connections were accepted"
@@ -448,26 +458,7 @@ def test_a_flood_beyond_the_refusal_slots_is_still_told_why(db, workdir):
     small_source(db)
     ws = unique_workspace()
     with start_gateway(db, workdir, ["items"], workspace=ws, query={"max_connections": 1}) as gw:
-        opened: list[psycopg.Connection] = []
-        refused: list[BaseException] = []
-        lock = threading.Lock()
-        gate = threading.Barrier(400)
-
-        def connect() -> None:
-            gate.wait(60)
-            try:
-                c = gw.connect(connect_timeout=30)
-                with lock:
-                    opened.append(c)
-            except psycopg.OperationalError as e:
-                with lock:
-                    refused.append(e)
-
-        threads = [threading.Thread(target=connect) for _ in range(400)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        opened, refused = connect_at_once(gw, 400, together=True, join_s=120)
         try:
             assert len(opened) <= 1 and len(opened) + len(refused) == 400
             assert all("too many clients" in str(e) for e in refused), sorted({str(e)[:200] for e in refused})[:5]
