@@ -69,14 +69,24 @@ impl TableSink {
             positions.sort_unstable();
         }
         let expected: u64 = self.expected_rows();
-        self.index.reserve(
-            usize::try_from(expected).unwrap_or(usize::MAX),
-            self.int_key(),
-        );
+        // With a primary key each key is live once: load in bulk and sort once. Without
+        // one, equal rows are told apart as they come (see `index_insert`).
+        if self.keyed {
+            self.index.begin_load(
+                usize::try_from(expected).unwrap_or(usize::MAX),
+                self.int_key(),
+            );
+        }
+        let mut indexed = Ok(());
         for (path, size) in data_files {
             let gone = deleted_in.remove(&path).unwrap_or_default();
-            self.index_file(path, size, &gone).await?;
+            indexed = self.index_file(path, size, &gone).await;
+            if indexed.is_err() {
+                break;
+            }
         }
+        self.index.end_load();
+        indexed?;
         // Renumber what the staged changes point at.
         let numbers: HashMap<&str, u32> = self
             .files

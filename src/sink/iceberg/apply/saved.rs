@@ -19,7 +19,8 @@ use super::TableSink;
 use crate::error::{Context, Result};
 use crate::sink::iceberg::keyindex::KeyIndex;
 
-const MAGIC: &[u8; 8] = b"SKPKIDX1";
+/// Version 2: exact keys are written mixed, in key order (`keyindex.rs`).
+const MAGIC: &[u8; 8] = b"SKPKIDX2";
 
 /// Passes bytes through and checksums them.
 struct Hashing<T> {
