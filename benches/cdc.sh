@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# CDC benchmark: skipprd applying a stream of mixed changes (inserts, updates, deletes) to
-# Iceberg, against pg_recvlogical decoding the same changes with pgoutput to /dev/null, in
-# the same run. Both read their own slot, created at the same position.
+# CDC benchmark: skipprd applying a stream of mixed changes (30% inserts, 50% updates, 20%
+# deletes) to Iceberg, against pg_recvlogical decoding the same changes with pgoutput to
+# /dev/null, in the same run. Both read their own slot, created at the same position.
 #   benches/cdc.sh [CHANGES] [RUNS]     (defaults: 1000000 changes, 3 runs)
 #   SEED=2000000 benches/cdc.sh 1000000 1   (the table holds SEED rows before the changes;
 #                                            default: the rows the updates and deletes need)
@@ -14,7 +14,8 @@ bin="$(skipprd_bin)"
 start_cluster
 work="$bench_dir/cdc"; rm -rf "$work"; mkdir -p "$work"
 rm -f "$work/recv.txt" "$work/skipprd.txt"
-ins=$((changes / 2)); upd=$((changes * 3 / 10)); del=$((changes - ins - upd))
+# The mix of the performance issue: 30% inserts, 50% updates, 20% deletes.
+ins=$((changes * 3 / 10)); upd=$((changes / 2)); del=$((changes - ins - upd))
 seed="${SEED:-$((upd + del))}"
 [ "$seed" -ge $((upd + del)) ] || { echo "SEED must be at least $((upd + del)) (the rows updated and deleted)" >&2; exit 1; }
 for run in $(seq "$runs"); do

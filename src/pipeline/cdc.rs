@@ -274,17 +274,7 @@ impl<T: TableSink> Sinks<T> {
 /// Applies every log segment not yet applied, commits, and removes what every table now
 /// holds.
 pub async fn apply_log<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T>) -> Result<()> {
-    for seg in log.segments()? {
-        if seg.last <= sinks.applied_through {
-            continue;
-        }
-        sinks.apply_items(log.items(&seg)?).await?;
-        if sinks.pending_changes() >= COMMIT_MAX_CHANGES
-            || sinks.pending_bytes() >= COMMIT_MAX_BYTES
-        {
-            sinks.commit().await?;
-        }
-    }
+    apply_segments(log, sinks).await?;
     sinks.commit().await?;
     // The watermarks are recorded before the log that backs them goes, and only what every
     // table has durably committed goes (the commits fsynced their files).
@@ -303,6 +293,50 @@ pub async fn apply_log<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T>
     }
     // Maintenance comes after the log is truncated: it never holds back acknowledgements.
     sinks.maintain().await
+}
+
+/// Applies the log's segments not yet applied, committing only when the pending changes
+/// reach the limits of one commit.
+async fn apply_segments<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T>) -> Result<()> {
+    for seg in log.segments()? {
+        if seg.last <= sinks.applied_through {
+            continue;
+        }
+        sinks.apply_items(log.items(&seg)?).await?;
+        if sinks.pending_changes() >= COMMIT_MAX_CHANGES
+            || sinks.pending_bytes() >= COMMIT_MAX_BYTES
+        {
+            sinks.commit().await?;
+        }
+    }
+    Ok(())
+}
+
+/// `sync --once`'s applier: applies each segment as soon as the stream has made it durable,
+/// on a task of its own, so that decoding the stream and applying it use both cores. Ends
+/// when `done` fires (the stream ended) and returns the tables, or `None` after a failure:
+/// a value that cannot be stored may be fixed by a change still to come, so the caller
+/// applies everything again once the whole stream is in the log, and decides then.
+async fn apply_as_it_lands<L: ChangeLog, T: TableSink>(
+    log: L,
+    mut sinks: Sinks<T>,
+    mut durable: watch::Receiver<Lsn>,
+    mut done: tokio::sync::oneshot::Receiver<()>,
+) -> Option<Sinks<T>> {
+    loop {
+        tokio::select! {
+            _ = &mut done => return Some(sinks),
+            changed = durable.changed() => {
+                if changed.is_err() {
+                    return Some(sinks);
+                }
+            }
+        }
+        if let Err(e) = apply_segments(&log, &mut sinks).await {
+            tracing::debug!(error = %e.report(), "applying while streaming stopped; everything is applied again once the stream is in");
+            return None;
+        }
+    }
 }
 
 /// The tables a CDC run commits to, loaded afresh at its start (and after an apply that
@@ -374,15 +408,36 @@ where
     T: Tables,
 {
     let (_shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (durable_tx, _) = watch::channel(Lsn::default());
+    let (durable_tx, durable_rx) = watch::channel(Lsn::default());
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let start = log.resume_point()?;
-    // The tables load (their key indexes) while the changes stream in: the source decodes
-    // on its own core meanwhile.
-    let (durable, mut sinks) = tokio::try_join!(
-        source.stream_into(log, start, Until::Now, shutdown_rx, &durable_tx),
-        tables.load(),
-    )?;
+    // The tables load (their key indexes) while the changes stream in, and then apply
+    // what is durable on a task of their own while the source decodes the rest.
+    let stream = async {
+        let durable = source
+            .stream_into(log, start, Until::Now, shutdown_rx, &durable_tx)
+            .await;
+        let _ = done_tx.send(());
+        durable
+    };
+    let applier = async {
+        let sinks = tables.load().await?;
+        let mut task = AbortOnDrop(tokio::spawn(apply_as_it_lands(
+            log.clone(),
+            sinks,
+            durable_rx,
+            done_rx,
+        )));
+        (&mut task.0)
+            .await
+            .map_err(|e| Error::fatal(format!("the applying task failed: {e}")))
+    };
+    let (durable, applied) = tokio::try_join!(stream, applier)?;
     source.acknowledge(durable).await?;
+    let mut sinks = match applied {
+        Some(sinks) => sinks,
+        None => tables.load().await?,
+    };
     apply_log(log, &mut sinks).await?;
     sinks.keep_indexes();
     Ok(())

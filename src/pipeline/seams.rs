@@ -115,7 +115,7 @@ pub trait ChangeLog: Clone + Send + Sync + 'static {
 /// - [`TableSink::covered`] is the LSN through which the table holds every change, stretches
 ///   without a change for it included; while changes are staged it is the committed LSN.
 #[async_trait]
-pub trait TableSink: Send {
+pub trait TableSink: Send + 'static {
     /// The source table this sink follows.
     fn source(&self) -> &TableRef;
     fn committed(&self) -> Lsn;
