@@ -15,6 +15,8 @@ use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use arrow::error::ArrowError;
 use datafusion::common::pruning::PruningStatistics;
+use datafusion::common::stats::Precision;
+use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
@@ -371,6 +373,30 @@ impl ExecutionPlan for CommittedScan {
         _children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         Ok(self)
+    }
+
+    /// Rows from the manifests (before deletes, so inexact) and bytes estimated from the
+    /// projected columns' widths: enough for the planner to build a join's hash table on
+    /// the smaller side and to broadcast a small one.
+    fn partition_statistics(&self, partition: Option<usize>) -> DfResult<Statistics> {
+        let files: Box<dyn Iterator<Item = &DataFile>> = match partition {
+            Some(i) => Box::new(self.partitions.get(i).into_iter().flatten()),
+            None => Box::new(self.partitions.iter().flatten()),
+        };
+        let mut rows: usize = files.map(|f| f.rows as usize).sum();
+        if let Some(limit) = self.limit {
+            rows = rows.min(limit);
+        }
+        let width: usize = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().primitive_width().unwrap_or(24))
+            .sum();
+        let mut stats = Statistics::new_unknown(&self.schema);
+        stats.num_rows = Precision::Inexact(rows);
+        stats.total_byte_size = Precision::Inexact(rows.saturating_mul(width.max(1)));
+        Ok(stats)
     }
 
     fn execute(
