@@ -314,27 +314,32 @@ async fn apply_segments<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T
 
 /// `sync --once`'s applier: applies each segment as soon as the stream has made it durable,
 /// on a task of its own, so that decoding the stream and applying it use both cores. Ends
-/// when `done` fires (the stream ended) and returns the tables, or `None` after a failure:
-/// a value that cannot be stored may be fixed by a change still to come, so the caller
-/// applies everything again once the whole stream is in the log, and decides then.
+/// at a segment boundary when `done` fires (the stream ended, or failed) and returns the
+/// tables. A value that cannot be stored may be fixed by a change still to come: after
+/// such a failure it returns `None`, and the caller applies everything again once the whole
+/// stream is in the log, and decides then. Any other failure is returned as it is.
 async fn apply_as_it_lands<L: ChangeLog, T: TableSink>(
     log: L,
     mut sinks: Sinks<T>,
     mut durable: watch::Receiver<Lsn>,
     mut done: tokio::sync::oneshot::Receiver<()>,
-) -> Option<Sinks<T>> {
+) -> Result<Option<Sinks<T>>> {
     loop {
         tokio::select! {
-            _ = &mut done => return Some(sinks),
+            _ = &mut done => return Ok(Some(sinks)),
             changed = durable.changed() => {
                 if changed.is_err() {
-                    return Some(sinks);
+                    return Ok(Some(sinks));
                 }
             }
         }
-        if let Err(e) = apply_segments(&log, &mut sinks).await {
-            tracing::debug!(error = %e.report(), "applying while streaming stopped; everything is applied again once the stream is in");
-            return None;
+        match apply_segments(&log, &mut sinks).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Unrepresentable => {
+                tracing::warn!(error = %e.report(), "a change cannot be applied yet; the rest of the stream is taken first, in case a later change replaces it, then everything is applied again");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -430,9 +435,12 @@ where
         )));
         (&mut task.0)
             .await
-            .map_err(|e| Error::fatal(format!("the applying task failed: {e}")))
+            .map_err(|e| Error::fatal(format!("the applying task failed: {e}")))?
     };
-    let (durable, applied) = tokio::try_join!(stream, applier)?;
+    // Both run to their end (the applier stops at a segment boundary once the stream
+    // ended or failed), so nothing is cut off in the middle of a commit.
+    let (durable, applied) = tokio::join!(stream, applier);
+    let (durable, applied) = (durable?, applied?);
     source.acknowledge(durable).await?;
     let mut sinks = match applied {
         Some(sinks) => sinks,

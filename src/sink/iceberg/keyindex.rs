@@ -163,10 +163,13 @@ impl<K: Slot> Sorted<K> {
     /// Ends a bulk load: sorts what it added.
     fn settle(&mut self) {
         if let Some(mut entries) = self.loading.take() {
+            if entries.is_empty() {
+                // The room of the kind no key had goes back.
+                entries = Vec::new();
+            }
             // Equal keys: the one added last (the highest location) wins, as with `insert`.
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
             entries.dedup_by(|later, first| later.0 == first.0);
-            entries.shrink_to_fit();
             *self = Self {
                 base: entries,
                 ..Self::default()
@@ -244,7 +247,11 @@ impl<K: Slot> Sorted<K> {
         // Merge from the back, in place: `base` grows by `add.len()` and each entry is
         // moved once. The keys of `delta` are never in `base`.
         let old = self.base.len();
-        self.base.reserve_exact(add.len());
+        // Room for the next merge too (at an eighth of the array): growing a large
+        // allocation may copy it, and that copy is the peak a hash map has while growing.
+        if self.base.capacity() < old + add.len() {
+            self.base.reserve_exact(add.len() + (old + add.len()) / 8);
+        }
         self.base.extend_from_slice(&add);
         let (mut i, mut j, mut w) = (old, add.len(), old + add.len());
         while j > 0 {
@@ -329,15 +336,17 @@ pub struct KeyIndex {
 }
 
 impl KeyIndex {
-    /// Starts a bulk load of about `expected` keys (exact ones when `exact`): the index is
+    /// Starts a bulk load of about `expected` keys: the index is
     /// emptied, and what [`KeyIndex::insert`] adds until [`KeyIndex::end_load`] is sorted
     /// once at the end instead of placed key by key; for an equal key the last one wins.
-    pub fn begin_load(&mut self, expected: usize, exact: bool) {
+    pub fn begin_load(&mut self, expected: usize) {
         self.clear();
-        // A count from a table's summary must not reserve memory it does not have.
+        // A count from a table's summary must not reserve memory it does not have. Both
+        // kinds get room (a key's kind shows only when it comes): pages never written to
+        // are not resident, and growing a large array may copy it.
         let expected = expected.min(1 << 28);
-        self.exact.loading = Some(Vec::with_capacity(if exact { expected } else { 0 }));
-        self.hashed.loading = Some(Vec::with_capacity(if exact { 0 } else { expected }));
+        self.exact.loading = Some(Vec::with_capacity(expected));
+        self.hashed.loading = Some(Vec::with_capacity(expected));
     }
 
     /// Ends a bulk load (also ended by any call other than `insert`).
@@ -608,7 +617,7 @@ mod tests {
             let mut truth: HashMap<Vec<u8>, Loc> = HashMap::new();
             let mut index = KeyIndex::default();
             // A bulk load with a key added twice: the later location wins.
-            index.begin_load(50_000, !text);
+            index.begin_load(50_000);
             for i in 0..50_000u64 {
                 let loc = at((i / 10_000) as u32, i % 10_000);
                 index.insert(&key(i % 40_000), loc).unwrap();
@@ -668,7 +677,7 @@ mod tests {
     #[test]
     fn the_sorted_array_is_smaller_than_a_hash_map() {
         let mut index = KeyIndex::default();
-        index.begin_load(1_000_000, true);
+        index.begin_load(1_000_000);
         for i in 0..1_000_000u64 {
             index.insert(&int_key(i), at(0, i)).unwrap();
         }

@@ -72,10 +72,8 @@ impl TableSink {
         // With a primary key each key is live once: load in bulk and sort once. Without
         // one, equal rows are told apart as they come (see `index_insert`).
         if self.keyed {
-            self.index.begin_load(
-                usize::try_from(expected).unwrap_or(usize::MAX),
-                self.int_key(),
-            );
+            self.index
+                .begin_load(usize::try_from(expected).unwrap_or(usize::MAX));
         }
         let mut indexed = Ok(());
         for (path, size) in data_files {
@@ -197,14 +195,6 @@ impl TableSink {
             .and_then(|s| s.summary().additional_properties.get("total-records"))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
-    }
-
-    /// Whether the table's key is one integer column (held exactly in the index).
-    fn int_key(&self) -> bool {
-        matches!(self.key_idx.as_slice(), [k] if matches!(
-            self.arrow.field(*k).data_type(),
-            DataType::Int16 | DataType::Int32 | DataType::Int64
-        ))
     }
 
     /// Indexes the live rows of one data file (as file number `files.len()`), reading only
