@@ -239,7 +239,7 @@ impl<K: Slot> Sorted<K> {
 
     fn merge(&mut self) {
         let mut add: Vec<(K, u64)> = std::mem::take(&mut self.delta).into_iter().collect();
-        add.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        add.sort_unstable_by_key(|a| a.0);
         if self.gone > 0 {
             self.base.retain(|e| e.1 != GONE);
             self.gone = 0;
@@ -290,7 +290,7 @@ impl<K: Slot> Sorted<K> {
     /// The live entries in key order.
     fn sorted(&self) -> impl Iterator<Item = (K, u64)> + '_ {
         let mut add: Vec<(K, u64)> = self.delta.iter().map(|(k, v)| (*k, *v)).collect();
-        add.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        add.sort_unstable_by_key(|a| a.0);
         let mut base = self.base.iter().copied().filter(|e| e.1 != GONE).peekable();
         let mut add = add.into_iter().peekable();
         std::iter::from_fn(move || match (base.peek(), add.peek()) {
@@ -303,7 +303,7 @@ impl<K: Slot> Sorted<K> {
     /// Reads entries written in key order (sorted again if they are not).
     fn from_entries(mut entries: Vec<(K, u64)>) -> std::result::Result<Self, &'static str> {
         if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
-            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            entries.sort_unstable_by_key(|a| a.0);
             if entries.windows(2).any(|w| w[0].0 == w[1].0) {
                 return Err("a key is listed twice");
             }
