@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import psycopg
 
-from benchlib import free_port, pg_connect
+from benchlib import BenchError, free_port, pg_connect, wait_for
 
 PARAMS = {
     "ROWS": "200000", "COMMITS": "2000", "SAMPLE_EVERY": "100", "RUNS": "20", "RATE": "300",
@@ -72,10 +72,6 @@ GW_PORT = free_port()
 METRICS_PORT = free_port()
 
 
-class BenchError(Exception):
-    pass
-
-
 def log(msg: str) -> None:
     print(f"[maintenance-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -87,23 +83,6 @@ def pg(dbname: str = DB) -> psycopg.Connection:
 def gateway() -> psycopg.Connection:
     return psycopg.connect(host="127.0.0.1", port=GW_PORT, user="bench", dbname=WS, autocommit=True,
                            connect_timeout=10, sslmode="disable")
-
-
-def wait_for(what: str, timeout: float, check: Callable[[], Any], alive: Callable[[], None] = lambda: None,
-             interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        alive()
-        try:
-            got = check()
-            if got:
-                return got
-            last = got
-        except (psycopg.Error, OSError) as e:
-            last = e
-        time.sleep(interval)
-    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def metric(name: str, table: str | None = TABLE) -> float:
@@ -423,7 +402,7 @@ def main() -> None:
             with gateway() as gw:
                 return status(gw).get("pipeline_state") == "streaming"
 
-        wait_for("serve to stream", 600, streaming, alive)
+        wait_for("serve to stream", 600, streaming, interval=0.5, alive=alive)
         rows = [sample(serve, 0)]
         writers = max(1, int(RATE // 100))
         threads = [threading.Thread(target=writer, args=(RATE / writers, i), daemon=True) for i in range(writers)]
@@ -459,7 +438,7 @@ def main() -> None:
             with gateway() as gw:
                 return tuple(gw.execute(check.format(t=f"{WS}.{TABLE}")).fetchone()) == tuple(expected)
 
-        wait_for("the live table to equal Postgres", 600, equal, alive)
+        wait_for("the live table to equal Postgres", 600, equal, interval=0.5, alive=alive)
         live_ok = f"Live table equal to Postgres at the end ({expected[0]} rows)."
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=300)
