@@ -315,32 +315,24 @@ async fn apply_segments<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T
 /// `sync --once`'s applier: applies each segment as soon as the stream has made it durable,
 /// on a task of its own, so that decoding the stream and applying it use both cores. Ends
 /// at a segment boundary when `done` fires (the stream ended, or failed) and returns the
-/// tables. A value that cannot be stored may be fixed by a change still to come: after
-/// such a failure it returns `None`, and the caller applies everything again once the whole
-/// stream is in the log, and decides then. Any other failure is returned as it is.
+/// tables. It commits only where applying after the stream would (at the limits of one
+/// commit, after the same segments), so the outcome, a failure included, is the same.
 async fn apply_as_it_lands<L: ChangeLog, T: TableSink>(
     log: L,
     mut sinks: Sinks<T>,
     mut durable: watch::Receiver<Lsn>,
     mut done: tokio::sync::oneshot::Receiver<()>,
-) -> Result<Option<Sinks<T>>> {
+) -> Result<Sinks<T>> {
     loop {
         tokio::select! {
-            _ = &mut done => return Ok(Some(sinks)),
+            _ = &mut done => return Ok(sinks),
             changed = durable.changed() => {
                 if changed.is_err() {
-                    return Ok(Some(sinks));
+                    return Ok(sinks);
                 }
             }
         }
-        match apply_segments(&log, &mut sinks).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::Unrepresentable => {
-                tracing::warn!(error = %e.report(), "a change cannot be applied yet; the rest of the stream is taken first, in case a later change replaces it, then everything is applied again");
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
-        }
+        apply_segments(&log, &mut sinks).await?;
     }
 }
 
@@ -438,14 +430,11 @@ where
             .map_err(|e| Error::fatal(format!("the applying task failed: {e}")))?
     };
     // Both run to their end (the applier stops at a segment boundary once the stream
-    // ended or failed), so nothing is cut off in the middle of a commit.
+    // ended or failed), so nothing is cut off in the middle of a commit. What is durable in
+    // the log is acknowledged even when applying failed: the log keeps it.
     let (durable, applied) = tokio::join!(stream, applier);
-    let (durable, applied) = (durable?, applied?);
-    source.acknowledge(durable).await?;
-    let mut sinks = match applied {
-        Some(sinks) => sinks,
-        None => tables.load().await?,
-    };
+    source.acknowledge(durable?).await?;
+    let mut sinks = applied?;
     apply_log(log, &mut sinks).await?;
     sinks.keep_indexes();
     Ok(())

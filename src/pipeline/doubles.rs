@@ -166,6 +166,9 @@ impl<L: ChangeLog> ChangeSource<L> for MemSource {
                 last = lsn;
                 let _ = durable.send(lsn);
             }
+            // Like a network stream, it waits between transactions: what runs beside it
+            // (the applier of `sync --once`) gets its turn.
+            tokio::task::yield_now().await;
         }
         if until == Until::Shutdown {
             let _ = shutdown.wait_for(|stop| *stop).await;

@@ -369,3 +369,36 @@ async fn a_transaction_beyond_the_budget_spills_and_commits_once_whole() {
     assert!(b.spills >= 9, "table b spilled {} times", b.spills);
     assert_eq!(b.commits, 1);
 }
+
+/// `sync --once` applies what is durable while the stream goes on: a stream that breaks off
+/// after its first transaction leaves that transaction applied (spilled here) but nothing
+/// committed or acknowledged, and the next run commits everything once.
+#[tokio::test]
+async fn once_applies_while_it_streams_and_a_broken_stream_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut src = source();
+    let log = MemLog::default();
+    let mut tables = MemTables::new(&["a", "b"], dir.path());
+    // The doubles count 16 bytes per staged change: a spill at every budget check.
+    tables.budget = 16;
+    src.commit(txn(10, (0..1100).map(|k| insert(A, k, "v")).collect()));
+    src.commit(txn(20, vec![insert(B, 1, "b")]));
+    src.fail_after(Some(1));
+    assert!(catch_up_once(&mut src, &log, &tables).await.is_err());
+    {
+        let a = tables.stored("a");
+        assert!(
+            a.spills >= 1,
+            "the first transaction was applied while streaming"
+        );
+        assert_eq!((a.commits, a.lsn), (0, Lsn(0)), "nothing is committed");
+    }
+    assert!(src.acks().is_empty(), "nothing is acknowledged");
+
+    src.fail_after(None);
+    catch_up_once(&mut src, &log, &tables).await.unwrap();
+    assert_eq!(tables.stored("a").rows.len(), 1100);
+    assert_eq!(tables.stored("a").commits, 1);
+    assert_eq!(tables.stored("b").rows, rows(&[(1, "b")]));
+    assert_eq!(src.acks(), vec![Lsn(20)]);
+}

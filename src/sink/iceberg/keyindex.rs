@@ -152,7 +152,7 @@ impl<K: Slot> Sorted<K> {
         self.shift = 64 - buckets.trailing_zeros();
         let mut dir = vec![0usize; buckets + 1];
         for (k, _) in &self.base {
-            dir[k.top().checked_shr(self.shift).unwrap_or(0) as usize + 1] += 1;
+            dir[self.bucket(k) + 1] += 1;
         }
         for b in 1..dir.len() {
             dir[b] += dir[b - 1];
@@ -267,8 +267,13 @@ impl<K: Slot> Sorted<K> {
         self.index_base();
     }
 
+    /// Live entries outside a bulk load.
+    fn live(&self) -> usize {
+        self.base.len() - self.gone + self.delta.len()
+    }
+
     fn len(&self) -> usize {
-        self.base.len() - self.gone + self.delta.len() + self.loading.as_ref().map_or(0, Vec::len)
+        self.live() + self.loading.as_ref().map_or(0, Vec::len)
     }
 
     fn values_mut(&mut self) -> impl Iterator<Item = &mut u64> + '_ {
@@ -420,14 +425,12 @@ impl KeyIndex {
     /// then of the hashed ones, each in key order, little-endian (read back by
     /// [`KeyIndex::read_from`]).
     pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
-        let live = |s: &Sorted<_>| s.base.len() - s.gone + s.delta.len();
-        out.write_all(&(live(&self.exact) as u64).to_le_bytes())?;
+        out.write_all(&(self.exact.live() as u64).to_le_bytes())?;
         for (k, v) in self.exact.sorted() {
             out.write_all(&k.to_le_bytes())?;
             out.write_all(&v.to_le_bytes())?;
         }
-        let live = self.hashed.base.len() - self.hashed.gone + self.hashed.delta.len();
-        out.write_all(&(live as u64).to_le_bytes())?;
+        out.write_all(&(self.hashed.live() as u64).to_le_bytes())?;
         for (k, v) in self.hashed.sorted() {
             out.write_all(&k[0].to_le_bytes())?;
             out.write_all(&k[1].to_le_bytes())?;
