@@ -35,7 +35,7 @@ use iceberg::spec::DataContentType;
 use iceberg::table::Table;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ArrowPredicateFn, ArrowReaderOptions, RowFilter, RowSelection, RowSelector,
+    ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter, RowSelection, RowSelector,
 };
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask, PARQUET_FIELD_ID_META_KEY};
 use parquet::file::metadata::PageIndexPolicy;
@@ -44,6 +44,8 @@ use super::live::HiddenSet;
 
 /// Memory the per-process caches of key columns and position deletes may hold.
 const CACHE_BUDGET_BYTES: u64 = 192 << 20;
+/// Memory the per-process cache of Parquet footers (with their page indexes) may hold.
+const META_BUDGET_BYTES: u64 = 64 << 20;
 /// An entry no query has read for this long is dropped: a file that compaction replaced or
 /// snapshot expiry removed is never read again, and must not hold memory until the budget
 /// pushes it out.
@@ -55,6 +57,9 @@ const CACHE_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 /// no longer has them, or past the budget (least recently used first).
 pub struct ScanCaches {
     facts: moka::sync::Cache<String, Fact>,
+    /// Parsed footers by path: a lookup would otherwise read and parse every candidate
+    /// file's footer and page index again for each statement.
+    meta: moka::sync::Cache<String, ArrowReaderMetadata>,
 }
 
 #[derive(Clone)]
@@ -79,6 +84,14 @@ impl Default for ScanCaches {
                 .max_capacity(CACHE_BUDGET_BYTES)
                 .weigher(|path: &String, fact: &Fact| {
                     u32::try_from(64 + path.len() + fact.weight()).unwrap_or(u32::MAX)
+                })
+                .time_to_idle(CACHE_IDLE)
+                .build(),
+            meta: moka::sync::Cache::builder()
+                .max_capacity(META_BUDGET_BYTES)
+                .weigher(|path: &String, meta: &ArrowReaderMetadata| {
+                    u32::try_from(64 + path.len() + meta.metadata().memory_size())
+                        .unwrap_or(u32::MAX)
                 })
                 .time_to_idle(CACHE_IDLE)
                 .build(),
@@ -115,6 +128,18 @@ impl ScanCaches {
         self.facts.insert(path.to_string(), Fact::Deletes(deletes));
     }
 
+    /// A file's parsed footer; with `page_index`, only one that holds the page index.
+    fn meta(&self, path: &str, page_index: bool) -> Option<ArrowReaderMetadata> {
+        self.meta.get(path).filter(|m| {
+            !page_index
+                || (m.metadata().column_index().is_some() && m.metadata().offset_index().is_some())
+        })
+    }
+
+    fn put_meta(&self, path: &str, meta: ArrowReaderMetadata) {
+        self.meta.insert(path.to_string(), meta);
+    }
+
     /// Drops the entries of files under `location` (a table's folder) that `live` (every
     /// data and delete file of its current snapshot) no longer lists.
     fn forget_dead(&self, location: &str, live: &HashSet<&str>) {
@@ -124,13 +149,19 @@ impl ScanCaches {
                 self.facts.invalidate(path.as_str());
             }
         }
+        for (path, _) in self.meta.iter() {
+            if path.starts_with(&prefix) && !live.contains(path.as_str()) {
+                self.meta.invalidate(path.as_str());
+            }
+        }
     }
 
     /// Entries held (after pending evictions run), for tests.
     #[cfg(test)]
     fn len(&self) -> u64 {
         self.facts.run_pending_tasks();
-        self.facts.entry_count()
+        self.meta.run_pending_tasks();
+        self.facts.entry_count() + self.meta.entry_count()
     }
 }
 
@@ -228,7 +259,8 @@ impl CommittedScan {
                 // A filter Iceberg cannot bind (a column only the tail has) prunes nothing.
                 Some(predicate) => match table
                     .scan()
-                    .select_all()
+                    // Only the file listing is used: no column is resolved by name.
+                    .select_empty()
                     .with_filter(predicate)
                     .build()
                     .map_err(df_err)
@@ -319,7 +351,7 @@ impl CommittedScan {
     async fn all_files(table: &Table) -> DfResult<iceberg::scan::FileScanTaskStream> {
         table
             .scan()
-            .select_all()
+            .select_empty()
             .build()
             .map_err(df_err)?
             .plan_files()
@@ -473,17 +505,29 @@ impl FileReader {
     ) -> DfResult<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
         let input = self.file_io.new_input(path).map_err(df_err)?;
         let read = input.reader().await.map_err(df_err)?;
-        let reader = ArrowFileReader::new(FileMetadata { size }, read);
-        // Files written elsewhere may have no page index: then every page is read.
-        let policy = if page_index {
-            PageIndexPolicy::Optional
-        } else {
-            PageIndexPolicy::Skip
+        let mut reader = ArrowFileReader::new(FileMetadata { size }, read);
+        let meta = match self.caches.meta(path, page_index) {
+            Some(meta) => meta,
+            None => {
+                // Files written elsewhere may have no page index: then every page is read.
+                let policy = if page_index {
+                    PageIndexPolicy::Optional
+                } else {
+                    PageIndexPolicy::Skip
+                };
+                let options = ArrowReaderOptions::new().with_page_index_policy(policy);
+                let meta = ArrowReaderMetadata::load_async(&mut reader, options)
+                    .await
+                    .map_err(|e| {
+                        DataFusionError::Execution(format!("reading Parquet file {path}: {e}"))
+                    })?;
+                self.caches.put_meta(path, meta.clone());
+                meta
+            }
         };
-        let options = ArrowReaderOptions::new().with_page_index_policy(policy);
-        ParquetRecordBatchStreamBuilder::new_with_options(reader, options)
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("reading Parquet file {path}: {e}")))
+        Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
+            reader, meta,
+        ))
     }
 
     /// Positions of rows removed by the file's position deletes.

@@ -660,6 +660,23 @@ impl TableSink {
         }
         self.relax_for(&live, catalog).await?;
         let batch = self.build_batch(&live).await?;
+        // Written in key order: a lookup then reads one page of each column, and compaction
+        // merges the files instead of sorting them.
+        let sorted = self.key_sort(&batch)?;
+        let batch = match &sorted {
+            Some(order) => arrow::compute::take_record_batch(
+                &batch,
+                &arrow::array::UInt32Array::from(order.clone()),
+            )?,
+            None => batch,
+        };
+        // Where each pending row landed in the file.
+        let mut at: Vec<u64> = (0..live.len() as u64).collect();
+        if let Some(order) = &sorted {
+            for (pos, row) in order.iter().enumerate() {
+                at[*row as usize] = pos as u64;
+            }
+        }
         let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
         let mut w = TableWriter::new(&self.table, name, u64::MAX / 4).await?;
         w.write(batch).await?;
@@ -671,14 +688,8 @@ impl TableSink {
         };
         let file_no = self.files.len() as u32;
         self.files.push(file.file_path().to_string());
-        for (pos, row) in live.into_iter().enumerate() {
-            self.index_insert(
-                row.key,
-                Loc {
-                    file: file_no,
-                    pos: pos as u64,
-                },
-            )?;
+        for (row, pos) in live.into_iter().zip(at) {
+            self.index_insert(row.key, Loc { file: file_no, pos })?;
         }
         Ok(Some(file))
     }

@@ -7,10 +7,18 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::BooleanArray;
-use arrow::compute::filter_record_batch;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use arrow::array::{BooleanArray, RecordBatch};
+use arrow::compute::{concat_batches, filter_record_batch};
+use arrow::row::{OwnedRow, RowConverter, Rows, SortField};
+use futures::StreamExt;
+use iceberg::arrow::ArrowFileReader;
+use iceberg::io::FileMetadata;
 use iceberg::spec::{DataContentType, DataFile};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::async_reader::ParquetRecordBatchStream;
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
 use super::{Loc, TableSink};
 use crate::catalog::LocalCatalog;
@@ -25,8 +33,11 @@ const DELETED_SHARE: f64 = 0.2;
 /// Row groups of rewritten files are cut at this much encoded data, so that compaction holds
 /// about this much of the output in memory whatever the width of the rows.
 const ROW_GROUP_BYTES: usize = 4 * 1024 * 1024;
-/// Rows are read from the files rewritten in batches of about this many decoded bytes.
-const BATCH_BYTES: usize = 1024 * 1024;
+/// The batches read from all the files a compaction merges hold about this many decoded
+/// bytes together (at least 64 KiB a file).
+const MERGE_BYTES: usize = 16 * 1024 * 1024;
+/// Rows handed to the Parquet writer at once.
+const OUTPUT_ROWS: usize = 8192;
 
 /// Where the live rows of one rewritten file went: from its `k`-th live row on, they are in
 /// output `out` from position `pos` on.
@@ -163,6 +174,41 @@ impl TableSink {
         Ok(())
     }
 
+    /// The order rows are written in: by primary key, compared as Arrow's row format does
+    /// (numbers by value, text by bytes, as Parquet's statistics compare them). None for a
+    /// table without one, or a key type the row format cannot order.
+    pub(super) fn key_converter(&self) -> Result<Option<RowConverter>> {
+        if !self.keyed || self.key_idx.is_empty() {
+            return Ok(None);
+        }
+        let fields = self
+            .key_idx
+            .iter()
+            .map(|i| SortField::new(self.arrow.field(*i).data_type().clone()))
+            .collect();
+        Ok(RowConverter::new(fields).ok())
+    }
+
+    /// The order of `batch`'s rows by key, or None when they are in order already (or the
+    /// table has no key order).
+    pub(super) fn key_sort(&self, batch: &RecordBatch) -> Result<Option<Vec<u32>>> {
+        let Some(order) = self.key_converter()? else {
+            return Ok(None);
+        };
+        let cols: Vec<_> = self
+            .key_idx
+            .iter()
+            .map(|i| batch.column(*i).clone())
+            .collect();
+        let keys = order.convert_columns(&cols)?;
+        if (1..keys.num_rows()).all(|i| keys.row(i - 1) <= keys.row(i)) {
+            return Ok(None);
+        }
+        let mut sorted: Vec<u32> = (0..keys.num_rows() as u32).collect();
+        sorted.sort_unstable_by(|a, b| keys.row(*a as usize).cmp(&keys.row(*b as usize)));
+        Ok(Some(sorted))
+    }
+
     /// Rows of each file (by number) that the index holds live.
     fn live_rows(&self) -> Vec<u64> {
         let mut live = vec![0u64; self.files.len()];
@@ -252,77 +298,87 @@ impl TableSink {
         let rows_per_file = (self.maintenance.target_file_size / per_row).max(1);
 
         let prefix = format!("compact-{}", uuid::Uuid::now_v7().simple());
-        let mut outputs: Vec<DataFile> = Vec::new();
-        let mut writer: Option<(TableWriter, u64)> = None;
-        let mut segments: HashMap<u32, Vec<Segment>> = HashMap::new();
+        // Every rewritten file is read at once and merged by key, so that the rewritten files
+        // are in key order (a lookup then reads one page of one row group); the files written
+        // since the last compaction are each in key order already (see `write_live`).
+        let batch_bytes = (MERGE_BYTES / plan.chosen.len().max(1)).max(64 * 1024);
+        let mut inputs = Vec::new();
         for (no, f) in &plan.chosen {
-            let keep = &positions[no];
-            if keep.is_empty() {
-                continue;
+            let keep = std::mem::take(
+                positions
+                    .get_mut(no)
+                    .ok_or_else(|| Error::fatal("compaction lost track of a file it rewrites"))?,
+            );
+            if !keep.is_empty() {
+                inputs.push(Input::open(self, *no, f, keep, batch_bytes).await?);
             }
-            let path = f.file.file_path();
-            let builder = ParquetRecordBatchReaderBuilder::try_new(self.read_file(path).await?)?;
-            // Batches of about BATCH_BYTES decoded, however wide the rows.
-            let meta = builder.metadata();
-            let (bytes, rows) = meta.row_groups().iter().fold((0i64, 0i64), |(b, r), g| {
-                (b + g.total_byte_size(), r + g.num_rows())
-            });
-            let per_row = (bytes / rows.max(1)).max(1) as usize;
-            let batch_rows = (BATCH_BYTES / per_row).clamp(1, 8192);
-            let reader = builder.with_batch_size(batch_rows).build()?;
-            let (mut base, mut k, mut written) = (0u64, 0usize, 0u64);
-            for batch in reader {
-                let batch = batch?;
-                let n = batch.num_rows() as u64;
-                let mut mask = vec![false; batch.num_rows()];
-                while k < keep.len() && keep[k] < base + n {
-                    mask[(keep[k] - base) as usize] = true;
-                    k += 1;
+        }
+        let order = self.key_converter()?;
+        let mut out = Output::new(prefix.clone(), rows_per_file);
+        let mut heap: BinaryHeap<Reverse<(OwnedRow, usize)>> = BinaryHeap::new();
+        for (i, input) in inputs.iter_mut().enumerate() {
+            if input.advance(self, order.as_ref()).await? {
+                if let Some(key) = input.key() {
+                    heap.push(Reverse((key, i)));
                 }
-                base += n;
-                let kept =
-                    self.by_field_id(&filter_record_batch(&batch, &BooleanArray::from(mask))?)?;
-                let mut offset = 0;
-                while offset < kept.num_rows() {
-                    if writer.is_none() {
-                        let name = format!("{prefix}-{}", outputs.len());
-                        let w = TableWriter::bounded(
-                            &self.table,
-                            name,
-                            u64::MAX / 4,
-                            Some(ROW_GROUP_BYTES),
-                        )
-                        .await?;
-                        writer = Some((w, 0));
-                    }
-                    let Some((w, in_file)) = writer.as_mut() else {
-                        break;
-                    };
-                    let take = ((rows_per_file - *in_file) as usize).min(kept.num_rows() - offset);
-                    segments.entry(*no).or_default().push(Segment {
-                        k: written,
-                        out: outputs.len(),
-                        pos: *in_file,
-                    });
-                    w.write(kept.slice(offset, take)).await?;
-                    *in_file += take as u64;
-                    written += take as u64;
-                    offset += take;
-                    if *in_file >= rows_per_file {
-                        if let Some((w, _)) = writer.take() {
-                            outputs.extend(w.close().await?.0);
+            }
+        }
+        match order {
+            // Without a primary key there is no order to keep: the files are concatenated.
+            None => {
+                for i in 0..inputs.len() {
+                    loop {
+                        let input = &mut inputs[i];
+                        if let Some(batch) = input.batch.take() {
+                            let n = batch.num_rows() - input.at;
+                            out.put(self, input.no, input.written, batch.slice(input.at, n))
+                                .await?;
+                            input.written += n as u64;
+                        }
+                        if !input.advance(self, None).await? {
+                            break;
                         }
                     }
                 }
             }
-            if k != keep.len() {
-                return Err(Error::fatal(format!(
-                    "the key index points past the end of data file {path}"
-                )));
+            Some(_) => {
+                while let Some(Reverse((_, i))) = heap.pop() {
+                    let input = &mut inputs[i];
+                    let Some(batch) = input.batch.clone() else {
+                        continue;
+                    };
+                    // The run of this file's rows up to the next file's smallest key.
+                    let end = match (heap.peek(), input.keys.as_ref()) {
+                        (Some(Reverse((next, _))), Some(keys)) => {
+                            let mut end = input.at + 1;
+                            while end < batch.num_rows() && keys.row(end) <= next.row() {
+                                end += 1;
+                            }
+                            end
+                        }
+                        _ => batch.num_rows(),
+                    };
+                    let n = end - input.at;
+                    out.put(self, input.no, input.written, batch.slice(input.at, n))
+                        .await?;
+                    input.written += n as u64;
+                    input.at = end;
+                    if input.at == batch.num_rows() && !input.advance(self, order.as_ref()).await? {
+                        continue;
+                    }
+                    if let Some(key) = input.key() {
+                        heap.push(Reverse((key, i)));
+                    }
+                }
             }
         }
-        if let Some((w, _)) = writer.take() {
-            outputs.extend(w.close().await?.0);
+        for input in &inputs {
+            input.finished()?;
+        }
+        let (outputs, segments) = out.close(self).await?;
+        // The live positions of each rewritten file again, for moving the index.
+        for input in inputs {
+            positions.insert(input.no, input.keep);
         }
 
         // The deletes still needed: those of files that stay.
@@ -439,5 +495,235 @@ impl TableSink {
         }
         self.files = files;
         Ok(())
+    }
+}
+
+/// One file being rewritten: its live rows in file order, a batch at a time.
+struct Input {
+    no: u32,
+    path: String,
+    stream: ParquetRecordBatchStream<ArrowFileReader>,
+    /// Live positions in the file, sorted, and how many of them were reached.
+    keep: Vec<u64>,
+    k: usize,
+    /// Position in the file of the next row the stream yields.
+    base: u64,
+    /// The current batch of live rows (in the table's current schema), its keys in the
+    /// merge order, and the first of its rows not yet written.
+    batch: Option<RecordBatch>,
+    keys: Option<Rows>,
+    at: usize,
+    /// Live rows written so far.
+    written: u64,
+}
+
+impl Input {
+    async fn open(
+        sink: &TableSink,
+        no: u32,
+        file: &LiveFile,
+        keep: Vec<u64>,
+        batch_bytes: usize,
+    ) -> Result<Self> {
+        let path = file.file.file_path().to_string();
+        let read = sink
+            .table
+            .file_io()
+            .new_input(&path)?
+            .reader()
+            .await
+            .with_context(|| format!("opening {path}"))?;
+        let reader = ArrowFileReader::new(
+            FileMetadata {
+                size: file.file.file_size_in_bytes(),
+            },
+            read,
+        );
+        let builder = ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .with_context(|| format!("reading the footer of {path}"))?;
+        // Batches of about `batch_bytes` decoded, however wide the rows.
+        let (bytes, rows) = builder
+            .metadata()
+            .row_groups()
+            .iter()
+            .fold((0i64, 0i64), |(b, r), g| {
+                (b + g.total_byte_size(), r + g.num_rows())
+            });
+        let per_row = (bytes / rows.max(1)).max(1) as usize;
+        let batch_rows = (batch_bytes / per_row).clamp(64, 8192);
+        let stream = builder
+            .with_batch_size(batch_rows)
+            .build()
+            .with_context(|| format!("reading {path}"))?;
+        Ok(Self {
+            no,
+            path,
+            stream,
+            keep,
+            k: 0,
+            base: 0,
+            batch: None,
+            keys: None,
+            at: 0,
+            written: 0,
+        })
+    }
+
+    /// Reads the next batch holding live rows; false at the end of the file.
+    async fn advance(&mut self, sink: &TableSink, order: Option<&RowConverter>) -> Result<bool> {
+        self.batch = None;
+        self.keys = None;
+        self.at = 0;
+        while self.k < self.keep.len() {
+            let Some(batch) = self.stream.next().await else {
+                break;
+            };
+            let batch = batch.with_context(|| format!("reading {}", self.path))?;
+            let n = batch.num_rows() as u64;
+            let mut mask = vec![false; batch.num_rows()];
+            while self.k < self.keep.len() && self.keep[self.k] < self.base + n {
+                mask[(self.keep[self.k] - self.base) as usize] = true;
+                self.k += 1;
+            }
+            self.base += n;
+            let live =
+                sink.by_field_id(&filter_record_batch(&batch, &BooleanArray::from(mask))?)?;
+            if live.num_rows() == 0 {
+                continue;
+            }
+            if let Some(order) = order {
+                let cols: Vec<_> = sink
+                    .key_idx
+                    .iter()
+                    .map(|i| live.column(*i).clone())
+                    .collect();
+                self.keys = Some(order.convert_columns(&cols)?);
+            }
+            self.batch = Some(live);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// The key of the next row to write.
+    fn key(&self) -> Option<OwnedRow> {
+        let keys = self.keys.as_ref()?;
+        (self.at < keys.num_rows()).then(|| keys.row(self.at).owned())
+    }
+
+    /// Fails when the key index named rows past the end of the file.
+    fn finished(&self) -> Result<()> {
+        if self.k != self.keep.len() || self.written != self.keep.len() as u64 {
+            return Err(Error::fatal(format!(
+                "the key index points past the end of data file {}",
+                self.path
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The rewritten files being written, each cut at `rows_per_file`, and where each rewritten
+/// file's live rows went.
+struct Output {
+    prefix: String,
+    rows_per_file: u64,
+    writer: Option<(TableWriter, u64)>,
+    /// Rows for the current writer not yet handed to it (runs of a merge can be one row).
+    parts: Vec<RecordBatch>,
+    buffered: usize,
+    files: Vec<DataFile>,
+    written_files: usize,
+    segments: HashMap<u32, Vec<Segment>>,
+}
+
+impl Output {
+    fn new(prefix: String, rows_per_file: u64) -> Self {
+        Self {
+            prefix,
+            rows_per_file,
+            writer: None,
+            parts: Vec::new(),
+            buffered: 0,
+            files: Vec::new(),
+            written_files: 0,
+            segments: HashMap::new(),
+        }
+    }
+
+    /// Appends `rows`, the live rows of file `no` from its `k`-th one on.
+    async fn put(
+        &mut self,
+        sink: &TableSink,
+        no: u32,
+        mut k: u64,
+        mut rows: RecordBatch,
+    ) -> Result<()> {
+        while rows.num_rows() > 0 {
+            if self.writer.is_none() {
+                let name = format!("{}-{}", self.prefix, self.written_files);
+                let w =
+                    TableWriter::bounded(&sink.table, name, u64::MAX / 4, Some(ROW_GROUP_BYTES))
+                        .await?;
+                self.writer = Some((w, 0));
+            }
+            let Some((_, in_file)) = self.writer.as_mut() else {
+                break;
+            };
+            let take = ((self.rows_per_file - *in_file) as usize).min(rows.num_rows());
+            let segs = self.segments.entry(no).or_default();
+            // A run that continues where the last one of the same file left off extends it.
+            let continues = segs
+                .last()
+                .is_some_and(|s| s.out == self.written_files && s.pos + (k - s.k) == *in_file);
+            if !continues {
+                segs.push(Segment {
+                    k,
+                    out: self.written_files,
+                    pos: *in_file,
+                });
+            }
+            *in_file += take as u64;
+            let full = *in_file >= self.rows_per_file;
+            self.parts.push(rows.slice(0, take));
+            self.buffered += take;
+            rows = rows.slice(take, rows.num_rows() - take);
+            k += take as u64;
+            if full {
+                self.flush().await?;
+                if let Some((w, _)) = self.writer.take() {
+                    self.files.extend(w.close().await?.0);
+                    self.written_files += 1;
+                }
+            } else if self.buffered >= OUTPUT_ROWS {
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        if self.parts.is_empty() {
+            return Ok(());
+        }
+        let parts = std::mem::take(&mut self.parts);
+        self.buffered = 0;
+        let batch = concat_batches(&parts[0].schema(), &parts)?;
+        if let Some((w, _)) = self.writer.as_mut() {
+            w.write(batch).await?;
+        }
+        Ok(())
+    }
+
+    async fn close(
+        mut self,
+        _sink: &TableSink,
+    ) -> Result<(Vec<DataFile>, HashMap<u32, Vec<Segment>>)> {
+        self.flush().await?;
+        if let Some((w, _)) = self.writer.take() {
+            self.files.extend(w.close().await?.0);
+        }
+        Ok((self.files, self.segments))
     }
 }
