@@ -326,9 +326,8 @@ impl TableSink {
         match order {
             // Without a primary key there is no order to keep: the files are concatenated.
             None => {
-                for i in 0..inputs.len() {
+                for input in inputs.iter_mut() {
                     loop {
-                        let input = &mut inputs[i];
                         if let Some(batch) = input.batch.take() {
                             let n = batch.num_rows() - input.at;
                             out.put(self, input.no, input.written, batch.slice(input.at, n))
