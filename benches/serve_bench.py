@@ -21,6 +21,10 @@ does the rest in one run and prints a Markdown results block with the exact comm
    DURATION seconds while one writer commits CONC_RATE transactions/s (updates of `orders`,
    inserts into `events`); total queries, errors (must be 0), p50/p99 latency, and clients
    that read stale data (the same max(id) of `events` for 3 s while the writer inserts).
+5. Point lookups: `SELECT id, customer_id, status, amount FROM orders WHERE id = $1` with
+   random keys for LOOKUP_SECONDS, by 1 client and by CLIENTS clients, through the gateway and,
+   as the baseline of the same run, on the source Postgres, while the writer of phase 4 goes
+   on (queries/s, p50, p99).
 
 Gateway clients are psycopg 3 with its default prepare_threshold (PREPARE=auto: a query run 5
 times on a connection becomes a named server-side prepared statement, as pgjdbc and asyncpg do
@@ -73,6 +77,7 @@ PARAMS: dict[str, str] = {
     "POLL_MS": "5",               # pause between gateway polls of one probe
     "COMMIT_INTERVAL": "10s",     # commit_interval of the freshness and concurrency phases
     "CONC_RATE": "200",           # transactions/s of the writer during the concurrency phase
+    "LOOKUP_SECONDS": "20",       # seconds of each run of the lookup phase (1 client, then CLIENTS)
     "PREPARE": "auto",            # gateway clients: "auto" = psycopg's default (a statement run 5 times
                                   # on a connection becomes a server-side prepared statement), "never"
 }
@@ -81,6 +86,7 @@ ROWS, CUSTOMERS, RUNS, CLIENTS = int(P["ROWS"]), int(P["CUSTOMERS"]), int(P["RUN
 DURATION, RATE, WRITERS, PROBES = float(P["DURATION"]), float(P["RATE"]), int(P["WRITERS"]), int(P["PROBES"])
 PROBE_INTERVAL, POLL = float(P["PROBE_INTERVAL_MS"]) / 1000, float(P["POLL_MS"]) / 1000
 COMMIT_INTERVAL, CONC_RATE = P["COMMIT_INTERVAL"], float(P["CONC_RATE"])
+LOOKUP_SECONDS = float(P["LOOKUP_SECONDS"])
 if P["PREPARE"] not in ("auto", "never"):
     sys.exit(f"PREPARE must be auto or never, not {P['PREPARE']!r}")
 
@@ -279,12 +285,23 @@ SHORT_QUERIES: dict[str, tuple[str, Callable[[random.Random], Any]]] = {
 }
 
 
-class Clients:
-    """CLIENTS gateway connections; each runs random SHORT_QUERIES back to back from `go`
-    until `stop_at`, recording latencies and errors (a broken connection is reopened)."""
+#: The lookup phase's one query, by primary key; `{orders}` is bench.orders through the gateway
+#: and orders in the source Postgres.
+LOOKUP_SQL = "SELECT id, customer_id, status, amount FROM {orders} WHERE id = %s"
+GATEWAY_LOOKUP = {"orders by key": (LOOKUP_SQL.format(orders="bench.orders"), lambda rng: (rng.randint(1, ROWS),))}
+POSTGRES_LOOKUP = {"orders by key": (LOOKUP_SQL.format(orders="orders"), lambda rng: (rng.randint(1, ROWS),))}
 
-    def __init__(self, n: int) -> None:
-        self.latency: dict[str, list[float]] = {k: [] for k in SHORT_QUERIES}
+
+class Clients:
+    """`n` connections (the gateway's unless `connect` says otherwise); each runs random
+    `queries` (SHORT_QUERIES by default) back to back from `go` until `stop_at`, recording
+    latencies and errors (a broken connection is reopened)."""
+
+    def __init__(self, n: int, queries: dict[str, tuple[str, Callable[[random.Random], Any]]] | None = None,
+                 connect: Callable[[], psycopg.Connection] | None = None) -> None:
+        self.queries = queries or SHORT_QUERIES
+        self.connect = connect or (lambda: gateway(timeout=30))
+        self.latency: dict[str, list[float]] = {k: [] for k in self.queries}
         self.errors: list[str] = []
         self.error_count = 0
         self.lock = threading.Lock()
@@ -319,7 +336,7 @@ class Clients:
         rng = random.Random(1000 + i)
         conn = None
         try:
-            conn = gateway(timeout=30)
+            conn = self.connect()
         except psycopg.Error as e:
             self._error(f"client {i} connect: {type(e).__name__}: {str(e).strip()}")
         try:
@@ -327,11 +344,11 @@ class Clients:
         except threading.BrokenBarrierError:
             return
         self.go.wait()
-        mine: dict[str, list[float]] = {k: [] for k in SHORT_QUERIES}
-        names = list(SHORT_QUERIES)
+        mine: dict[str, list[float]] = {k: [] for k in self.queries}
+        names = list(self.queries)
         while conn is not None and time.monotonic() < self.stop_at:
             name = rng.choice(names)
-            sql, params = SHORT_QUERIES[name]
+            sql, params = self.queries[name]
             t0 = time.perf_counter()
             try:
                 rows = conn.execute(sql, params(rng)).fetchall()
@@ -342,7 +359,7 @@ class Clients:
                 self._error(f"client {i} {name}: {type(e).__name__}: {str(e).strip()}")
                 if conn.broken:
                     try:
-                        conn = gateway(timeout=30)
+                        conn = self.connect()
                     except psycopg.Error:
                         conn = None
         with self.lock:
@@ -389,12 +406,64 @@ def phase_concurrency(serve: Serve) -> None:
         problems.append(f"concurrency: {clients.error_count} errors; first ones:\n  " + "\n  ".join(clients.errors[:5]))
 
 
+def postgres_client() -> psycopg.Connection:
+    """A connection to the source Postgres that prepares statements as the gateway clients do."""
+    conn = pg()
+    if P["PREPARE"] == "never":
+        conn.prepare_threshold = None
+    return conn
+
+
+def lookups(label: str, n: int, queries: dict[str, tuple[str, Callable[[random.Random], Any]]],
+            connect: Callable[[], psycopg.Connection], serve: Serve) -> dict[str, float]:
+    """`n` clients run the lookup back to back for LOOKUP_SECONDS: count, queries/s, p50, p99."""
+    clients = Clients(n, queries, connect)
+    try:
+        clients.connected.wait(timeout=120)
+    except threading.BrokenBarrierError:
+        raise BenchError(f"lookups on {label}: the {n} clients did not connect within 120s; "
+                         f"errors: {clients.errors[:5]}") from None
+    t0 = time.monotonic()
+    clients.stop_at = t0 + LOOKUP_SECONDS
+    clients.go.set()
+    while time.monotonic() < clients.stop_at:
+        serve.alive()
+        time.sleep(0.5)
+    for t in clients.threads:
+        t.join(timeout=max(1.0, clients.stop_at + QUERY_TIMEOUT - time.monotonic()))
+    elapsed = time.monotonic() - t0
+    if any(t.is_alive() for t in clients.threads):
+        raise BenchError(f"lookups on {label}: clients were still waiting {QUERY_TIMEOUT:.0f}s after the end")
+    if clients.error_count:
+        problems.append(f"lookups on {label} ({n} clients): {clients.error_count} errors; first ones:\n  "
+                        + "\n  ".join(clients.errors[:5]))
+    lat = clients.latency["orders by key"]
+    log(f"lookups on {label}, {n} clients: {len(lat)} in {elapsed:.1f}s")
+    return {"count": len(lat), "qps": len(lat) / elapsed,
+            "p50": pct(lat, 50) if lat else math.nan, "p99": pct(lat, 99) if lat else math.nan}
+
+
+def phase_lookups(serve: Serve) -> None:
+    log(f"lookups: 1 and {CLIENTS} clients, {LOOKUP_SECONDS:.0f}s each, gateway and Postgres, "
+        f"writer at {CONC_RATE:.0f} tx/s")
+    load = Load(ENV, CONC_RATE, 1, "orders", ROWS).start()
+    t0 = time.monotonic()
+    runs = {}
+    for n in (1, CLIENTS):
+        runs[("gateway", n)] = lookups("the gateway", n, GATEWAY_LOOKUP, lambda: gateway(timeout=30), serve)
+        runs[("postgres", n)] = lookups("Postgres", n, POSTGRES_LOOKUP, postgres_client, serve)
+    R["lookup_writer_rate"] = load.total() / (time.monotonic() - t0)
+    load.stop()
+    R["lookups"] = runs
+
+
 def phase_live() -> None:
-    """Freshness, then concurrency, on one `serve` with the normal commit_interval."""
+    """Freshness, concurrency and lookups, on one `serve` with the normal commit_interval."""
     serve = Serve(ENV, "3-live", COMMIT_INTERVAL)
     serve.wait_ready(SERVE_START_TIMEOUT)
     phase_freshness(serve)
     phase_concurrency(serve)
+    phase_lookups(serve)
     R["commits_total"] = metric("skippr_commits_total")
     serve.alive()
     R["stop_live_s"] = serve.stop(SERVE_STOP_TIMEOUT)
@@ -493,7 +562,24 @@ def report(setup: dict[str, Any]) -> str:
         out.append(f"| {k} | {len(v):,} | {ms(pct(v, 50)) if v else '-'} | {ms(pct(v, 99)) if v else '-'} |")
     out += [
         "",
-        f"Iceberg commits over the whole live run (freshness + concurrency): {R['commits_total']:.0f}.",
+        f"### Point lookups by key ({LOOKUP_SECONDS:.0f} s per run, writer at {R['lookup_writer_rate']:.0f} tx/s)",
+        "",
+        "| clients | gateway queries/s | gateway p50 | gateway p99 | Postgres queries/s | Postgres p50 | "
+        "Postgres p99 | gateway / Postgres queries/s | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in (1, CLIENTS):
+        g, b = R["lookups"][("gateway", n)], R["lookups"][("postgres", n)]
+        target = (f"p50 <= 5 ms: {met(g['p50'] <= 0.005)}" if n == 1 else
+                  f">= 1,000/s with p99 <= 200 ms: {met(g['qps'] >= 1000 and g['p99'] <= 0.2)}")
+        out.append(f"| {n} | {g['qps']:.0f} | {ms(g['p50'])} | {ms(g['p99'])} | {b['qps']:.0f} | {ms(b['p50'])} | "
+                   f"{ms(b['p99'])} | {ratio(g['qps'], b['qps'])} | {target} |")
+    out += [
+        "",
+        f"`{LOOKUP_SQL.format(orders='bench.orders')}` with random keys, psycopg clients (PREPARE={P['PREPARE']}) "
+        "in one process on the same machine; the same query on the source Postgres is the baseline.",
+        "",
+        f"Iceberg commits over the whole live run (freshness, concurrency, lookups): {R['commits_total']:.0f}.",
         "",
         "### Peak RSS of `skipprd serve`",
         "",
@@ -501,7 +587,7 @@ def report(setup: dict[str, Any]) -> str:
         "|---|---|",
         f"| union phase, 1% tail (incl. the commit at SIGTERM) | {R['rss_tail'] // 1024} MiB |",
         f"| analytics, empty tail | {R['rss_empty'] // 1024} MiB |",
-        f"| freshness + concurrency (commit_interval {COMMIT_INTERVAL}) | {R['rss_live'] // 1024} MiB |",
+        f"| freshness, concurrency and lookups (commit_interval {COMMIT_INTERVAL}) | {R['rss_live'] // 1024} MiB |",
     ]
     if problems:
         out += ["", "### Problems", ""] + [f"- {p}" for p in problems]
