@@ -30,6 +30,9 @@ use crate::error::{Error, Result};
 use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 
+/// Decoded bytes gathered at a time when a change file is written in key order.
+const SORTED_WRITE_BYTES: usize = 1024 * 1024;
+
 /// A row waiting for the next commit, in the table's column order.
 #[derive(Debug, Clone)]
 struct PendingRow {
@@ -663,13 +666,6 @@ impl TableSink {
         // Written in key order: a lookup then reads one page of each column, and compaction
         // merges the files instead of sorting them.
         let sorted = self.key_sort(&batch)?;
-        let batch = match &sorted {
-            Some(order) => arrow::compute::take_record_batch(
-                &batch,
-                &arrow::array::UInt32Array::from(order.clone()),
-            )?,
-            None => batch,
-        };
         // Where each pending row landed in the file.
         let mut at: Vec<u64> = (0..live.len() as u64).collect();
         if let Some(order) = &sorted {
@@ -679,7 +675,20 @@ impl TableSink {
         }
         let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
         let mut w = TableWriter::new(&self.table, name, u64::MAX / 4).await?;
-        w.write(batch).await?;
+        match sorted {
+            // Gathered a slice of the order at a time: a sorted copy of a whole transaction
+            // larger than memory would double what it holds.
+            Some(order) => {
+                let row_bytes = batch.get_array_memory_size() / batch.num_rows().max(1);
+                let rows = (SORTED_WRITE_BYTES / row_bytes.max(1)).clamp(64, 8192);
+                for part in order.chunks(rows) {
+                    let part = arrow::array::UInt32Array::from(part.to_vec());
+                    w.write(arrow::compute::take_record_batch(&batch, &part)?)
+                        .await?;
+                }
+            }
+            None => w.write(batch).await?,
+        }
         let (mut files, _) = w.close().await?;
         let (Some(file), true) = (files.pop(), files.is_empty()) else {
             return Err(Error::fatal(

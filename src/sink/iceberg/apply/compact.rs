@@ -7,18 +7,24 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, VecDeque};
 
+use arrow::array::Array;
 use arrow::array::{BooleanArray, RecordBatch};
-use arrow::compute::{concat_batches, filter_record_batch};
+use arrow::compute::{cast, concat_batches, filter_record_batch};
+use arrow::datatypes::{Field, Schema};
 use arrow::row::{OwnedRow, RowConverter, Rows, SortField};
-use futures::StreamExt;
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileMetadata;
 use iceberg::spec::{DataContentType, DataFile};
-use parquet::arrow::async_reader::ParquetRecordBatchStream;
-use parquet::arrow::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
+use parquet::file::metadata::ParquetMetaData;
 
 use super::{Loc, TableSink};
 use crate::catalog::LocalCatalog;
@@ -36,8 +42,11 @@ const ROW_GROUP_BYTES: usize = 4 * 1024 * 1024;
 /// The batches read from all the files a compaction merges hold about this many decoded
 /// bytes together (at least 64 KiB a file).
 const MERGE_BYTES: usize = 16 * 1024 * 1024;
-/// Rows handed to the Parquet writer at once.
+/// Rows handed to the Parquet writer at once, at most...
 const OUTPUT_ROWS: usize = 8192;
+/// ... and about this many decoded bytes of them, however wide the rows (buffered slices keep
+/// the batches they were cut from alive, so the buffer costs a multiple of this).
+const OUTPUT_BYTES: usize = 1024 * 1024;
 
 /// Where the live rows of one rewritten file went: from its `k`-th live row on, they are in
 /// output `out` from position `pos` on.
@@ -298,9 +307,12 @@ impl TableSink {
         let rows_per_file = (self.maintenance.target_file_size / per_row).max(1);
 
         let prefix = format!("compact-{}", uuid::Uuid::now_v7().simple());
-        // Every rewritten file is read at once and merged by key, so that the rewritten files
-        // are in key order (a lookup then reads one page of one row group); the files written
-        // since the last compaction are each in key order already (see `write_live`).
+        // The rewritten files are merged by key, so that the output is in key order (a lookup
+        // then reads one page of one row group); the files written since the last compaction
+        // are each in key order already (see `write_live`). A file is read only once the merge
+        // reaches the smallest key its statistics allow, so files of disjoint key ranges (the
+        // parts of one large transaction, say) are read one after the other, not all at once.
+        let order = self.key_converter()?;
         let batch_bytes = (MERGE_BYTES / plan.chosen.len().max(1)).max(64 * 1024);
         let mut inputs = Vec::new();
         for (no, f) in &plan.chosen {
@@ -310,45 +322,79 @@ impl TableSink {
                     .ok_or_else(|| Error::fatal("compaction lost track of a file it rewrites"))?,
             );
             if !keep.is_empty() {
-                inputs.push(Input::open(self, *no, f, keep, batch_bytes).await?);
+                inputs.push(Input::open(self, *no, f, keep, batch_bytes, order.as_ref()).await?);
             }
         }
-        let order = self.key_converter()?;
-        let mut out = Output::new(prefix.clone(), rows_per_file);
-        let mut heap: BinaryHeap<Reverse<(OwnedRow, usize)>> = BinaryHeap::new();
-        for (i, input) in inputs.iter_mut().enumerate() {
-            if input.advance(self, order.as_ref()).await? {
-                if let Some(key) = input.key() {
-                    heap.push(Reverse((key, i)));
-                }
-            }
-        }
-        match order {
+        let widest = inputs.iter().map(|i| i.row_bytes).max().unwrap_or(1);
+        let mut out = Output::new(
+            prefix.clone(),
+            rows_per_file,
+            (OUTPUT_BYTES / widest.max(1)).clamp(64, OUTPUT_ROWS),
+        );
+        // Most files read at the same time (each holds a batch and a row group's column chunks).
+        let mut max_open = 1usize;
+        match &order {
             // Without a primary key there is no order to keep: the files are concatenated.
             None => {
                 for input in inputs.iter_mut() {
-                    loop {
+                    while input.advance(self, None).await? {
                         if let Some(batch) = input.batch.take() {
-                            let n = batch.num_rows() - input.at;
-                            out.put(self, input.no, input.written, batch.slice(input.at, n))
-                                .await?;
+                            let n = batch.num_rows();
+                            out.put(self, input.no, input.written, batch).await?;
                             input.written += n as u64;
-                        }
-                        if !input.advance(self, None).await? {
-                            break;
                         }
                     }
                 }
             }
-            Some(_) => {
-                while let Some(Reverse((_, i))) = heap.pop() {
+            Some(order) => {
+                // Files not read yet, by lower bound (files without one first).
+                let mut waiting: Vec<usize> = (0..inputs.len()).collect();
+                waiting.sort_by(|a, b| match (&inputs[*a].lower, &inputs[*b].lower) {
+                    (None, None) => Ordering::Equal,
+                    (None, Some(_)) => Ordering::Less,
+                    (Some(_), None) => Ordering::Greater,
+                    (Some(x), Some(y)) => x.cmp(y),
+                });
+                let mut waiting = VecDeque::from(waiting);
+                let mut heap: BinaryHeap<Reverse<(OwnedRow, usize)>> = BinaryHeap::new();
+                let mut open = 0usize;
+                loop {
+                    // Start reading every file that may hold a key at or below the smallest
+                    // key in hand.
+                    while let Some(&j) = waiting.front() {
+                        let due = match (&inputs[j].lower, heap.peek()) {
+                            (None, _) | (_, None) => true,
+                            (Some(lower), Some(Reverse((top, _)))) => lower <= top,
+                        };
+                        if !due {
+                            break;
+                        }
+                        waiting.pop_front();
+                        if inputs[j].advance(self, Some(order)).await? {
+                            if let Some(key) = inputs[j].key() {
+                                heap.push(Reverse((key, j)));
+                                open += 1;
+                                max_open = max_open.max(open);
+                            }
+                        }
+                    }
+                    let Some(Reverse((_, i))) = heap.pop() else {
+                        break;
+                    };
+                    // The run of this file's rows up to the next file's smallest key, or the
+                    // lower bound of the next file not read yet.
+                    let open_next = heap.peek().map(|Reverse((k, _))| k.clone());
+                    let waiting_next = waiting.front().and_then(|j| inputs[*j].lower.clone());
+                    let next = match (open_next, waiting_next) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                     let input = &mut inputs[i];
                     let Some(batch) = input.batch.clone() else {
                         continue;
                     };
-                    // The run of this file's rows up to the next file's smallest key.
-                    let end = match (heap.peek(), input.keys.as_ref()) {
-                        (Some(Reverse((next, _))), Some(keys)) => {
+                    let end = match (&next, input.keys.as_ref()) {
+                        (Some(next), Some(keys)) => {
                             let mut end = input.at + 1;
                             while end < batch.num_rows() && keys.row(end) <= next.row() {
                                 end += 1;
@@ -362,7 +408,8 @@ impl TableSink {
                         .await?;
                     input.written += n as u64;
                     input.at = end;
-                    if input.at == batch.num_rows() && !input.advance(self, order.as_ref()).await? {
+                    if input.at == batch.num_rows() && !input.advance(self, Some(order)).await? {
+                        open = open.saturating_sub(1);
                         continue;
                     }
                     if let Some(key) = input.key() {
@@ -440,6 +487,7 @@ impl TableSink {
             files_in = n_in,
             files_out = n_out,
             delete_files_in = deletes_in,
+            files_read_at_once = max_open,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "compacted"
         );
@@ -501,7 +549,11 @@ impl TableSink {
 struct Input {
     no: u32,
     path: String,
-    stream: ParquetRecordBatchStream<ArrowFileReader>,
+    /// The footer, until the file is read; then the rows. A file is read whole, once the
+    /// merge reaches it.
+    meta: Option<ArrowReaderMetadata>,
+    rows: Option<ParquetRecordBatchReader>,
+    batch_rows: usize,
     /// Live positions in the file, sorted, and how many of them were reached.
     keep: Vec<u64>,
     k: usize,
@@ -514,6 +566,10 @@ struct Input {
     at: usize,
     /// Live rows written so far.
     written: u64,
+    /// No row of the file has a smaller key (from its statistics); None if unknown.
+    lower: Option<OwnedRow>,
+    /// Decoded bytes of an average row.
+    row_bytes: usize,
 }
 
 impl Input {
@@ -523,6 +579,7 @@ impl Input {
         file: &LiveFile,
         keep: Vec<u64>,
         batch_bytes: usize,
+        order: Option<&RowConverter>,
     ) -> Result<Self> {
         let path = file.file.file_path().to_string();
         let read = sink
@@ -538,11 +595,12 @@ impl Input {
             },
             read,
         );
-        let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        let mut reader = reader;
+        let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
             .await
             .with_context(|| format!("reading the footer of {path}"))?;
         // Batches of about `batch_bytes` decoded, however wide the rows.
-        let (bytes, rows) = builder
+        let (bytes, rows) = meta
             .metadata()
             .row_groups()
             .iter()
@@ -551,14 +609,13 @@ impl Input {
             });
         let per_row = (bytes / rows.max(1)).max(1) as usize;
         let batch_rows = (batch_bytes / per_row).clamp(64, 8192);
-        let stream = builder
-            .with_batch_size(batch_rows)
-            .build()
-            .with_context(|| format!("reading {path}"))?;
+        let lower = order.and_then(|o| lower_bound(sink, o, meta.metadata(), meta.schema()));
         Ok(Self {
             no,
             path,
-            stream,
+            meta: Some(meta),
+            rows: None,
+            batch_rows,
             keep,
             k: 0,
             base: 0,
@@ -566,6 +623,8 @@ impl Input {
             keys: None,
             at: 0,
             written: 0,
+            lower,
+            row_bytes: per_row,
         })
     }
 
@@ -574,8 +633,17 @@ impl Input {
         self.batch = None;
         self.keys = None;
         self.at = 0;
+        if let Some(meta) = self.meta.take() {
+            let bytes = sink.read_file(&self.path).await?;
+            self.rows = Some(
+                ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, meta)
+                    .with_batch_size(self.batch_rows)
+                    .build()
+                    .with_context(|| format!("reading {}", self.path))?,
+            );
+        }
         while self.k < self.keep.len() {
-            let Some(batch) = self.stream.next().await else {
+            let Some(batch) = self.rows.as_mut().and_then(|r| r.next()) else {
                 break;
             };
             let batch = batch.with_context(|| format!("reading {}", self.path))?;
@@ -602,6 +670,8 @@ impl Input {
             self.batch = Some(live);
             return Ok(true);
         }
+        // The file is done: its bytes are let go.
+        self.rows = None;
         Ok(false)
     }
 
@@ -623,11 +693,53 @@ impl Input {
     }
 }
 
+/// A key no row of a file is below: the smallest of its row groups' minimum keys (a tuple of
+/// per-column minimums bounds a composite key too; a truncated minimum is still a lower
+/// bound). None when a key column lacks statistics.
+fn lower_bound(
+    sink: &TableSink,
+    order: &RowConverter,
+    meta: &ParquetMetaData,
+    schema: &Schema,
+) -> Option<OwnedRow> {
+    let id = |f: &Field| -> Option<i32> {
+        f.metadata()
+            .get(PARQUET_FIELD_ID_META_KEY)
+            .and_then(|v| v.parse().ok())
+    };
+    let mut cols = Vec::with_capacity(sink.key_idx.len());
+    for i in &sink.key_idx {
+        let field = sink.arrow.field(*i);
+        let want = id(field)?;
+        let in_file = schema.fields().iter().find(|f| id(f) == Some(want))?;
+        let stats = StatisticsConverter::try_new(
+            in_file.name(),
+            schema,
+            meta.file_metadata().schema_descr(),
+        )
+        .ok()?;
+        let mins = stats.row_group_mins(meta.row_groups().iter()).ok()?;
+        if mins.is_empty() || mins.null_count() > 0 {
+            return None;
+        }
+        let mins = if mins.data_type() == field.data_type() {
+            mins
+        } else {
+            cast(&mins, field.data_type()).ok()?
+        };
+        cols.push(mins);
+    }
+    let rows = order.convert_columns(&cols).ok()?;
+    rows.iter().min().map(|r| r.owned())
+}
+
 /// The rewritten files being written, each cut at `rows_per_file`, and where each rewritten
 /// file's live rows went.
 struct Output {
     prefix: String,
     rows_per_file: u64,
+    /// Rows buffered before they are handed to the writer.
+    buffer_rows: usize,
     writer: Option<(TableWriter, u64)>,
     /// Rows for the current writer not yet handed to it (runs of a merge can be one row).
     parts: Vec<RecordBatch>,
@@ -638,10 +750,11 @@ struct Output {
 }
 
 impl Output {
-    fn new(prefix: String, rows_per_file: u64) -> Self {
+    fn new(prefix: String, rows_per_file: u64, buffer_rows: usize) -> Self {
         Self {
             prefix,
             rows_per_file,
+            buffer_rows,
             writer: None,
             parts: Vec::new(),
             buffered: 0,
@@ -695,7 +808,7 @@ impl Output {
                     self.files.extend(w.close().await?.0);
                     self.written_files += 1;
                 }
-            } else if self.buffered >= OUTPUT_ROWS {
+            } else if self.buffered >= self.buffer_rows {
                 self.flush().await?;
             }
         }
@@ -706,9 +819,12 @@ impl Output {
         if self.parts.is_empty() {
             return Ok(());
         }
-        let parts = std::mem::take(&mut self.parts);
+        let mut parts = std::mem::take(&mut self.parts);
         self.buffered = 0;
-        let batch = concat_batches(&parts[0].schema(), &parts)?;
+        let batch = match parts.len() {
+            1 => parts.remove(0),
+            _ => concat_batches(&parts[0].schema(), &parts)?,
+        };
         if let Some((w, _)) = self.writer.as_mut() {
             w.write(batch).await?;
         }
