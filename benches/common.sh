@@ -24,6 +24,9 @@ max_wal_size = 8GB
 synchronous_commit = off
 CONF
   fi
+  # 100 benchmark clients next to the writers and skipprd's own connections.
+  grep -q '^max_connections' "$bench_dir/pgdata/postgresql.conf" \
+    || echo "max_connections = 250" >>"$bench_dir/pgdata/postgresql.conf"
   touch "$bench_dir/postgres.log"; chown postgres:postgres "$bench_dir/postgres.log" "$PGHOST"
   runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" status >/dev/null 2>&1 \
     || runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" -l "$bench_dir/postgres.log" -w start >/dev/null

@@ -394,6 +394,12 @@ def test_a_transaction_larger_than_memory_goes_through_s3_in_parts(skippr: Skipp
         assert lines, describe_run(run, "no peak_rss_mib reported")
         return int(lines[-1]["fields"]["peak_rss_mib"])
 
+    # The parts of the transaction are compacted right after; parts of disjoint key ranges are
+    # read one after the other, not all at once.
+    compactions = [json.loads(l)["fields"] for l in big.stderr.splitlines() if '"compacted"' in l]
+    assert compactions, describe_run(big, "the transaction's parts were not compacted")
+    assert all(c["files_read_at_once"] <= 3 < c["files_in"] for c in compactions), compactions
+
     size_mb = rows * width // (1024 * 1024)
     added = peak(big) - peak(small)
     print(f"a {size_mb} MiB transaction through S3 added {added} MiB of peak RSS over a small one")
