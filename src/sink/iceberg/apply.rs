@@ -31,7 +31,7 @@ use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
 
 /// Decoded bytes gathered at a time when a change file is written in key order.
-const SORTED_WRITE_BYTES: usize = 1024 * 1024;
+const SORTED_WRITE_BYTES: usize = 256 * 1024;
 
 /// A row waiting for the next commit, in the table's column order.
 #[derive(Debug, Clone)]

@@ -46,7 +46,7 @@ const MERGE_BYTES: usize = 16 * 1024 * 1024;
 const OUTPUT_ROWS: usize = 8192;
 /// ... and about this many decoded bytes of them, however wide the rows (buffered slices keep
 /// the batches they were cut from alive, so the buffer costs a multiple of this).
-const OUTPUT_BYTES: usize = 1024 * 1024;
+const OUTPUT_BYTES: usize = 256 * 1024;
 
 /// Where the live rows of one rewritten file went: from its `k`-th live row on, they are in
 /// output `out` from position `pos` on.
@@ -313,7 +313,7 @@ impl TableSink {
         // reaches the smallest key its statistics allow, so files of disjoint key ranges (the
         // parts of one large transaction, say) are read one after the other, not all at once.
         let order = self.key_converter()?;
-        let batch_bytes = (MERGE_BYTES / plan.chosen.len().max(1)).max(64 * 1024);
+        let batch_bytes = (MERGE_BYTES / plan.chosen.len().max(1)).clamp(64 * 1024, 1024 * 1024);
         let mut inputs = Vec::new();
         for (no, f) in &plan.chosen {
             let keep = std::mem::take(
