@@ -369,17 +369,19 @@ class Clients:
             conn.close()
 
 
-def phase_concurrency(serve: Serve) -> None:
-    log(f"concurrency: {CLIENTS} clients for {DURATION:.0f}s, writer at {CONC_RATE:.0f} tx/s")
-    clients = Clients(CLIENTS)
+def run_clients(clients: Clients, label: str, seconds: float, serve: Serve,
+                connected: Callable[[], Any] | None = None) -> float:
+    """Waits for the clients to connect, calls `connected`, lets them run for `seconds` while
+    `serve` stays up, waits for their last answers; returns the elapsed seconds."""
     try:
         clients.connected.wait(timeout=120)
     except threading.BrokenBarrierError:
-        raise BenchError(f"the {CLIENTS} clients did not connect within 120s; errors: {clients.errors[:5]}\n"
-                         f"{tail(serve.logfile)}") from None
-    load = Load(ENV, CONC_RATE, 1, "orders", ROWS).start()
+        raise BenchError(f"{label}: the {len(clients.threads)} clients did not connect within 120s; "
+                         f"errors: {clients.errors[:5]}\n{tail(serve.logfile)}") from None
+    if connected:
+        connected()
     t0 = time.monotonic()
-    clients.stop_at = t0 + DURATION
+    clients.stop_at = t0 + seconds
     clients.go.set()
     while time.monotonic() < clients.stop_at:
         serve.alive()
@@ -387,11 +389,19 @@ def phase_concurrency(serve: Serve) -> None:
     for t in clients.threads:
         t.join(timeout=max(1.0, clients.stop_at + QUERY_TIMEOUT - time.monotonic()))
     elapsed = time.monotonic() - t0
+    if any(t.is_alive() for t in clients.threads):
+        raise BenchError(f"{label}: clients were still waiting for an answer {QUERY_TIMEOUT:.0f}s after the end\n"
+                         f"{tail(serve.logfile)}")
+    return elapsed
+
+
+def phase_concurrency(serve: Serve) -> None:
+    log(f"concurrency: {CLIENTS} clients for {DURATION:.0f}s, writer at {CONC_RATE:.0f} tx/s")
+    clients = Clients(CLIENTS)
+    load = Load(ENV, CONC_RATE, 1, "orders", ROWS)
+    elapsed = run_clients(clients, "concurrency", DURATION, serve, connected=load.start)
     writer_tx = load.total()
     load.stop()
-    if any(t.is_alive() for t in clients.threads):
-        raise BenchError(f"clients were still waiting for an answer {QUERY_TIMEOUT:.0f}s after the end\n"
-                         f"{tail(serve.logfile)}")
     all_lat = [x for v in clients.latency.values() for x in v]
     R.update(conc_elapsed=elapsed, conc_latency=clients.latency, conc_all=all_lat, conc_errors=clients.error_count,
              conc_writer_rate=writer_tx / elapsed)
@@ -418,22 +428,7 @@ def lookups(label: str, n: int, queries: dict[str, tuple[str, Callable[[random.R
             connect: Callable[[], psycopg.Connection], serve: Serve) -> dict[str, float]:
     """`n` clients run the lookup back to back for LOOKUP_SECONDS: count, queries/s, p50, p99."""
     clients = Clients(n, queries, connect)
-    try:
-        clients.connected.wait(timeout=120)
-    except threading.BrokenBarrierError:
-        raise BenchError(f"lookups on {label}: the {n} clients did not connect within 120s; "
-                         f"errors: {clients.errors[:5]}") from None
-    t0 = time.monotonic()
-    clients.stop_at = t0 + LOOKUP_SECONDS
-    clients.go.set()
-    while time.monotonic() < clients.stop_at:
-        serve.alive()
-        time.sleep(0.5)
-    for t in clients.threads:
-        t.join(timeout=max(1.0, clients.stop_at + QUERY_TIMEOUT - time.monotonic()))
-    elapsed = time.monotonic() - t0
-    if any(t.is_alive() for t in clients.threads):
-        raise BenchError(f"lookups on {label}: clients were still waiting {QUERY_TIMEOUT:.0f}s after the end")
+    elapsed = run_clients(clients, f"lookups on {label}", LOOKUP_SECONDS, serve)
     if clients.error_count:
         problems.append(f"lookups on {label} ({n} clients): {clients.error_count} errors; first ones:\n  "
                         + "\n  ".join(clients.errors[:5]))
