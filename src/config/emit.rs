@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 52] = [
+const KEY_ORDER: [&str; 53] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -39,6 +39,7 @@ const KEY_ORDER: [&str; 52] = [
     "data_sink",
     "commit_interval",
     "transaction_memory_budget_mb",
+    "key_index_memory_budget_mb",
     "maintenance",
     "enabled",
     "check_interval",

@@ -151,6 +151,9 @@ pub struct PipelineConfig {
     pub commit_interval: std::time::Duration,
     /// Bytes one source transaction may take in memory while it streams before it spills.
     pub transaction_memory_budget: u64,
+    /// Bytes each table's key index may take in memory before it moves to local disk (in
+    /// `key_index_dir`).
+    pub key_index_memory_budget: u64,
     /// How the pipeline maintains its tables.
     pub maintenance: crate::sink::iceberg::maintenance::MaintenanceSettings,
     pub source: PostgresConfig,
@@ -579,6 +582,30 @@ impl Validator<'_> {
             .any(|p| p.path == prefix || p.path.starts_with(&format!("{prefix}.")))
     }
 
+    /// A pipeline's memory budget `key` in MiB (default `default`), in bytes; `None` (and
+    /// reported) when out of range. `beyond`: what happens to what does not fit.
+    fn memory_budget(
+        &mut self,
+        pipeline: &str,
+        key: &str,
+        value: Option<u64>,
+        default: u64,
+        beyond: &str,
+    ) -> Option<u64> {
+        let mb = value.unwrap_or(default);
+        if (1..=model::MAX_TRANSACTION_MEMORY_BUDGET_MB).contains(&mb) {
+            return Some(mb * 1024 * 1024);
+        }
+        self.report(
+            keys(&["pipelines", pipeline, key]),
+            format!(
+                "must be between 1 and {} (MiB); {beyond}, so the default {default} is enough for most",
+                model::MAX_TRANSACTION_MEMORY_BUDGET_MB,
+            ),
+        );
+        None
+    }
+
     fn report(&mut self, path: Vec<Segment>, message: impl Into<String>) {
         self.problems.push(Problem {
             file: self.file.to_path_buf(),
@@ -780,26 +807,36 @@ impl Validator<'_> {
                     None
                 }
             };
-            let budget_mb = def
-                .transaction_memory_budget_mb
-                .unwrap_or(model::DEFAULT_TRANSACTION_MEMORY_BUDGET_MB);
-            let budget = if (1..=model::MAX_TRANSACTION_MEMORY_BUDGET_MB).contains(&budget_mb) {
-                Some(budget_mb * 1024 * 1024)
-            } else {
-                self.report(
-                    keys(&["pipelines", name, "transaction_memory_budget_mb"]),
-                    format!(
-                        "must be between 1 and {} (MiB); larger transactions spill to disk, so the default {} is enough for most",
-                        model::MAX_TRANSACTION_MEMORY_BUDGET_MB,
-                        model::DEFAULT_TRANSACTION_MEMORY_BUDGET_MB
-                    ),
-                );
-                None
-            };
+            let budget = self.memory_budget(
+                name,
+                "transaction_memory_budget_mb",
+                def.transaction_memory_budget_mb,
+                model::DEFAULT_TRANSACTION_MEMORY_BUDGET_MB,
+                "larger transactions spill to disk",
+            );
+            let index_budget = self.memory_budget(
+                name,
+                "key_index_memory_budget_mb",
+                def.key_index_memory_budget_mb,
+                model::DEFAULT_KEY_INDEX_MEMORY_BUDGET_MB,
+                "a larger key index lives on local disk",
+            );
             let maintenance = self.maintenance(name, def.maintenance.as_ref());
-            if let (Some(source), Some(sink), Some(commit_interval), Some(budget), Some(mut m)) =
-                (source, sink_cfg, commit_interval, budget, maintenance)
-            {
+            if let (
+                Some(source),
+                Some(sink),
+                Some(commit_interval),
+                Some(budget),
+                Some(index_budget),
+                Some(mut m),
+            ) = (
+                source,
+                sink_cfg,
+                commit_interval,
+                budget,
+                index_budget,
+                maintenance,
+            ) {
                 m.target_file_size = source.parquet_target_file_size;
                 if let SinkConfig::AthenaIceberg { sink, .. } = &sink {
                     m.region = Some(sink.region.clone());
@@ -808,6 +845,7 @@ impl Validator<'_> {
                     name: name.clone(),
                     commit_interval,
                     transaction_memory_budget: budget,
+                    key_index_memory_budget: index_budget,
                     maintenance: m,
                     source,
                     sink,

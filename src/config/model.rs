@@ -22,8 +22,11 @@ pub const DEFAULT_COMMIT_INTERVAL: &str = "10s";
 /// Default memory one source transaction may take while it streams before it is spilled
 /// to disk, in MiB.
 pub const DEFAULT_TRANSACTION_MEMORY_BUDGET_MB: u64 = 256;
-/// Largest accepted `transaction_memory_budget_mb` (1 TiB).
+/// Largest accepted `transaction_memory_budget_mb` and `key_index_memory_budget_mb` (1 TiB).
 pub const MAX_TRANSACTION_MEMORY_BUDGET_MB: u64 = 1024 * 1024;
+/// Default memory each table's key index may take before it moves to local disk, in MiB
+/// (16 bytes a row for an integer key: about 16 million rows).
+pub const DEFAULT_KEY_INDEX_MEMORY_BUDGET_MB: u64 = 256;
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -206,6 +209,11 @@ pub struct PipelineDef {
     /// a larger transaction is spilled to disk under the storage path instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction_memory_budget_mb: Option<u64>,
+    /// Memory, in MiB, that the key index of each table may take (default 256): the primary
+    /// key and location of every row, 16 to 24 bytes a row. Beyond it the index lives in a
+    /// file on local disk and lookups read it from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_index_memory_budget_mb: Option<u64>,
     /// Automatic maintenance of the pipeline's Iceberg tables (compaction, snapshot expiry,
     /// orphan cleanup); on by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]

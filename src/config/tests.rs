@@ -219,3 +219,23 @@ fn transaction_memory_budget_defaults_and_is_validated() {
     }
     assert!(load(&with("lots")).is_err());
 }
+
+#[test]
+fn key_index_memory_budget_defaults_and_is_validated() {
+    let p = load(GOOD).unwrap().pipeline("app").unwrap().clone();
+    assert_eq!(p.key_index_memory_budget, 256 * 1024 * 1024);
+    let with = |v: &str| {
+        GOOD.replace(
+            "    data_sink: data_sinks.lake\n",
+            &format!("    data_sink: data_sinks.lake\n    key_index_memory_budget_mb: {v}\n"),
+        )
+    };
+    let p = load(&with("32")).unwrap().pipeline("app").unwrap().clone();
+    assert_eq!(p.key_index_memory_budget, 32 * 1024 * 1024);
+    for bad in ["0", "1048577"] {
+        let e = one_error(&with(bad)).to_string();
+        assert!(e.contains("key_index_memory_budget_mb"), "{e}");
+        assert!(e.contains("between 1 and 1048576"), "{e}");
+        assert!(e.contains("local disk"), "{e}");
+    }
+}

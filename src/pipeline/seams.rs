@@ -3,6 +3,8 @@
 //! Postgres slot, Skippr's `WalStore`, an Iceberg table). The unit tests drive the same
 //! orchestration code with in-memory doubles of each (see `doubles`).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use iceberg::{NamespaceIdent, TableIdent};
 use tokio::sync::watch;
@@ -12,6 +14,7 @@ use crate::change::{Change, Lsn, Relation, Txn};
 use crate::config::{PipelineConfig, PostgresConfig, TableRef};
 use crate::error::{Context, Result};
 use crate::sink::iceberg::apply::TableSink as IcebergSink;
+use crate::sink::iceberg::keyindex::Spill;
 use crate::source::postgres::slot::advance_slot;
 use crate::source::postgres::stream::{stream, StopAt, ONCE_MARKER_PREFIX};
 use crate::wal::appender::WalAppender;
@@ -279,7 +282,11 @@ impl IcebergTable {
                 .load_table(&ident)
                 .await
                 .with_context(|| format!("loading Iceberg table {ident}"))?;
-            let mut sink = IcebergSink::load(t.clone(), table, Some(&p.key_index_dir)).await?;
+            let place = Arc::new(Spill {
+                dir: p.key_index_dir.clone(),
+                budget: usize::try_from(p.key_index_memory_budget).unwrap_or(usize::MAX),
+            });
+            let mut sink = IcebergSink::load(t.clone(), table, Some(place)).await?;
             sink.set_maintenance(p.maintenance.clone());
             tables.push(Self {
                 sink,

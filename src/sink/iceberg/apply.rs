@@ -8,11 +8,12 @@ mod read;
 mod saved;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use iceberg::table::Table;
 
-use super::keyindex::{KeyIndex, Loc};
+use super::keyindex::{KeyIndex, Loc, Spill};
 use super::keys::{Key, KeyEncoder};
 use super::maintenance::MaintenanceSettings;
 use super::writer::TableWriter;
@@ -96,12 +97,13 @@ pub struct TableSink {
 
 impl TableSink {
     /// Loads a table's state: its committed LSN and the key index of its live rows (from
-    /// its copy saved under `saved_index` when that describes the current snapshot, else
-    /// rebuilt from the data files).
+    /// its copy saved in `index_place`'s folder when that describes the current snapshot,
+    /// else rebuilt from the data files). With no place, the index is neither saved nor
+    /// moved to disk.
     pub async fn load(
         source: TableRef,
         table: Table,
-        saved_index: Option<&std::path::Path>,
+        index_place: Option<Arc<Spill>>,
     ) -> Result<Self> {
         let arrow = ice_schema::arrow_schema(&table)?;
         let names: Vec<String> = arrow.fields().iter().map(|f| f.name().clone()).collect();
@@ -153,7 +155,7 @@ impl TableSink {
             key_idx,
             keys,
             lsn,
-            index: KeyIndex::default(),
+            index: KeyIndex::new(index_place.clone()),
             extra: HashMap::new(),
             files: Vec::new(),
             rows: Vec::new(),
@@ -177,7 +179,7 @@ impl TableSink {
             last_cleanup: None,
             index_saved_for: None,
         };
-        if !saved_index.is_some_and(|dir| sink.load_saved_index(dir)) {
+        if !index_place.is_some_and(|place| sink.load_saved_index(&place.dir)) {
             sink.build_index().await?;
         }
         Ok(sink)
@@ -434,22 +436,22 @@ impl TableSink {
     }
 
     /// Removes the live version of `key`, wherever it is.
-    fn remove(&mut self, key: &Key) -> Option<PendingOrLoc> {
+    fn remove(&mut self, key: &Key) -> Result<Option<PendingOrLoc>> {
         if let Some(i) = self.extra_pending.get_mut(key).and_then(Vec::pop) {
-            return self.rows[i].take().map(PendingOrLoc::Pending);
+            return Ok(self.rows[i].take().map(PendingOrLoc::Pending));
         }
         if let Some(i) = self.by_key.remove(key) {
-            return self.rows[i].take().map(PendingOrLoc::Pending);
+            return Ok(self.rows[i].take().map(PendingOrLoc::Pending));
         }
         let loc = match self.extra.get_mut(key).and_then(Vec::pop) {
             Some(l) => Some(l),
-            None => self.index.remove(key),
+            None => self.index.remove(key)?,
         };
-        loc.map(|loc| {
+        Ok(loc.map(|loc| {
             self.deletes.push(loc);
             self.pending_bytes += std::mem::size_of::<Loc>() as u64;
             PendingOrLoc::Loc(loc)
-        })
+        }))
     }
 
     fn index_insert(&mut self, key: Key, loc: Loc) -> Result<()> {
@@ -494,7 +496,7 @@ impl TableSink {
                 let key = self.key_of(&row)?;
                 // Without a primary key the whole row is the key: equal rows may coexist.
                 if self.keyed {
-                    self.remove(&key);
+                    self.remove(&key)?;
                 }
                 self.push(key, row, None);
             }
@@ -502,7 +504,7 @@ impl TableSink {
                 self.require_identity(change)?;
                 let old = self.to_row(change.rel, change.old.as_deref().unwrap_or_default())?;
                 let key = self.key_of(&old)?;
-                if self.remove(&key).is_none() {
+                if self.remove(&key)?.is_none() {
                     return Err(self.missing_row(Op::Delete));
                 }
             }
@@ -527,13 +529,13 @@ impl TableSink {
                     Some(o) => self.key_of(o)?,
                     None => new_key.clone(),
                 };
-                let Some(previous) = self.remove(&old_key) else {
+                let Some(previous) = self.remove(&old_key)? else {
                     return Err(self.missing_row(Op::Update));
                 };
                 // With a primary key, a row already holding the new key is replaced; rows
                 // keyed by their whole content may be equal and all stay.
                 if self.keyed && old_key != new_key {
-                    self.remove(&new_key);
+                    self.remove(&new_key)?;
                 }
                 let mut previous_loc = None;
                 if row.iter().any(|d| matches!(d, Datum::Unchanged)) {

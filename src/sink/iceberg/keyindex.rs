@@ -14,10 +14,21 @@
 //! not moved); only keys new to the table go to a small hash map, merged into the array when
 //! it reaches an eighth of it. A hash map of the same rows needs 17-25 bytes a slot at a load
 //! of 44-88%, and twice that while it grows.
+//!
+//! Beyond a memory budget (`key_index_memory_budget_mb`) the sorted array moves to a file on
+//! local disk (`keyindex/disk.rs`): the directory stays in memory (half a byte a row), a
+//! lookup reads one bucket of about 32 entries, an update writes its entry in place, and the
+//! keys new to the table are merged into a new file once they take a quarter of the budget.
+//! A bulk load beyond the budget is sorted in runs of the budget's size and merged.
+
+mod disk;
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use self::disk::OnDisk;
 use crate::error::{Error, Result};
 
 /// Where a live row is: data file (its number in the sink's list) and row position.
@@ -59,19 +70,50 @@ type Fast = foldhash::fast::FixedState;
 
 /// A key as the index holds it.
 trait Slot: Copy + Ord + Hash + std::fmt::Debug {
+    /// Bytes of its fixed-width encoding on disk.
+    const BYTES: usize;
     /// Bits that are spread evenly over the keys, leading in the order.
     fn top(&self) -> u64;
+    /// Writes the key to `out` (`BYTES` long), little-endian.
+    fn put(&self, out: &mut [u8]);
+    /// Reads what `put` wrote.
+    fn get(b: &[u8]) -> Self;
+}
+
+fn word(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().unwrap_or_default())
 }
 
 impl Slot for u64 {
+    const BYTES: usize = 8;
+
     fn top(&self) -> u64 {
         *self
+    }
+
+    fn put(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+
+    fn get(b: &[u8]) -> Self {
+        word(b)
     }
 }
 
 impl Slot for [u64; 2] {
+    const BYTES: usize = 16;
+
     fn top(&self) -> u64 {
         self[0]
+    }
+
+    fn put(&self, out: &mut [u8]) {
+        out[..8].copy_from_slice(&self[0].to_le_bytes());
+        out[8..].copy_from_slice(&self[1].to_le_bytes());
+    }
+
+    fn get(b: &[u8]) -> Self {
+        [word(b), word(&b[8..])]
     }
 }
 
@@ -102,10 +144,36 @@ fn key_of(key: &[u8]) -> Key {
 /// Entries per directory bucket, on average.
 const PER_BUCKET: usize = 32;
 
+/// Where a key index goes beyond its memory budget, and that budget.
+#[derive(Debug, Clone)]
+pub struct Spill {
+    /// A local folder (the files in it have no names: see `keyindex/disk.rs`).
+    pub dir: PathBuf,
+    /// Bytes the sorted entries of one kind of key may take in memory; beyond it they live
+    /// in a file under `dir`, and what is added since is merged into it in pieces of about
+    /// a quarter of this.
+    pub budget: usize,
+}
+
+/// The sorted entries: in memory, or in a file on local disk beyond the budget.
+enum Base<K> {
+    Mem(Vec<(K, u64)>),
+    Disk(OnDisk<K>),
+}
+
+impl<K: Slot> Base<K> {
+    fn len(&self) -> usize {
+        match self {
+            Base::Mem(v) => v.len(),
+            Base::Disk(d) => d.len(),
+        }
+    }
+}
+
 /// The index of one kind of key: a sorted array and the keys added since it was sorted.
 struct Sorted<K> {
     /// Sorted by key, each key once; a removed entry keeps its key with location [`GONE`].
-    base: Vec<(K, u64)>,
+    base: Base<K>,
     /// Entries of `base` that are [`GONE`].
     gone: usize,
     /// `base[dir[b]..dir[b + 1]]` holds the keys whose top bits are `b`.
@@ -116,155 +184,329 @@ struct Sorted<K> {
     delta: HashMap<K, u64, Fast>,
     /// Entries of a bulk load, sorted when it ends (see [`KeyIndex::begin_load`]).
     loading: Option<Vec<(K, u64)>>,
+    /// The parts of a bulk load larger than the budget, each sorted, on disk.
+    runs: Vec<OnDisk<K>>,
+    spill: Option<Arc<Spill>>,
 }
 
-impl<K> Default for Sorted<K> {
-    fn default() -> Self {
+impl<K> Sorted<K> {
+    fn new(spill: Option<Arc<Spill>>) -> Self {
         Self {
-            base: Vec::new(),
+            base: Base::Mem(Vec::new()),
             gone: 0,
             dir: vec![0, 0],
             shift: 64,
             delta: HashMap::default(),
             loading: None,
+            runs: Vec::new(),
+            spill,
         }
     }
 }
 
+/// What a failed read or write of a spilled index says.
+fn disk_error(spill: Option<&Arc<Spill>>, e: std::io::Error) -> Error {
+    let dir = spill.map_or_else(|| "?".into(), |s| s.dir.display().to_string());
+    let hint = if crate::error::is_storage_full_io(&e) {
+        "; the disk is full: free space there or raise key_index_memory_budget_mb"
+    } else {
+        ""
+    };
+    Error::new(
+        crate::error::io_kind(&e),
+        format!("the key index beyond its memory budget, kept in {dir}: {e}{hint}"),
+    )
+    .with_source(e)
+}
+
 impl<K: Slot> Sorted<K> {
+    const SIZE: usize = K::BYTES + 8;
+
+    fn io(&self, e: std::io::Error) -> Error {
+        disk_error(self.spill.as_ref(), e)
+    }
+
     fn bucket(&self, k: &K) -> usize {
         k.top().checked_shr(self.shift).unwrap_or(0) as usize
     }
 
-    /// The position of `k` in `base`, live or removed.
-    fn find(&self, k: &K) -> Option<usize> {
+    /// The position of `k` in `base`, live or removed, and its location.
+    fn find(&self, k: &K) -> Result<Option<(usize, u64)>> {
         let b = self.bucket(k);
         let (lo, hi) = (self.dir[b], self.dir[b + 1]);
-        self.base[lo..hi]
-            .binary_search_by(|e| e.0.cmp(k))
-            .ok()
-            .map(|i| lo + i)
+        match &self.base {
+            Base::Mem(base) => Ok(base[lo..hi]
+                .binary_search_by(|e| e.0.cmp(k))
+                .ok()
+                .map(|i| (lo + i, base[lo + i].1))),
+            Base::Disk(d) => {
+                let mut stack = [0u8; 4096];
+                let mut heap = Vec::new();
+                let need = (hi - lo) * Self::SIZE;
+                let buf: &mut [u8] = if need <= stack.len() {
+                    &mut stack[..need]
+                } else {
+                    heap.resize(need, 0);
+                    &mut heap
+                };
+                d.read(lo, hi, buf).map_err(|e| self.io(e))?;
+                let (mut a, mut z) = (0, hi - lo);
+                while a < z {
+                    let m = (a + z) / 2;
+                    let (mk, mv) = disk::entry::<K>(buf, m);
+                    match mk.cmp(k) {
+                        std::cmp::Ordering::Less => a = m + 1,
+                        std::cmp::Ordering::Greater => z = m,
+                        std::cmp::Ordering::Equal => return Ok(Some((lo + m, mv))),
+                    }
+                }
+                Ok(None)
+            }
+        }
     }
 
-    /// Builds the directory of a sorted `base`.
-    fn index_base(&mut self) {
-        let buckets = (self.base.len() / PER_BUCKET).max(1).next_power_of_two();
+    /// Sets the location of entry `i` of `base`.
+    fn set(&mut self, i: usize, v: u64) -> Result<()> {
+        match &mut self.base {
+            Base::Mem(base) => {
+                base[i].1 = v;
+                Ok(())
+            }
+            Base::Disk(d) => d.set(i, v).map_err(|e| disk_error(self.spill.as_ref(), e)),
+        }
+    }
+
+    /// Builds the directory of `len` sorted keys.
+    fn index_keys(&mut self, len: usize, keys: impl Iterator<Item = std::io::Result<K>>) -> Result<()> {
+        let buckets = (len / PER_BUCKET).max(1).next_power_of_two();
         self.shift = 64 - buckets.trailing_zeros();
         let mut dir = vec![0usize; buckets + 1];
-        for (k, _) in &self.base {
-            dir[self.bucket(k) + 1] += 1;
+        for k in keys {
+            let k = k.map_err(|e| self.io(e))?;
+            dir[self.bucket(&k) + 1] += 1;
         }
         for b in 1..dir.len() {
             dir[b] += dir[b - 1];
         }
         self.dir = dir;
+        Ok(())
+    }
+
+    /// Builds the directory of `base`.
+    fn index_base(&mut self) -> Result<()> {
+        let len = self.base.len();
+        match std::mem::replace(&mut self.base, Base::Mem(Vec::new())) {
+            Base::Mem(v) => {
+                let indexed = self.index_keys(len, v.iter().map(|e| Ok(e.0)));
+                self.base = Base::Mem(v);
+                indexed
+            }
+            Base::Disk(d) => {
+                let mut r = d.reader(disk_chunk());
+                let keys = std::iter::from_fn(|| r.next_entry().transpose()).map(|e| e.map(|e| e.0));
+                let indexed = self.index_keys(len, keys);
+                drop(r);
+                self.base = Base::Disk(d);
+                indexed
+            }
+        }
+    }
+
+    /// The budget, when the index may spill.
+    fn budget(&self) -> Option<usize> {
+        self.spill.as_ref().map(|s| s.budget)
+    }
+
+    /// Moves an in-memory `base` larger than the budget to disk.
+    fn spill_if_over(&mut self) -> Result<()> {
+        let (Some(spill), Base::Mem(base)) = (self.spill.clone(), &self.base) else {
+            return Ok(());
+        };
+        if base.capacity() * Self::SIZE <= spill.budget {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let mut out = disk::Writer::create(&spill.dir).map_err(|e| self.io(e))?;
+        for (k, v) in base.iter().filter(|e| e.1 != GONE) {
+            out.push(*k, *v).map_err(|e| self.io(e))?;
+        }
+        let d = out.finish().map_err(|e| self.io(e))?;
+        tracing::info!(entries = d.len(), file_mib = d.file_bytes() >> 20, budget_mib = spill.budget >> 20, elapsed_ms = started.elapsed().as_millis() as u64, "key index moved to local disk: it is larger than its memory budget");
+        self.base = Base::Disk(d);
+        self.gone = 0;
+        self.index_base()
     }
 
     /// Ends a bulk load: sorts what it added.
-    fn settle(&mut self) {
-        if let Some(mut entries) = self.loading.take() {
-            if entries.is_empty() {
-                // The room of the kind no key had goes back.
-                entries = Vec::new();
-            }
-            // Equal keys: the one added last (the highest location) wins, as with `insert`.
-            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            entries.dedup_by(|later, first| later.0 == first.0);
-            *self = Self {
-                base: entries,
-                ..Self::default()
-            };
-            self.index_base();
+    fn settle(&mut self) -> Result<()> {
+        let Some(mut entries) = self.loading.take() else {
+            return Ok(());
+        };
+        if entries.is_empty() {
+            // The room of the kind no key had goes back.
+            entries = Vec::new();
         }
+        sort_load(&mut entries);
+        let runs = std::mem::take(&mut self.runs);
+        let base = if runs.is_empty() {
+            Base::Mem(entries)
+        } else {
+            let spill = self.spill.clone().ok_or_else(|| Error::fatal("key index runs without a folder"))?;
+            let mut runs = runs;
+            let started = std::time::Instant::now();
+            runs.push(write_run(&spill.dir, &entries).map_err(|e| self.io(e))?);
+            drop(entries);
+            // Every run is read at once: the budget is shared by their read buffers.
+            let chunk = (spill.budget / 2 / runs.len()).clamp(4096, disk_chunk());
+            let d = disk::merge_runs(&runs, &spill.dir, chunk).map_err(|e| self.io(e))?;
+            tracing::info!(entries = d.len(), runs = runs.len(), file_mib = d.file_bytes() >> 20, elapsed_ms = started.elapsed().as_millis() as u64, "key index loaded to local disk: it is larger than its memory budget");
+            Base::Disk(d)
+        };
+        let spill = self.spill.take();
+        *self = Self::new(spill);
+        self.base = base;
+        self.index_base()?;
+        self.spill_if_over()
     }
 
-    fn insert(&mut self, k: K, v: u64) {
+    fn insert(&mut self, k: K, v: u64) -> Result<()> {
         if let Some(entries) = self.loading.as_mut() {
             entries.push((k, v));
-            return;
+            if let Some(spill) = &self.spill {
+                if entries.len() * Self::SIZE >= spill.budget.max(Self::SIZE) {
+                    sort_load(entries);
+                    let run = write_run(&spill.dir, entries).map_err(|e| disk_error(Some(spill), e))?;
+                    entries.clear();
+                    self.runs.push(run);
+                }
+            }
+            return Ok(());
         }
-        match self.find(&k) {
-            Some(i) => {
-                if self.base[i].1 == GONE {
+        match self.find(&k)? {
+            Some((i, old)) => {
+                if old == GONE {
                     self.gone -= 1;
                 }
-                self.base[i].1 = v;
+                self.set(i, v)
             }
             None => {
                 self.delta.insert(k, v);
-                self.merge_if_large();
+                self.merge_if_large()
             }
         }
     }
 
-    fn insert_new(&mut self, k: K, v: u64) -> bool {
-        self.settle();
-        match self.find(&k) {
-            Some(i) if self.base[i].1 == GONE => {
-                self.base[i].1 = v;
+    fn insert_new(&mut self, k: K, v: u64) -> Result<bool> {
+        self.settle()?;
+        match self.find(&k)? {
+            Some((i, GONE)) => {
+                self.set(i, v)?;
                 self.gone -= 1;
-                true
+                Ok(true)
             }
-            Some(_) => false,
+            Some(_) => Ok(false),
             None => match self.delta.entry(k) {
-                std::collections::hash_map::Entry::Occupied(_) => false,
+                std::collections::hash_map::Entry::Occupied(_) => Ok(false),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(v);
-                    self.merge_if_large();
-                    true
+                    self.merge_if_large()?;
+                    Ok(true)
                 }
             },
         }
     }
 
-    fn remove(&mut self, k: &K) -> Option<u64> {
-        self.settle();
-        match self.find(k) {
-            Some(i) if self.base[i].1 == GONE => None,
-            Some(i) => {
+    fn remove(&mut self, k: &K) -> Result<Option<u64>> {
+        self.settle()?;
+        match self.find(k)? {
+            Some((_, GONE)) => Ok(None),
+            Some((i, old)) => {
+                self.set(i, GONE)?;
                 self.gone += 1;
-                Some(std::mem::replace(&mut self.base[i].1, GONE))
+                Ok(Some(old))
             }
-            None => self.delta.remove(k),
+            None => Ok(self.delta.remove(k)),
         }
     }
 
-    /// Merges `delta` into `base` once it holds an eighth as many keys: each merge is one
-    /// pass over the array, so adding keys costs amortised constant time.
-    fn merge_if_large(&mut self) {
-        if self.delta.len() > (self.base.len() / 8).max(1 << 16) {
-            self.merge();
+    /// Merges `delta` into `base` once it holds an eighth as many keys (each merge is one
+    /// pass over the array, so adding keys costs amortised constant time), or a quarter of
+    /// the memory budget.
+    fn merge_if_large(&mut self) -> Result<()> {
+        let by_share = self.delta.len() > (self.base.len() / 8).max(1 << 16);
+        let by_budget = self
+            .budget()
+            .is_some_and(|b| self.delta.len() * (Self::SIZE + 1) > (b / 4).max(1 << 12));
+        if by_share || by_budget {
+            self.merge()?;
         }
+        Ok(())
     }
 
-    fn merge(&mut self) {
+    fn merge(&mut self) -> Result<()> {
         let mut add: Vec<(K, u64)> = std::mem::take(&mut self.delta).into_iter().collect();
         add.sort_unstable_by_key(|a| a.0);
-        if self.gone > 0 {
-            self.base.retain(|e| e.1 != GONE);
-            self.gone = 0;
-        }
-        // Merge from the back, in place: `base` grows by `add.len()` and each entry is
-        // moved once. The keys of `delta` are never in `base`.
-        let old = self.base.len();
-        // Room for the next merge too (at an eighth of the array): growing a large
-        // allocation may copy it, and that copy is the peak a hash map has while growing.
-        if self.base.capacity() < old + add.len() {
-            self.base.reserve_exact(add.len() + (old + add.len()) / 8);
-        }
-        self.base.extend_from_slice(&add);
-        let (mut i, mut j, mut w) = (old, add.len(), old + add.len());
-        while j > 0 {
-            w -= 1;
-            if i > 0 && self.base[i - 1].0 > add[j - 1].0 {
-                self.base[w] = self.base[i - 1];
-                i -= 1;
-            } else {
-                self.base[w] = add[j - 1];
-                j -= 1;
+        match &mut self.base {
+            Base::Mem(base) => {
+                if self.gone > 0 {
+                    base.retain(|e| e.1 != GONE);
+                    self.gone = 0;
+                }
+                // Merge from the back, in place: `base` grows by `add.len()` and each entry
+                // is moved once. The keys of `delta` are never in `base`.
+                let old = base.len();
+                // Room for the next merge too (at an eighth of the array): growing a large
+                // allocation may copy it, and that copy is the peak a hash map has while
+                // growing.
+                if base.capacity() < old + add.len() {
+                    base.reserve_exact(add.len() + (old + add.len()) / 8);
+                }
+                base.extend_from_slice(&add);
+                let (mut i, mut j, mut w) = (old, add.len(), old + add.len());
+                while j > 0 {
+                    w -= 1;
+                    if i > 0 && base[i - 1].0 > add[j - 1].0 {
+                        base[w] = base[i - 1];
+                        i -= 1;
+                    } else {
+                        base[w] = add[j - 1];
+                        j -= 1;
+                    }
+                }
+                self.index_base()?;
+                self.spill_if_over()
+            }
+            Base::Disk(d) => {
+                let spill = self.spill.clone().ok_or_else(|| Error::fatal("a key index on disk without a folder"))?;
+                let io = |e| disk_error(Some(&spill), e);
+                let mut out = disk::Writer::create(&spill.dir).map_err(io)?;
+                let mut old = d.reader(disk_chunk());
+                let mut add = add.into_iter().peekable();
+                let mut next_old = old.next_entry().map_err(io)?;
+                loop {
+                    let take_old = match (&next_old, add.peek()) {
+                        (Some(o), Some(a)) => o.0 < a.0,
+                        (Some(_), None) => true,
+                        (None, Some(_)) => false,
+                        (None, None) => break,
+                    };
+                    if take_old {
+                        if let Some((k, v)) = next_old {
+                            if v != GONE {
+                                out.push(k, v).map_err(io)?;
+                            }
+                        }
+                        next_old = old.next_entry().map_err(io)?;
+                    } else if let Some((k, v)) = add.next() {
+                        out.push(k, v).map_err(io)?;
+                    }
+                }
+                drop(old);
+                self.base = Base::Disk(out.finish().map_err(io)?);
+                self.gone = 0;
+                self.index_base()
             }
         }
-        self.index_base();
     }
 
     /// Live entries outside a bulk load.
@@ -273,91 +515,211 @@ impl<K: Slot> Sorted<K> {
     }
 
     fn len(&self) -> usize {
-        self.live() + self.loading.as_ref().map_or(0, Vec::len)
+        self.live() + self.loading.as_ref().map_or(0, Vec::len) + self.runs.iter().map(OnDisk::len).sum::<usize>()
     }
 
-    fn values_mut(&mut self) -> impl Iterator<Item = &mut u64> + '_ {
-        self.base
-            .iter_mut()
-            .map(|e| &mut e.1)
-            .filter(|v| **v != GONE)
-            .chain(self.delta.values_mut())
+    /// Passes every live location through `f`.
+    fn remap(&mut self, mut f: impl FnMut(u64) -> Result<u64>) -> Result<()> {
+        self.settle()?;
+        match &mut self.base {
+            Base::Mem(base) => {
+                for e in base.iter_mut().filter(|e| e.1 != GONE) {
+                    e.1 = f(e.1)?;
+                }
+            }
+            Base::Disk(d) => d.update_values(|v| if v == GONE { Ok(v) } else { f(v) })?,
+        }
+        for v in self.delta.values_mut() {
+            *v = f(*v)?;
+        }
+        Ok(())
     }
 
-    fn values(&self) -> impl Iterator<Item = u64> + '_ {
-        self.base
-            .iter()
-            .map(|e| e.1)
-            .filter(|v| *v != GONE)
-            .chain(self.delta.values().copied())
-    }
-
-    /// The live entries in key order.
-    fn sorted(&self) -> impl Iterator<Item = (K, u64)> + '_ {
-        let mut add: Vec<(K, u64)> = self.delta.iter().map(|(k, v)| (*k, *v)).collect();
-        add.sort_unstable_by_key(|a| a.0);
-        let mut base = self.base.iter().copied().filter(|e| e.1 != GONE).peekable();
-        let mut add = add.into_iter().peekable();
-        std::iter::from_fn(move || match (base.peek(), add.peek()) {
-            (Some(b), Some(a)) if a.0 < b.0 => add.next(),
-            (Some(_), _) => base.next(),
-            (None, _) => add.next(),
-        })
-    }
-
-    /// Reads entries written in key order (sorted again if they are not).
-    fn from_entries(mut entries: Vec<(K, u64)>) -> std::result::Result<Self, &'static str> {
-        if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
-            entries.sort_unstable_by_key(|a| a.0);
-            if entries.windows(2).any(|w| w[0].0 == w[1].0) {
-                return Err("a key is listed twice");
+    /// Calls `f` with every location, those of a bulk load too.
+    fn for_each_value(&self, mut f: impl FnMut(u64)) -> Result<()> {
+        let io = |e| disk_error(self.spill.as_ref(), e);
+        match &self.base {
+            Base::Mem(base) => base.iter().filter(|e| e.1 != GONE).for_each(|e| f(e.1)),
+            Base::Disk(d) => {
+                let mut r = d.reader(disk_chunk());
+                while let Some((_, v)) = r.next_entry().map_err(io)? {
+                    if v != GONE {
+                        f(v);
+                    }
+                }
             }
         }
-        if entries.iter().any(|e| e.1 == GONE) {
-            return Err("a location is out of range");
+        self.delta.values().for_each(|v| f(*v));
+        self.loading.iter().flatten().for_each(|e| f(e.1));
+        for run in &self.runs {
+            let mut r = run.reader(disk_chunk());
+            while let Some((_, v)) = r.next_entry().map_err(io)? {
+                f(v);
+            }
         }
-        let mut s = Self {
-            base: entries,
-            ..Self::default()
+        Ok(())
+    }
+
+    /// Calls `f` with the live entries outside a bulk load in key order.
+    fn for_each_sorted(&self, mut f: impl FnMut(K, u64) -> std::io::Result<()>) -> std::io::Result<()> {
+        let mut add: Vec<(K, u64)> = self.delta.iter().map(|(k, v)| (*k, *v)).collect();
+        add.sort_unstable_by_key(|a| a.0);
+        let mut add = add.into_iter().peekable();
+        let mut emit = |k: K, v: u64, f: &mut dyn FnMut(K, u64) -> std::io::Result<()>| -> std::io::Result<()> {
+            while let Some(a) = add.next_if(|a| a.0 < k) {
+                f(a.0, a.1)?;
+            }
+            if v != GONE {
+                f(k, v)?;
+            }
+            Ok(())
         };
-        s.index_base();
+        match &self.base {
+            Base::Mem(base) => {
+                for e in base {
+                    emit(e.0, e.1, &mut f)?;
+                }
+            }
+            Base::Disk(d) => {
+                let mut r = d.reader(disk_chunk());
+                while let Some((k, v)) = r.next_entry()? {
+                    emit(k, v, &mut f)?;
+                }
+            }
+        }
+        for (k, v) in add {
+            f(k, v)?;
+        }
+        Ok(())
+    }
+
+    /// Reads `n` entries, written in key order by [`Sorted::for_each_sorted`], with `next`;
+    /// to disk when they are more than the budget. Entries out of order in memory are sorted.
+    fn read_entries(
+        n: usize,
+        spill: Option<Arc<Spill>>,
+        mut next: impl FnMut() -> std::io::Result<(K, u64)>,
+    ) -> std::io::Result<Self> {
+        let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let mut s = Self::new(spill.clone());
+        match spill.filter(|sp| n.saturating_mul(Self::SIZE) > sp.budget) {
+            Some(sp) => {
+                let mut out = disk::Writer::create(&sp.dir)?;
+                for _ in 0..n {
+                    let (k, v) = next()?;
+                    if v == GONE {
+                        return Err(bad("a location is out of range"));
+                    }
+                    out.push(k, v)?;
+                }
+                s.base = Base::Disk(out.finish()?);
+            }
+            None => {
+                // A count from a damaged file must not reserve memory it does not have.
+                let mut entries = Vec::with_capacity(n.min(1 << 28));
+                for _ in 0..n {
+                    entries.push(next()?);
+                }
+                if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+                    entries.sort_unstable_by_key(|a| a.0);
+                    if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+                        return Err(bad("a key is listed twice"));
+                    }
+                }
+                if entries.iter().any(|e| e.1 == GONE) {
+                    return Err(bad("a location is out of range"));
+                }
+                s.base = Base::Mem(entries);
+            }
+        }
+        s.index_base().map_err(|e| std::io::Error::other(e.report()))?;
         Ok(s)
     }
 
     fn bytes(&self) -> usize {
         let entry = std::mem::size_of::<(K, u64)>();
-        self.base.capacity() * entry
-            + self.dir.capacity() * std::mem::size_of::<usize>()
+        let base = match &self.base {
+            Base::Mem(v) => v.capacity() * entry,
+            Base::Disk(_) => 0,
+        };
+        base + self.dir.capacity() * std::mem::size_of::<usize>()
             + self.delta.capacity() * (entry + 1)
             + self.loading.as_ref().map_or(0, |l| l.capacity() * entry)
     }
+
+    fn disk_bytes(&self) -> u64 {
+        let base = match &self.base {
+            Base::Mem(_) => 0,
+            Base::Disk(d) => d.file_bytes(),
+        };
+        base + self.runs.iter().map(OnDisk::file_bytes).sum::<u64>()
+    }
+}
+
+/// Bytes of read buffer for a pass over a file.
+fn disk_chunk() -> usize {
+    1 << 20
+}
+
+/// Sorts a bulk load's entries by key; of equal keys the one added last (the highest
+/// location) is kept, as with `insert`.
+fn sort_load<K: Slot>(entries: &mut Vec<(K, u64)>) {
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    entries.dedup_by(|later, first| later.0 == first.0);
+}
+
+fn write_run<K: Slot>(dir: &std::path::Path, entries: &[(K, u64)]) -> std::io::Result<OnDisk<K>> {
+    let mut out = disk::Writer::create(dir)?;
+    for (k, v) in entries {
+        out.push(*k, *v)?;
+    }
+    out.finish()
 }
 
 /// Primary key (encoded, see `keys.rs`) -> location of the live row.
-#[derive(Default)]
 pub struct KeyIndex {
     exact: Sorted<u64>,
     hashed: Sorted<[u64; 2]>,
+    spill: Option<Arc<Spill>>,
+}
+
+impl Default for KeyIndex {
+    fn default() -> Self {
+        Self::new(None)
+    }
 }
 
 impl KeyIndex {
+    /// An empty index that moves to disk beyond `spill`'s budget (`None`: never).
+    pub fn new(spill: Option<Arc<Spill>>) -> Self {
+        Self {
+            exact: Sorted::new(spill.clone()),
+            hashed: Sorted::new(spill.clone()),
+            spill,
+        }
+    }
+
     /// Starts a bulk load of about `expected` keys: the index is
     /// emptied, and what [`KeyIndex::insert`] adds until [`KeyIndex::end_load`] is sorted
     /// once at the end instead of placed key by key; for an equal key the last one wins.
+    /// Beyond the budget, the load is sorted in parts on disk and merged at the end.
     pub fn begin_load(&mut self, expected: usize) {
         self.clear();
         // A count from a table's summary must not reserve memory it does not have. Both
         // kinds get room (a key's kind shows only when it comes): pages never written to
         // are not resident, and growing a large array may copy it.
-        let expected = expected.min(1 << 28);
+        let mut expected = expected.min(1 << 28);
+        if let Some(s) = &self.spill {
+            expected = expected.min(s.budget / Sorted::<u64>::SIZE + 1);
+        }
         self.exact.loading = Some(Vec::with_capacity(expected));
         self.hashed.loading = Some(Vec::with_capacity(expected));
     }
 
     /// Ends a bulk load (also ended by any call other than `insert`).
-    pub fn end_load(&mut self) {
-        self.exact.settle();
-        self.hashed.settle();
+    pub fn end_load(&mut self) -> Result<()> {
+        self.exact.settle()?;
+        self.hashed.settle()
     }
 
     /// Sets `key`'s location, replacing the one it had.
@@ -366,27 +728,26 @@ impl KeyIndex {
         match key_of(key) {
             Key::Exact(k) => self.exact.insert(k, v),
             Key::Hashed(k) => self.hashed.insert(k, v),
-        };
-        Ok(())
+        }
     }
 
     /// Sets `key`'s location unless it has one; false when it had (and nothing changed).
     pub fn insert_new(&mut self, key: &[u8], loc: Loc) -> Result<bool> {
         let v = loc.pack()?;
-        self.end_load();
-        Ok(match key_of(key) {
+        self.end_load()?;
+        match key_of(key) {
             Key::Exact(k) => self.exact.insert_new(k, v),
             Key::Hashed(k) => self.hashed.insert_new(k, v),
-        })
+        }
     }
 
-    pub fn remove(&mut self, key: &[u8]) -> Option<Loc> {
-        self.end_load();
-        match key_of(key) {
-            Key::Exact(k) => self.exact.remove(&k),
-            Key::Hashed(k) => self.hashed.remove(&k),
+    pub fn remove(&mut self, key: &[u8]) -> Result<Option<Loc>> {
+        self.end_load()?;
+        Ok(match key_of(key) {
+            Key::Exact(k) => self.exact.remove(&k)?,
+            Key::Hashed(k) => self.hashed.remove(&k)?,
         }
-        .map(Loc::unpack)
+        .map(Loc::unpack))
     }
 
     pub fn len(&self) -> usize {
@@ -398,54 +759,55 @@ impl KeyIndex {
     }
 
     pub fn clear(&mut self) {
-        // Memory goes back too: a TRUNCATE or a rebuild should not keep the peak.
-        self.exact = Sorted::default();
-        self.hashed = Sorted::default();
+        // Memory and disk go back too: a TRUNCATE or a rebuild should not keep the peak.
+        self.exact = Sorted::new(self.spill.clone());
+        self.hashed = Sorted::new(self.spill.clone());
     }
 
-    pub fn locs(&self) -> impl Iterator<Item = Loc> + '_ {
-        self.exact
-            .values()
-            .chain(self.hashed.values())
-            .chain(self.exact.loading.iter().flatten().map(|e| e.1))
-            .chain(self.hashed.loading.iter().flatten().map(|e| e.1))
-            .map(Loc::unpack)
+    /// Calls `f` with every location.
+    pub fn for_each_loc(&self, mut f: impl FnMut(Loc)) -> Result<()> {
+        self.exact.for_each_value(|v| f(Loc::unpack(v)))?;
+        self.hashed.for_each_value(|v| f(Loc::unpack(v)))
     }
 
     /// Moves every location through `f` (after a compaction rewrote files).
     pub fn try_remap(&mut self, mut f: impl FnMut(Loc) -> Result<Loc>) -> Result<()> {
-        self.end_load();
-        for v in self.exact.values_mut().chain(self.hashed.values_mut()) {
-            *v = f(Loc::unpack(*v))?.pack()?;
-        }
-        Ok(())
+        self.end_load()?;
+        self.exact.remap(|v| f(Loc::unpack(v))?.pack())?;
+        self.hashed.remap(|v| f(Loc::unpack(v))?.pack())
     }
 
     /// Writes the entries to `out`: the count and (key, location) pairs of the exact keys,
     /// then of the hashed ones, each in key order, little-endian (read back by
     /// [`KeyIndex::read_from`]).
     pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut e = [0u8; 24];
         out.write_all(&(self.exact.live() as u64).to_le_bytes())?;
-        for (k, v) in self.exact.sorted() {
-            out.write_all(&k.to_le_bytes())?;
-            out.write_all(&v.to_le_bytes())?;
-        }
+        self.exact.for_each_sorted(|k, v| {
+            k.put(&mut e[..8]);
+            e[8..16].copy_from_slice(&v.to_le_bytes());
+            out.write_all(&e[..16])
+        })?;
         out.write_all(&(self.hashed.live() as u64).to_le_bytes())?;
-        for (k, v) in self.hashed.sorted() {
-            out.write_all(&k[0].to_le_bytes())?;
-            out.write_all(&k[1].to_le_bytes())?;
-            out.write_all(&v.to_le_bytes())?;
-        }
-        Ok(())
+        self.hashed.for_each_sorted(|k, v| {
+            k.put(&mut e[..16]);
+            e[16..].copy_from_slice(&v.to_le_bytes());
+            out.write_all(&e)
+        })
     }
 
     /// Reads what [`KeyIndex::write_to`] wrote; `files`: how many data files the locations
     /// may name (a location beyond them is an error, as is a short read or a key twice).
-    pub fn read_from(input: &mut impl std::io::Read, files: u32) -> std::io::Result<Self> {
+    /// Beyond `spill`'s budget the entries go to disk.
+    pub fn read_from(
+        input: &mut impl std::io::Read,
+        files: u32,
+        spill: Option<Arc<Spill>>,
+    ) -> std::io::Result<Self> {
         let bad =
             |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-        let mut word = [0u8; 8];
-        let mut next = |input: &mut dyn std::io::Read| -> std::io::Result<u64> {
+        let next = |input: &mut dyn std::io::Read| -> std::io::Result<u64> {
+            let mut word = [0u8; 8];
             input.read_exact(&mut word)?;
             Ok(u64::from_le_bytes(word))
         };
@@ -457,27 +819,35 @@ impl KeyIndex {
             }
         };
         let n = usize::try_from(next(input)?).map_err(|_| bad("entry count"))?;
-        // A count from a damaged file must not reserve memory it does not have.
-        let mut exact = Vec::with_capacity(n.min(1 << 28));
-        for _ in 0..n {
+        let exact = Sorted::read_entries(n, spill.clone(), || {
             let k = next(input)?;
-            exact.push((k, loc(next(input)?)?));
-        }
+            Ok((k, loc(next(input)?)?))
+        })?;
         let n = usize::try_from(next(input)?).map_err(|_| bad("entry count"))?;
-        let mut hashed = Vec::with_capacity(n.min(1 << 28));
-        for _ in 0..n {
+        let hashed = Sorted::read_entries(n, spill.clone(), || {
             let k = [next(input)?, next(input)?];
-            hashed.push((k, loc(next(input)?)?));
-        }
+            Ok((k, loc(next(input)?)?))
+        })?;
         Ok(Self {
-            exact: Sorted::from_entries(exact).map_err(bad)?,
-            hashed: Sorted::from_entries(hashed).map_err(bad)?,
+            exact,
+            hashed,
+            spill,
         })
     }
 
-    /// Bytes the index holds (its arrays and maps at their current capacity).
+    /// Where the index goes beyond its budget.
+    pub fn spill(&self) -> Option<Arc<Spill>> {
+        self.spill.clone()
+    }
+
+    /// Bytes the index holds in memory (its arrays and maps at their current capacity).
     pub fn bytes(&self) -> usize {
         self.exact.bytes() + self.hashed.bytes()
+    }
+
+    /// Bytes the index keeps on local disk, beyond its memory budget.
+    pub fn disk_bytes(&self) -> u64 {
+        self.exact.disk_bytes() + self.hashed.disk_bytes()
     }
 }
 
@@ -491,6 +861,22 @@ mod tests {
 
     fn at(file: u32, pos: u64) -> Loc {
         Loc { file, pos }
+    }
+
+    fn sorted<K: Slot>(s: &Sorted<K>) -> Vec<(K, u64)> {
+        let mut all = Vec::new();
+        s.for_each_sorted(|k, v| {
+            all.push((k, v));
+            Ok(())
+        })
+        .unwrap();
+        all
+    }
+
+    fn locs(index: &KeyIndex) -> Vec<Loc> {
+        let mut all = Vec::new();
+        index.for_each_loc(|l| all.push(l)).unwrap();
+        all
     }
 
     #[test]
@@ -519,8 +905,8 @@ mod tests {
         }
         assert_eq!(index.len(), keys.len());
         for (i, k) in keys.iter().enumerate() {
-            assert_eq!(index.remove(k), Some(at(i as u32, i as u64 * 3)));
-            assert_eq!(index.remove(k), None);
+            assert_eq!(index.remove(k).unwrap(), Some(at(i as u32, i as u64 * 3)));
+            assert_eq!(index.remove(k).unwrap(), None);
         }
         assert!(index.is_empty());
     }
@@ -538,14 +924,14 @@ mod tests {
         }
         let mut bytes = Vec::new();
         index.write_to(&mut bytes).unwrap();
-        let mut back = KeyIndex::read_from(&mut bytes.as_slice(), 3).unwrap();
+        let mut back = KeyIndex::read_from(&mut bytes.as_slice(), 3, None).unwrap();
         assert_eq!(back.len(), 2000);
-        assert!(back.exact.sorted().eq(index.exact.sorted()));
-        assert!(back.hashed.sorted().eq(index.hashed.sorted()));
-        assert_eq!(back.remove(b"key 17"), Some(at(2, 34)));
+        assert_eq!(sorted(&back.exact), sorted(&index.exact));
+        assert_eq!(sorted(&back.hashed), sorted(&index.hashed));
+        assert_eq!(back.remove(b"key 17").unwrap(), Some(at(2, 34)));
         // Fewer files than the locations name, or a truncated file: refused.
-        assert!(KeyIndex::read_from(&mut bytes.as_slice(), 2).is_err());
-        assert!(KeyIndex::read_from(&mut &bytes[..bytes.len() - 1], 3).is_err());
+        assert!(KeyIndex::read_from(&mut bytes.as_slice(), 2, None).is_err());
+        assert!(KeyIndex::read_from(&mut &bytes[..bytes.len() - 1], 3, None).is_err());
     }
 
     #[test]
@@ -555,7 +941,7 @@ mod tests {
         assert!(index.insert_new(&k, at(0, 1)).unwrap());
         assert!(!index.insert_new(&k, at(0, 2)).unwrap());
         index.insert(&k, at(3, 4)).unwrap();
-        assert_eq!(index.locs().collect::<Vec<_>>(), vec![at(3, 4)]);
+        assert_eq!(locs(&index), vec![at(3, 4)]);
     }
 
     #[test]
@@ -564,7 +950,7 @@ mod tests {
         let k = [0u8];
         let last = at(u32::MAX - 1, u64::from(u32::MAX));
         index.insert(&k, last).unwrap();
-        assert_eq!(index.remove(&k), Some(last));
+        assert_eq!(index.remove(&k).unwrap(), Some(last));
         assert!(index.insert(&k, at(0, u64::from(u32::MAX) + 1)).is_err());
         // File number u32::MAX marks removed entries.
         assert!(index.insert(&k, at(u32::MAX, 0)).is_err());
@@ -580,11 +966,11 @@ mod tests {
         }
         index.insert(b"\x01\x00\x00\x00\x02ab", at(2, 0)).unwrap();
         index.try_remap(|l| Ok(at(l.file + 10, l.pos + 1))).unwrap();
-        let mut files: Vec<u32> = index.locs().map(|l| l.file).collect();
+        let mut files: Vec<u32> = locs(&index).iter().map(|l| l.file).collect();
         files.sort_unstable();
         files.dedup();
         assert_eq!(files, vec![11, 12]);
-        assert!(index.locs().all(|l| l.pos >= 1));
+        assert!(locs(&index).iter().all(|l| l.pos >= 1));
     }
 
     /// A small deterministic generator, so that a failure repeats.
@@ -608,7 +994,13 @@ mod tests {
 
     #[test]
     fn random_changes_agree_with_a_plain_map_through_loads_merges_and_saves() {
-        for text in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        // In memory, and beyond a budget of 64 KiB: loaded in runs and kept on disk.
+        let small = Arc::new(Spill {
+            dir: dir.path().to_path_buf(),
+            budget: 64 << 10,
+        });
+        for (text, spill) in [(false, None), (true, None), (false, Some(small.clone())), (true, Some(small.clone()))] {
             let key = |i: u64| {
                 if text {
                     format!("customer-{i}").into_bytes()
@@ -618,7 +1010,7 @@ mod tests {
             };
             let mut rng = Lcg(if text { 7 } else { 11 });
             let mut truth: HashMap<Vec<u8>, Loc> = HashMap::new();
-            let mut index = KeyIndex::default();
+            let mut index = KeyIndex::new(spill.clone());
             // A bulk load with a key added twice: the later location wins.
             index.begin_load(50_000);
             for i in 0..50_000u64 {
@@ -626,15 +1018,18 @@ mod tests {
                 index.insert(&key(i % 40_000), loc).unwrap();
                 truth.insert(key(i % 40_000), loc);
             }
-            index.end_load();
+            index.end_load().unwrap();
             assert_eq!(index.len(), truth.len());
+            if spill.is_some() {
+                assert!(index.disk_bytes() > 0);
+            }
             // Updates, deletes and new keys, enough new ones for several merges.
             let mut file = 5u32;
             for step in 0..400_000u64 {
                 let i = rng.next() % 300_000;
                 let k = key(i);
                 match rng.next() % 4 {
-                    0 => assert_eq!(index.remove(&k), truth.remove(&k), "remove {i}"),
+                    0 => assert_eq!(index.remove(&k).unwrap(), truth.remove(&k), "remove {i}"),
                     1 => {
                         let loc = at(file, step);
                         let fresh = !truth.contains_key(&k);
@@ -654,21 +1049,36 @@ mod tests {
                 }
             }
             assert_eq!(index.len(), truth.len());
-            let mut seen: Vec<Loc> = index.locs().collect();
+            let mut seen: Vec<Loc> = locs(&index);
             let mut want: Vec<Loc> = truth.values().copied().collect();
             let order = |l: &Loc| (l.file, l.pos);
             seen.sort_by_key(order);
             want.sort_by_key(order);
             assert_eq!(seen, want);
+            if let Some(spill) = &spill {
+                // Only the directory, the keys added since the last merge and a read
+                // buffer stay in memory.
+                assert!(index.disk_bytes() > 0);
+                assert!(index.bytes() < spill.budget + (300_000 / 32 + 1) * 8 * 2, "{}", index.bytes());
+            }
+            // Moved by a compaction.
+            index.try_remap(|l| Ok(at(l.file + 1, l.pos))).unwrap();
+            for l in truth.values_mut() {
+                l.file += 1;
+            }
+            file += 1;
             // Saved and read back: the same entries, written in key order.
             let mut bytes = Vec::new();
             index.write_to(&mut bytes).unwrap();
-            let mut back = KeyIndex::read_from(&mut bytes.as_slice(), file + 1).unwrap();
+            let mut back = KeyIndex::read_from(&mut bytes.as_slice(), file + 1, spill.clone()).unwrap();
+            if spill.is_some() {
+                assert!(back.disk_bytes() > 0);
+            }
             assert_eq!(back.len(), truth.len());
             for i in 0..300_000u64 {
                 let k = key(i);
                 assert_eq!(
-                    back.remove(&k),
+                    back.remove(&k).unwrap(),
                     truth.get(&k).copied(),
                     "after reading, {i}"
                 );
@@ -684,11 +1094,11 @@ mod tests {
         for i in 0..1_000_000u64 {
             index.insert(&int_key(i), at(0, i)).unwrap();
         }
-        index.end_load();
+        index.end_load().unwrap();
         // 16 bytes an entry and a directory of a byte an entry; a hash map needs 17 bytes a
         // slot at a load below 7/8 (2^21 slots here: 34 MiB).
         assert!(index.bytes() < 17 * 1_000_000, "{} bytes", index.bytes());
-        assert_eq!(index.remove(&int_key(123_456)), Some(at(0, 123_456)));
+        assert_eq!(index.remove(&int_key(123_456)).unwrap(), Some(at(0, 123_456)));
         assert_eq!(index.len(), 999_999);
     }
 }

@@ -219,20 +219,21 @@ impl TableSink {
     }
 
     /// Rows of each file (by number) that the index holds live.
-    fn live_rows(&self) -> Vec<u64> {
+    fn live_rows(&self) -> Result<Vec<u64>> {
         let mut live = vec![0u64; self.files.len()];
-        for loc in self.locs() {
+        self.for_each_loc(|loc| {
             if let Some(n) = live.get_mut(loc.file as usize) {
                 *n += 1;
             }
-        }
-        live
+        })?;
+        Ok(live)
     }
 
-    fn locs(&self) -> impl Iterator<Item = Loc> + '_ {
-        self.index
-            .locs()
-            .chain(self.extra.values().flatten().copied())
+    /// Calls `f` with the location of every live committed row.
+    fn for_each_loc(&self, mut f: impl FnMut(Loc)) -> Result<()> {
+        self.index.for_each_loc(&mut f)?;
+        self.extra.values().flatten().copied().for_each(f);
+        Ok(())
     }
 
     /// Decides whether a compaction is due and which data files it rewrites: the small
@@ -248,7 +249,7 @@ impl TableSink {
             .enumerate()
             .map(|(i, p)| (p.as_str(), i as u32))
             .collect();
-        let live_rows = self.live_rows();
+        let live_rows = self.live_rows()?;
         let small = self.maintenance.target_file_size / 4 * 3;
         let (mut smalls, mut heavy, mut delete_files) = (0usize, 0usize, 0usize);
         let mut chosen = Vec::new();
@@ -292,11 +293,11 @@ impl TableSink {
         // Live positions of each rewritten file, in file order.
         let mut positions: HashMap<u32, Vec<u64>> =
             chosen_nos.iter().map(|no| (*no, Vec::new())).collect();
-        for loc in self.locs() {
+        self.for_each_loc(|loc| {
             if let Some(v) = positions.get_mut(&loc.file) {
                 v.push(loc.pos);
             }
-        }
+        })?;
         for v in positions.values_mut() {
             v.sort_unstable();
         }

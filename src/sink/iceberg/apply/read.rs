@@ -83,8 +83,9 @@ impl TableSink {
                 break;
             }
         }
-        self.index.end_load();
+        let ended = self.index.end_load();
         indexed?;
+        ended?;
         // Renumber what the staged changes point at.
         let numbers: HashMap<&str, u32> = self
             .files
@@ -112,7 +113,7 @@ impl TableSink {
                 row.previous = Some(renumber(&p, pos as u64)?);
             }
         }
-        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), index_mib = self.index.bytes() >> 20, files = self.files.len(), "key index loaded");
+        tracing::info!(table = %self.table.identifier(), rows = self.index.len(), index_mib = self.index.bytes() >> 20, index_disk_mib = self.index.disk_bytes() >> 20, files = self.files.len(), "key index loaded");
         Ok(())
     }
 

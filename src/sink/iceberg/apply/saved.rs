@@ -232,7 +232,7 @@ impl TableSink {
                 files.push(String::from_utf8(p).map_err(|_| invalid("a path is not UTF-8"))?);
             }
             let count = u32::try_from(files.len()).map_err(|_| invalid("too many files"))?;
-            let index = KeyIndex::read_from(&mut input, count)?;
+            let index = KeyIndex::read_from(&mut input, count, self.index.spill())?;
             let sum = input.hash.clone().finalize();
             let mut w4 = [0u8; 4];
             input.inner.read_exact(&mut w4)?;
@@ -247,7 +247,7 @@ impl TableSink {
                 self.index = index;
                 self.extra.clear();
                 self.index_saved_for = Some(header.snapshot_id);
-                tracing::info!(table = %self.table.identifier(), rows = self.index.len(), index_mib = self.index.bytes() >> 20, files = self.files.len(), elapsed_ms = started.elapsed().as_millis() as u64, "key index loaded from its saved copy");
+                tracing::info!(table = %self.table.identifier(), rows = self.index.len(), index_mib = self.index.bytes() >> 20, index_disk_mib = self.index.disk_bytes() >> 20, files = self.files.len(), elapsed_ms = started.elapsed().as_millis() as u64, "key index loaded from its saved copy");
                 true
             }
             Ok(None) => {
