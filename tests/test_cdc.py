@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -1194,3 +1195,51 @@ def test_the_key_index_is_kept_between_runs_and_rebuilt_when_it_does_not_match(s
     fifth = skippr.sync_once()
     assert started(fifth) == 1, describe_run(fifth, "kept2's copy names an older snapshot: rebuilt")
     assert_synced(skippr, db, ["kept", "kept2"], readers=("pyiceberg",))
+
+
+def test_a_key_index_beyond_its_memory_budget_lives_on_local_disk(skippr: Skippr, db):
+    """With `key_index_memory_budget_mb: 1`, tables of 120k integer keys (16 bytes a row) and
+    60k composite keys (hashed, 24 bytes a row) keep their key index in files on local disk:
+    it is loaded in sorted runs, updated in place, grows by merging new keys, moves with a
+    compaction, is saved and read back. Every update and delete still lands on its row."""
+    db.execute("CREATE TABLE wide_keys (id bigint PRIMARY KEY, v text NOT NULL)")
+    db.execute("CREATE TABLE pair_keys (a int, b text, n int NOT NULL, PRIMARY KEY (a, b))")
+    db.execute("INSERT INTO wide_keys SELECT i, 'v' || i FROM generate_series(1, 120000) i")
+    db.execute("INSERT INTO pair_keys SELECT i % 300, 'k' || (i / 300), i FROM generate_series(1, 60000) i")
+    skippr.write_config(["wide_keys", "pair_keys"], extra_pipeline={
+        "key_index_memory_budget_mb": 1,
+        "maintenance": {"check_interval": "100ms", "compaction_min_files": 2},
+    })
+    skippr.sync_once()
+    assert_synced(skippr, db, ["wide_keys", "pair_keys"], readers=("pyiceberg",))
+
+    logs = []
+    for n in range(1, 4):
+        if n == 3:
+            # Without its saved copy the index is rebuilt from the data files, in sorted runs.
+            for saved in skippr.workdir.rglob("*.keyindex"):
+                saved.unlink()
+        tx(db, f"UPDATE wide_keys SET v = 'u{n}' || id WHERE id % 11 = {n}",
+               f"DELETE FROM wide_keys WHERE id % 13 = {n}",
+               # New keys, more than a quarter of the budget: merged into the file on disk.
+               f"INSERT INTO wide_keys SELECT i, 'new' FROM generate_series({200000 * n}, {200000 * n + 30000}) i",
+               f"UPDATE pair_keys SET n = n + 1 WHERE a % 7 = {n}",
+               f"DELETE FROM pair_keys WHERE a = {n + 100}",
+               f"INSERT INTO pair_keys SELECT i % 300, 'z{n}-' || i, i FROM generate_series(1, 20000) i")
+        run = skippr.sync_once()
+        logs.append(run.stdout + run.stderr)
+        assert_synced(skippr, db, ["wide_keys", "pair_keys"], readers=("pyiceberg",))
+    text = "\n".join(logs)
+    # Every start finds each index larger than its budget: from its saved copy in the first
+    # two runs, rebuilt in runs in the third; the memory it keeps is the directory only.
+    loaded = re.findall(r"key index loaded.*?index_mib=(\d+) index_disk_mib=(\d+)", text)
+    assert len(loaded) == 6, text[-4000:]
+    assert all(int(mem) == 0 and int(disk) >= 1 for mem, disk in loaded), loaded
+    assert text.count("key index loaded from its saved copy") == 4, text[-4000:]
+    assert text.count("key index loaded to local disk") == 2, text[-4000:]
+    # Compaction moved the locations of rows in the file on disk.
+    assert "compacted table=analytics.wide_keys" in text, text[-4000:]
+    assert "panicked" not in text
+    # Nothing is left behind: the files on disk have no names.
+    leftovers = [p.name for p in skippr.workdir.rglob("*.spill") if "keyindex" in p.name]
+    assert leftovers == [], leftovers
