@@ -132,7 +132,8 @@ def full_config() -> Config:
     lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./warehouse"), schema_sink=schema)
     cfg.pipeline(
         "shop_pipe",
-        Pipeline(data_source=src, data_sink=lake, commit_interval="500ms", transaction_memory_budget_mb=64),
+        Pipeline(data_source=src, data_sink=lake, commit_interval="500ms", transaction_memory_budget_mb=64,
+                 key_index_memory_budget_mb=128),
     )
     return cfg
 
@@ -149,6 +150,7 @@ pipelines:
     data_sink: data_sinks.lake
     commit_interval: 500ms
     transaction_memory_budget_mb: 64
+    key_index_memory_budget_mb: 128
 
 data_sources:
   app_db:
@@ -631,6 +633,7 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("commit interval short", lambda: Pipeline("data_sources.a", "data_sinks.b", commit_interval="50ms"), "Pipeline.commit_interval", "at least 100ms"),
     ("transaction budget zero", lambda: Pipeline("data_sources.a", "data_sinks.b", transaction_memory_budget_mb=0), "Pipeline.transaction_memory_budget_mb", "between 1 and 1048576"),
     ("transaction budget text", lambda: Pipeline("data_sources.a", "data_sinks.b", transaction_memory_budget_mb="1GB"), "Pipeline.transaction_memory_budget_mb", "a size in MiB"),
+    ("key index budget zero", lambda: Pipeline("data_sources.a", "data_sinks.b", key_index_memory_budget_mb=0), "Pipeline.key_index_memory_budget_mb", "between 1 and 1048576"),
     ("source type", lambda: Config().data_source("db", athena()), "data_sources.db", "expected a DataSourcePostgres, found a DataSinkAthenaIceberg"),
     ("sink type", lambda: Config().data_sink("lake", pg()), "data_sinks.lake", "expected a DataSinkAthenaIceberg or DataSinkLocalIceberg"),
     ("pipeline type", lambda: with_source_and_sink().pipeline("p", "db"), "pipelines.p", "expected a Pipeline"),  # type: ignore[arg-type]

@@ -375,6 +375,8 @@ class Config:
                 entry["commit_interval"] = p.commit_interval
             if p.transaction_memory_budget_mb is not None:
                 entry["transaction_memory_budget_mb"] = p.transaction_memory_budget_mb
+            if p.key_index_memory_budget_mb is not None:
+                entry["key_index_memory_budget_mb"] = p.key_index_memory_budget_mb
             pipelines[name] = entry
         sources: Dict[str, Node] = {
             name: {"Postgres": _fields(src, src._fields)} for name, src in self._data_sources.items()
@@ -670,7 +672,8 @@ class _Reader:
             entry = self.mapping(at, value, "a pipeline (a mapping)")
             self.keys(
                 at, entry,
-                ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb"),
+                ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb",
+                 "key_index_memory_budget_mb"),
                 ("data_source", "data_sink"),
             )
             source = self.reference(at + ("data_source",), entry["data_source"], "data_sources", list(cfg._data_sources))
@@ -679,7 +682,8 @@ class _Reader:
                 at, Pipeline,
                 {"data_source": DataSourceRef(source), "data_sink": DataSinkRef(sink),
                  "commit_interval": entry.get("commit_interval"),
-                 "transaction_memory_budget_mb": entry.get("transaction_memory_budget_mb")},
+                 "transaction_memory_budget_mb": entry.get("transaction_memory_budget_mb"),
+                 "key_index_memory_budget_mb": entry.get("key_index_memory_budget_mb")},
             )
         return cfg
 

@@ -786,15 +786,22 @@ class Pipeline(_Value):
     ``commit_interval`` is a duration such as ``"500ms"``, ``"10s"`` or ``"1m"`` (at least
     100ms; skipprd's default is 10s). ``transaction_memory_budget_mb`` is the memory one
     source transaction may take while it streams, in MiB (1 to 1048576; skipprd's default is
-    256); a larger transaction spills to disk.
+    256); a larger transaction spills to disk. ``key_index_memory_budget_mb`` is the memory
+    the key index of each table may take, in MiB (1 to 1048576; skipprd's default is 256);
+    a larger index lives in a file on local disk.
     """
 
-    __slots__ = ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb")
-    _fields = ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb")
+    __slots__ = (
+        "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
+    )
+    _fields = (
+        "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
+    )
     data_source: DataSourceRef
     data_sink: DataSinkRef
     commit_interval: Optional[str]
     transaction_memory_budget_mb: Optional[int]
+    key_index_memory_budget_mb: Optional[int]
 
     def __init__(
         self,
@@ -802,6 +809,7 @@ class Pipeline(_Value):
         data_sink: Union[DataSinkRef, str],
         commit_interval: Optional[str] = None,
         transaction_memory_budget_mb: Optional[int] = None,
+        key_index_memory_budget_mb: Optional[int] = None,
     ) -> None:
         source = reference_name(
             "Pipeline", "data_source", data_source, "data_sources", DataSourceRef,
@@ -829,6 +837,12 @@ class Pipeline(_Value):
                 "transaction_memory_budget_mb", transaction_memory_budget_mb, 1, 1048576, "a size in MiB"
             ),
         )
+        self._set(
+            "key_index_memory_budget_mb",
+            _Check("Pipeline").integer(
+                "key_index_memory_budget_mb", key_index_memory_budget_mb, 1, 1048576, "a size in MiB"
+            ),
+        )
 
     def __repr__(self) -> str:
         parts = [f"data_source={self.data_source.reference!r}", f"data_sink={self.data_sink.reference!r}"]
@@ -836,6 +850,8 @@ class Pipeline(_Value):
             parts.append(f"commit_interval={self.commit_interval!r}")
         if self.transaction_memory_budget_mb is not None:
             parts.append(f"transaction_memory_budget_mb={self.transaction_memory_budget_mb!r}")
+        if self.key_index_memory_budget_mb is not None:
+            parts.append(f"key_index_memory_budget_mb={self.key_index_memory_budget_mb!r}")
         return f"Pipeline({', '.join(parts)})"
 
 

@@ -277,7 +277,11 @@ impl<K: Slot> Sorted<K> {
     }
 
     /// Builds the directory of `len` sorted keys.
-    fn index_keys(&mut self, len: usize, keys: impl Iterator<Item = std::io::Result<K>>) -> Result<()> {
+    fn index_keys(
+        &mut self,
+        len: usize,
+        keys: impl Iterator<Item = std::io::Result<K>>,
+    ) -> Result<()> {
         let buckets = (len / PER_BUCKET).max(1).next_power_of_two();
         self.shift = 64 - buckets.trailing_zeros();
         let mut dir = vec![0usize; buckets + 1];
@@ -303,7 +307,8 @@ impl<K: Slot> Sorted<K> {
             }
             Base::Disk(d) => {
                 let mut r = d.reader(disk_chunk());
-                let keys = std::iter::from_fn(|| r.next_entry().transpose()).map(|e| e.map(|e| e.0));
+                let keys =
+                    std::iter::from_fn(|| r.next_entry().transpose()).map(|e| e.map(|e| e.0));
                 let indexed = self.index_keys(len, keys);
                 drop(r);
                 self.base = Base::Disk(d);
@@ -331,7 +336,13 @@ impl<K: Slot> Sorted<K> {
             out.push(*k, *v).map_err(|e| self.io(e))?;
         }
         let d = out.finish().map_err(|e| self.io(e))?;
-        tracing::info!(entries = d.len(), file_mib = d.file_bytes() >> 20, budget_mib = spill.budget >> 20, elapsed_ms = started.elapsed().as_millis() as u64, "key index moved to local disk: it is larger than its memory budget");
+        tracing::info!(
+            entries = d.len(),
+            file_mib = d.file_bytes() >> 20,
+            budget_mib = spill.budget >> 20,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "key index moved to local disk: it is larger than its memory budget"
+        );
         self.base = Base::Disk(d);
         self.gone = 0;
         self.index_base()
@@ -351,7 +362,10 @@ impl<K: Slot> Sorted<K> {
         let base = if runs.is_empty() {
             Base::Mem(entries)
         } else {
-            let spill = self.spill.clone().ok_or_else(|| Error::fatal("key index runs without a folder"))?;
+            let spill = self
+                .spill
+                .clone()
+                .ok_or_else(|| Error::fatal("key index runs without a folder"))?;
             let mut runs = runs;
             let started = std::time::Instant::now();
             runs.push(write_run(&spill.dir, &entries).map_err(|e| self.io(e))?);
@@ -359,7 +373,13 @@ impl<K: Slot> Sorted<K> {
             // Every run is read at once: the budget is shared by their read buffers.
             let chunk = (spill.budget / 2 / runs.len()).clamp(4096, disk_chunk());
             let d = disk::merge_runs(&runs, &spill.dir, chunk).map_err(|e| self.io(e))?;
-            tracing::info!(entries = d.len(), runs = runs.len(), file_mib = d.file_bytes() >> 20, elapsed_ms = started.elapsed().as_millis() as u64, "key index loaded to local disk: it is larger than its memory budget");
+            tracing::info!(
+                entries = d.len(),
+                runs = runs.len(),
+                file_mib = d.file_bytes() >> 20,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "key index loaded to local disk: it is larger than its memory budget"
+            );
             Base::Disk(d)
         };
         let spill = self.spill.take();
@@ -375,7 +395,8 @@ impl<K: Slot> Sorted<K> {
             if let Some(spill) = &self.spill {
                 if entries.len() * Self::SIZE >= spill.budget.max(Self::SIZE) {
                     sort_load(entries);
-                    let run = write_run(&spill.dir, entries).map_err(|e| disk_error(Some(spill), e))?;
+                    let run =
+                        write_run(&spill.dir, entries).map_err(|e| disk_error(Some(spill), e))?;
                     entries.clear();
                     self.runs.push(run);
                 }
@@ -477,7 +498,10 @@ impl<K: Slot> Sorted<K> {
                 self.spill_if_over()
             }
             Base::Disk(d) => {
-                let spill = self.spill.clone().ok_or_else(|| Error::fatal("a key index on disk without a folder"))?;
+                let spill = self
+                    .spill
+                    .clone()
+                    .ok_or_else(|| Error::fatal("a key index on disk without a folder"))?;
                 let io = |e| disk_error(Some(&spill), e);
                 let mut out = disk::Writer::create(&spill.dir).map_err(io)?;
                 let mut old = d.reader(disk_chunk());
@@ -515,7 +539,9 @@ impl<K: Slot> Sorted<K> {
     }
 
     fn len(&self) -> usize {
-        self.live() + self.loading.as_ref().map_or(0, Vec::len) + self.runs.iter().map(OnDisk::len).sum::<usize>()
+        self.live()
+            + self.loading.as_ref().map_or(0, Vec::len)
+            + self.runs.iter().map(OnDisk::len).sum::<usize>()
     }
 
     /// Passes every live location through `f`.
@@ -561,11 +587,17 @@ impl<K: Slot> Sorted<K> {
     }
 
     /// Calls `f` with the live entries outside a bulk load in key order.
-    fn for_each_sorted(&self, mut f: impl FnMut(K, u64) -> std::io::Result<()>) -> std::io::Result<()> {
+    fn for_each_sorted(
+        &self,
+        mut f: impl FnMut(K, u64) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         let mut add: Vec<(K, u64)> = self.delta.iter().map(|(k, v)| (*k, *v)).collect();
         add.sort_unstable_by_key(|a| a.0);
         let mut add = add.into_iter().peekable();
-        let mut emit = |k: K, v: u64, f: &mut dyn FnMut(K, u64) -> std::io::Result<()>| -> std::io::Result<()> {
+        let mut emit = |k: K,
+                        v: u64,
+                        f: &mut dyn FnMut(K, u64) -> std::io::Result<()>|
+         -> std::io::Result<()> {
             while let Some(a) = add.next_if(|a| a.0 < k) {
                 f(a.0, a.1)?;
             }
@@ -600,7 +632,8 @@ impl<K: Slot> Sorted<K> {
         spill: Option<Arc<Spill>>,
         mut next: impl FnMut() -> std::io::Result<(K, u64)>,
     ) -> std::io::Result<Self> {
-        let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let bad =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
         let mut s = Self::new(spill.clone());
         match spill.filter(|sp| n.saturating_mul(Self::SIZE) > sp.budget) {
             Some(sp) => {
@@ -632,7 +665,8 @@ impl<K: Slot> Sorted<K> {
                 s.base = Base::Mem(entries);
             }
         }
-        s.index_base().map_err(|e| std::io::Error::other(e.report()))?;
+        s.index_base()
+            .map_err(|e| std::io::Error::other(e.report()))?;
         Ok(s)
     }
 
@@ -1000,7 +1034,12 @@ mod tests {
             dir: dir.path().to_path_buf(),
             budget: 64 << 10,
         });
-        for (text, spill) in [(false, None), (true, None), (false, Some(small.clone())), (true, Some(small.clone()))] {
+        for (text, spill) in [
+            (false, None),
+            (true, None),
+            (false, Some(small.clone())),
+            (true, Some(small.clone())),
+        ] {
             let key = |i: u64| {
                 if text {
                     format!("customer-{i}").into_bytes()
@@ -1059,7 +1098,11 @@ mod tests {
                 // Only the directory, the keys added since the last merge and a read
                 // buffer stay in memory.
                 assert!(index.disk_bytes() > 0);
-                assert!(index.bytes() < spill.budget + (300_000 / 32 + 1) * 8 * 2, "{}", index.bytes());
+                assert!(
+                    index.bytes() < spill.budget + (300_000 / 32 + 1) * 8 * 2,
+                    "{}",
+                    index.bytes()
+                );
             }
             // Moved by a compaction.
             index.try_remap(|l| Ok(at(l.file + 1, l.pos))).unwrap();
@@ -1070,7 +1113,8 @@ mod tests {
             // Saved and read back: the same entries, written in key order.
             let mut bytes = Vec::new();
             index.write_to(&mut bytes).unwrap();
-            let mut back = KeyIndex::read_from(&mut bytes.as_slice(), file + 1, spill.clone()).unwrap();
+            let mut back =
+                KeyIndex::read_from(&mut bytes.as_slice(), file + 1, spill.clone()).unwrap();
             if spill.is_some() {
                 assert!(back.disk_bytes() > 0);
             }
@@ -1098,7 +1142,10 @@ mod tests {
         // 16 bytes an entry and a directory of a byte an entry; a hash map needs 17 bytes a
         // slot at a load below 7/8 (2^21 slots here: 34 MiB).
         assert!(index.bytes() < 17 * 1_000_000, "{} bytes", index.bytes());
-        assert_eq!(index.remove(&int_key(123_456)).unwrap(), Some(at(0, 123_456)));
+        assert_eq!(
+            index.remove(&int_key(123_456)).unwrap(),
+            Some(at(0, 123_456))
+        );
         assert_eq!(index.len(), 999_999);
     }
 }

@@ -91,8 +91,7 @@ impl<K: Slot> OnDisk<K> {
                     v.copy_from_slice(&new.to_le_bytes());
                 }
             }
-            self.file
-                .write_all_at(bytes, (lo * Self::SIZE) as u64)?;
+            self.file.write_all_at(bytes, (lo * Self::SIZE) as u64)?;
             lo = hi;
         }
         Ok(())
@@ -104,7 +103,10 @@ pub(super) fn entry<K: Slot>(buf: &[u8], i: usize) -> (K, u64) {
     let size = K::BYTES + 8;
     let e = &buf[i * size..(i + 1) * size];
     let (k, v) = e.split_at(K::BYTES);
-    (K::get(k), u64::from_le_bytes(v.try_into().unwrap_or_default()))
+    (
+        K::get(k),
+        u64::from_le_bytes(v.try_into().unwrap_or_default()),
+    )
 }
 
 /// The entries of an [`OnDisk`] in order.
