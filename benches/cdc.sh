@@ -5,6 +5,8 @@
 #   benches/cdc.sh [CHANGES] [RUNS]     (defaults: 1000000 changes, 3 runs)
 #   SEED=2000000 benches/cdc.sh 1000000 1   (the table holds SEED rows before the changes;
 #                                            default: the rows the updates and deletes need)
+#   KEY_INDEX_MB=32 ...                      (the pipeline's key_index_memory_budget_mb: a
+#                                            smaller budget keeps the key index on local disk)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/common.sh"
@@ -29,7 +31,7 @@ SQL
   rm -rf "$work/warehouse" "$work/.skippr"
   cat >"$work/skippr.yml" <<YAML
 skippr: {workspace: bench}
-pipelines: {p: {data_source: data_sources.db, data_sink: data_sinks.lake}}
+pipelines: {p: {data_source: data_sources.db, data_sink: data_sinks.lake${KEY_INDEX_MB:+, key_index_memory_budget_mb: $KEY_INDEX_MB}}}
 data_sources:
   db: {Postgres: {host: 127.0.0.1, port: $bench_port, user: postgres, database: bench_cdc, tables: [events]}}
 data_sinks:
@@ -59,10 +61,12 @@ SQL
   end=$(psql -qAt -d bench_cdc -c "SELECT pg_current_wal_lsn()")
   timed "$work/recv.txt" "$pg_bin/pg_recvlogical" -d bench_cdc -h 127.0.0.1 -p "$bench_port" -U postgres --slot bench_recv --start \
       -o proto_version=1 -o publication_names=skippr_bench_p --endpos "$end" --no-loop -f /dev/null
-  timed "$work/skipprd.txt" "$bin" --config "$work/skippr.yml" sync --pipeline p --once >/dev/null 2>&1
+  timed "$work/skipprd.txt" "$bin" --config "$work/skippr.yml" sync --pipeline p --once >"$work/sync.log" 2>&1
+  # Where the key index was: its memory and, beyond its budget, its file on local disk.
+  grep -o 'key index loaded.*index_disk_mib=[0-9]*' "$work/sync.log" | sed 's/^/  /' || true
   a=$(psql -qAt -d bench_cdc -c "SELECT count(*), sum(amount) FROM events")
   b=$("$bin" --config "$work/skippr.yml" query --format csv "SELECT count(*) AS n, sum(amount) AS s FROM events" | tail -n 1 | tr ',' '|')
   [ "$a" = "$b" ] || { echo "run $run: Postgres has $a, Iceberg has $b" >&2; exit 1; }
 done
 recv=$(median 1 "$work/recv.txt"); ours=$(median 1 "$work/skipprd.txt"); rss=$(median 2 "$work/skipprd.txt")
-echo "seed_rows=$seed changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"
+echo "seed_rows=$seed key_index_mb=${KEY_INDEX_MB:-default} changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"

@@ -182,6 +182,8 @@ struct Sorted<K> {
     shift: u32,
     /// Keys not in `base`.
     delta: HashMap<K, u64, Fast>,
+    /// Locations changed in a `base` on disk and not written to it yet, by entry.
+    changed: HashMap<usize, u64, Fast>,
     /// Entries of a bulk load, sorted when it ends (see [`KeyIndex::begin_load`]).
     loading: Option<Vec<(K, u64)>>,
     /// The parts of a bulk load larger than the budget, each sorted, on disk.
@@ -197,6 +199,7 @@ impl<K> Sorted<K> {
             dir: vec![0, 0],
             shift: 64,
             delta: HashMap::default(),
+            changed: HashMap::default(),
             loading: None,
             runs: Vec::new(),
             spill,
@@ -257,7 +260,10 @@ impl<K: Slot> Sorted<K> {
                     match mk.cmp(k) {
                         std::cmp::Ordering::Less => a = m + 1,
                         std::cmp::Ordering::Greater => z = m,
-                        std::cmp::Ordering::Equal => return Ok(Some((lo + m, mv))),
+                        std::cmp::Ordering::Equal => {
+                            let v = self.changed.get(&(lo + m)).copied().unwrap_or(mv);
+                            return Ok(Some((lo + m, v)));
+                        }
                     }
                 }
                 Ok(None)
@@ -272,8 +278,31 @@ impl<K: Slot> Sorted<K> {
                 base[i].1 = v;
                 Ok(())
             }
-            Base::Disk(d) => d.set(i, v).map_err(|e| disk_error(self.spill.as_ref(), e)),
+            Base::Disk(_) => {
+                self.changed.insert(i, v);
+                let full = self
+                    .budget()
+                    .is_some_and(|b| self.changed.len() * 17 > (b / 4).max(1 << 12));
+                if full {
+                    self.write_changed()?;
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// Writes the changed locations into the file on disk.
+    fn write_changed(&mut self) -> Result<()> {
+        if let Base::Disk(d) = &self.base {
+            if !self.changed.is_empty() {
+                let mut changes: Vec<(usize, u64)> = self.changed.drain().collect();
+                changes.sort_unstable_by_key(|c| c.0);
+                d.apply(&changes)
+                    .map_err(|e| disk_error(self.spill.as_ref(), e))?;
+            }
+        }
+        self.changed = HashMap::default();
+        Ok(())
     }
 
     /// Builds the directory of `len` sorted keys.
@@ -505,8 +534,15 @@ impl<K: Slot> Sorted<K> {
                 let io = |e| disk_error(Some(&spill), e);
                 let mut out = disk::Writer::create(&spill.dir).map_err(io)?;
                 let mut old = d.reader(disk_chunk());
+                let changed = std::mem::take(&mut self.changed);
+                let mut read_old = || -> Result<Option<(K, u64)>> {
+                    Ok(old
+                        .next_indexed()
+                        .map_err(io)?
+                        .map(|(i, k, v)| (k, changed.get(&i).copied().unwrap_or(v))))
+                };
                 let mut add = add.into_iter().peekable();
-                let mut next_old = old.next_entry().map_err(io)?;
+                let mut next_old = read_old()?;
                 loop {
                     let take_old = match (&next_old, add.peek()) {
                         (Some(o), Some(a)) => o.0 < a.0,
@@ -520,12 +556,12 @@ impl<K: Slot> Sorted<K> {
                                 out.push(k, v).map_err(io)?;
                             }
                         }
-                        next_old = old.next_entry().map_err(io)?;
+                        next_old = read_old()?;
                     } else if let Some((k, v)) = add.next() {
                         out.push(k, v).map_err(io)?;
                     }
                 }
-                drop(old);
+                drop(read_old);
                 self.base = Base::Disk(out.finish().map_err(io)?);
                 self.gone = 0;
                 self.index_base()
@@ -547,6 +583,7 @@ impl<K: Slot> Sorted<K> {
     /// Passes every live location through `f`.
     fn remap(&mut self, mut f: impl FnMut(u64) -> Result<u64>) -> Result<()> {
         self.settle()?;
+        self.write_changed()?;
         match &mut self.base {
             Base::Mem(base) => {
                 for e in base.iter_mut().filter(|e| e.1 != GONE) {
@@ -568,7 +605,8 @@ impl<K: Slot> Sorted<K> {
             Base::Mem(base) => base.iter().filter(|e| e.1 != GONE).for_each(|e| f(e.1)),
             Base::Disk(d) => {
                 let mut r = d.reader(disk_chunk());
-                while let Some((_, v)) = r.next_entry().map_err(io)? {
+                while let Some((i, _, v)) = r.next_indexed().map_err(io)? {
+                    let v = self.changed.get(&i).copied().unwrap_or(v);
                     if v != GONE {
                         f(v);
                     }
@@ -614,7 +652,8 @@ impl<K: Slot> Sorted<K> {
             }
             Base::Disk(d) => {
                 let mut r = d.reader(disk_chunk());
-                while let Some((k, v)) = r.next_entry()? {
+                while let Some((i, k, v)) = r.next_indexed()? {
+                    let v = self.changed.get(&i).copied().unwrap_or(v);
                     emit(k, v, &mut f)?;
                 }
             }
@@ -678,6 +717,7 @@ impl<K: Slot> Sorted<K> {
         };
         base + self.dir.capacity() * std::mem::size_of::<usize>()
             + self.delta.capacity() * (entry + 1)
+            + self.changed.capacity() * 17
             + self.loading.as_ref().map_or(0, |l| l.capacity() * entry)
     }
 

@@ -53,12 +53,6 @@ impl<K: Slot> OnDisk<K> {
         self.file.read_exact_at(buf, (lo * Self::SIZE) as u64)
     }
 
-    /// Sets the location of entry `i`.
-    pub fn set(&self, i: usize, v: u64) -> std::io::Result<()> {
-        self.file
-            .write_all_at(&v.to_le_bytes(), (i * Self::SIZE + K::BYTES) as u64)
-    }
-
     /// Reads the entries in order, `chunk` bytes at a time.
     pub fn reader(&self, chunk: usize) -> Reader<'_, K> {
         let per = (chunk / Self::SIZE).max(1);
@@ -98,6 +92,31 @@ impl<K: Slot> OnDisk<K> {
     }
 }
 
+impl<K: Slot> OnDisk<K> {
+    /// Writes new locations, `(entry, location)` sorted by entry: each chunk of the file
+    /// that holds one is read, changed and written back whole (a write of eight bytes costs
+    /// the file system about as much as one of a page).
+    pub fn apply(&self, changes: &[(usize, u64)]) -> std::io::Result<()> {
+        let per = (CHUNK / Self::SIZE).max(1);
+        let mut buf = Vec::new();
+        let mut rest = changes;
+        while let Some(&(first, _)) = rest.first() {
+            let lo = first / per * per;
+            let hi = (lo + per).min(self.len);
+            let n = rest.partition_point(|c| c.0 < hi);
+            buf.resize((hi - lo) * Self::SIZE, 0);
+            self.read(lo, hi, &mut buf)?;
+            for &(i, v) in &rest[..n] {
+                let at = (i - lo) * Self::SIZE + K::BYTES;
+                buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            self.file.write_all_at(&buf, (lo * Self::SIZE) as u64)?;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+}
+
 /// Decodes entry `i` of bytes read by [`OnDisk::read`].
 pub(super) fn entry<K: Slot>(buf: &[u8], i: usize) -> (K, u64) {
     let size = K::BYTES + 8;
@@ -122,6 +141,11 @@ pub(super) struct Reader<'a, K> {
 
 impl<K: Slot> Reader<'_, K> {
     pub fn next_entry(&mut self) -> std::io::Result<Option<(K, u64)>> {
+        Ok(self.next_indexed()?.map(|(_, k, v)| (k, v)))
+    }
+
+    /// The next entry and its position in the file.
+    pub fn next_indexed(&mut self) -> std::io::Result<Option<(usize, K, u64)>> {
         if self.at == self.filled {
             let per = self.buf.len() / OnDisk::<K>::SIZE;
             let hi = (self.next + per).min(self.disk.len);
@@ -135,9 +159,10 @@ impl<K: Slot> Reader<'_, K> {
             self.at = 0;
             self.filled = n;
         }
-        let e = entry(&self.buf, self.at);
+        let (k, v) = entry(&self.buf, self.at);
+        let i = self.next - self.filled + self.at;
         self.at += 1;
-        Ok(Some(e))
+        Ok(Some((i, k, v)))
     }
 }
 
@@ -240,7 +265,7 @@ mod tests {
             got.push(e);
         }
         assert_eq!(got, vec![(1, 20), (4, 10), (5, 20), (9, 30), (12, 30)]);
-        merged.set(2, 7).unwrap();
+        merged.apply(&[(2, 7)]).unwrap();
         merged.update_values(|v| Ok(v + 1)).unwrap();
         let mut buf = vec![0u8; 3 * OnDisk::<u64>::SIZE];
         merged.read(1, 4, &mut buf).unwrap();
