@@ -32,14 +32,6 @@ const CACHE_WHOLE_MAX: usize = 4 * 1024 * 1024;
 /// Larger byte ranges are not cached either.
 const CACHE_RANGE_MAX: usize = 16 * 1024 * 1024;
 
-/// Whether a whole object read is worth keeping: metadata, manifests and lists are read
-/// again by every query; a table's data and delete files are read whole only by the sink (to
-/// index, compact or read back a row), once, and compaction inputs are deleted right after.
-/// Queries read those files by range, which is cached.
-fn keep_whole(path: &str, len: usize) -> bool {
-    len <= CACHE_WHOLE_MAX && !(path.contains("/data/") && path.ends_with(".parquet"))
-}
-
 /// What the cache holds: an object's size, a whole object, or a byte range of one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Cached {
@@ -183,7 +175,7 @@ impl Storage for ObjectStorage {
                 }
                 match store.get(&key).await.map_err(io_error)? {
                     Some((bytes, _)) => {
-                        if keep_whole(path, bytes.len()) {
+                        if bytes.len() <= CACHE_WHOLE_MAX {
                             cache().insert(at, CachedValue::Bytes(bytes.clone())).await;
                         }
                         Ok(bytes)
@@ -316,28 +308,5 @@ impl FileWrite for ObjectWrite {
             .await
             .map(|_| ())
             .map_err(io_error)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::keep_whole;
-
-    #[test]
-    fn whole_data_files_are_not_kept_and_metadata_is() {
-        let table = "s3://lake/wh/analytics/orders";
-        assert!(keep_whole(
-            &format!("{table}/metadata/00007-a.metadata.json"),
-            40_000
-        ));
-        assert!(keep_whole(
-            &format!("{table}/metadata/snap-1-0-a.avro"),
-            4_000
-        ));
-        assert!(!keep_whole(
-            &format!("{table}/data/00000-0-a.parquet"),
-            900_000
-        ));
-        assert!(!keep_whole(&format!("{table}/metadata/big.avro"), 5 << 20));
     }
 }
