@@ -7,6 +7,8 @@
 #                                            default: the rows the updates and deletes need)
 #   KEY_INDEX_MB=32 ...                      (the pipeline's key_index_memory_budget_mb: a
 #                                            smaller budget keeps the key index on local disk)
+#   REBUILD_INDEX=1 ...                      (the measured run rebuilds the key index from the
+#                                            data files instead of reading its saved copy)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/common.sh"
@@ -61,6 +63,7 @@ SQL
   end=$(psql -qAt -d bench_cdc -c "SELECT pg_current_wal_lsn()")
   timed "$work/recv.txt" "$pg_bin/pg_recvlogical" -d bench_cdc -h 127.0.0.1 -p "$bench_port" -U postgres --slot bench_recv --start \
       -o proto_version=1 -o publication_names=skippr_bench_p --endpos "$end" --no-loop -f /dev/null
+  if [ -n "${REBUILD_INDEX:-}" ]; then rm -f "$work"/.skippr/keyindex/*/*.keyindex; fi
   timed "$work/skipprd.txt" "$bin" --config "$work/skippr.yml" sync --pipeline p --once >"$work/sync.log" 2>&1
   # Where the key index was: its memory and, beyond its budget, its file on local disk.
   grep -o 'key index loaded.*index_disk_mib=[0-9]*' "$work/sync.log" | sed 's/^/  /' || true
@@ -69,4 +72,4 @@ SQL
   [ "$a" = "$b" ] || { echo "run $run: Postgres has $a, Iceberg has $b" >&2; exit 1; }
 done
 recv=$(median 1 "$work/recv.txt"); ours=$(median 1 "$work/skipprd.txt"); rss=$(median 2 "$work/skipprd.txt")
-echo "seed_rows=$seed key_index_mb=${KEY_INDEX_MB:-default} changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"
+echo "seed_rows=$seed key_index_mb=${KEY_INDEX_MB:-default} rebuild_index=${REBUILD_INDEX:-0} changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"
