@@ -561,7 +561,6 @@ impl<K: Slot> Sorted<K> {
                         out.push(k, v).map_err(io)?;
                     }
                 }
-                drop(read_old);
                 self.base = Base::Disk(out.finish().map_err(io)?);
                 self.gone = 0;
                 self.index_base()
