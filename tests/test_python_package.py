@@ -28,6 +28,7 @@ from skippr import (
     DataSourcePostgresSourceSslMode,
     EnvRef,
     LocalStorage,
+    MaintenanceSettings,
     MetricsSettings,
     Pipeline,
     QuerySettings,
@@ -634,6 +635,10 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("transaction budget zero", lambda: Pipeline("data_sources.a", "data_sinks.b", transaction_memory_budget_mb=0), "Pipeline.transaction_memory_budget_mb", "between 1 and 1048576"),
     ("transaction budget text", lambda: Pipeline("data_sources.a", "data_sinks.b", transaction_memory_budget_mb="1GB"), "Pipeline.transaction_memory_budget_mb", "a size in MiB"),
     ("key index budget zero", lambda: Pipeline("data_sources.a", "data_sinks.b", key_index_memory_budget_mb=0), "Pipeline.key_index_memory_budget_mb", "between 1 and 1048576"),
+    ("maintenance interval", lambda: MaintenanceSettings(check_interval="10ms"), "MaintenanceSettings.check_interval", "not a duration of at least 100ms"),
+    ("maintenance files", lambda: MaintenanceSettings(compaction_min_files=1), "MaintenanceSettings.compaction_min_files", "between 2 and 1000000"),
+    ("maintenance switch", lambda: MaintenanceSettings(enabled="yes"), "MaintenanceSettings.enabled", "expected true or false"),  # type: ignore[arg-type]
+    ("maintenance type", lambda: Pipeline("data_sources.a", "data_sinks.b", maintenance={"enabled": False}), "Pipeline.maintenance", "expected MaintenanceSettings"),  # type: ignore[arg-type]
     ("source type", lambda: Config().data_source("db", athena()), "data_sources.db", "expected a DataSourcePostgres, found a DataSinkAthenaIceberg"),
     ("sink type", lambda: Config().data_sink("lake", pg()), "data_sinks.lake", "expected a DataSinkAthenaIceberg or DataSinkLocalIceberg"),
     ("pipeline type", lambda: with_source_and_sink().pipeline("p", "db"), "pipelines.p", "expected a Pipeline"),  # type: ignore[arg-type]
@@ -786,6 +791,37 @@ def test_gateway_settings_round_trip_and_survive_connect(tmp_path: Path) -> None
     assert written.startswith(text.split("\n\n")[0]), f"skipprd connect changed skippr:\n{written}"
     loaded = Config.load(config)
     assert loaded.get_query() == cfg.get_query() and loaded.get_metrics() == cfg.get_metrics()
+
+
+def test_maintenance_settings_round_trip_and_validate(tmp_path: Path) -> None:
+    """`pipelines.<p>.maintenance` written by Python reads back equal, skipprd accepts it, and
+    a file with it (as the docs show it) loads."""
+    from skippr import MaintenanceSettings
+
+    cfg = Config().workspace("w")
+    src = cfg.data_source("db", DataSourcePostgres(host="h", user="u", database="d", tables=["t"]))
+    lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./w"))
+    settings = MaintenanceSettings(enabled=False, check_interval="500ms", snapshot_retention="2h",
+                                   min_snapshots_to_keep=3, orphan_file_age="30m",
+                                   compaction_min_files=4)
+    cfg.pipeline("p", Pipeline(data_source=src, data_sink=lake, maintenance=settings))
+    path = tmp_path / "skippr.yml"
+    cfg.save(path)
+    text = path.read_text()
+    assert ("    maintenance:\n      enabled: false\n      check_interval: 500ms\n      snapshot_retention: 2h\n"
+            "      min_snapshots_to_keep: 3\n      orphan_file_age: 30m\n      compaction_min_files: 4\n") in text, text
+    assert Config.load(path) == cfg
+    path.write_text(text.replace("enabled: false", "enabled: true"))
+    loaded = Config.load(path).pipelines["p"].maintenance
+    assert loaded is not None and loaded.enabled is True
+    path.write_text(text.replace("compaction_min_files: 4", "compaction_files: 4"))
+    with pytest.raises(ConfigError, match="unknown key `compaction_files`"):
+        Config.load(path)
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    path.write_text(text)
+    proc = run_binary(["--config", str(path), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
 
 
 def test_lease_settings_round_trip_and_validate(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from ._model import (
     S3Storage,
     MetricsSettings,
     LeaseSettings,
+    MaintenanceSettings,
     ReconnectSettings,
     Pipeline,
     QuerySettings,
@@ -377,6 +378,10 @@ class Config:
                 entry["transaction_memory_budget_mb"] = p.transaction_memory_budget_mb
             if p.key_index_memory_budget_mb is not None:
                 entry["key_index_memory_budget_mb"] = p.key_index_memory_budget_mb
+            if p.maintenance is not None:
+                maintenance = _fields(p.maintenance, MaintenanceSettings._fields)
+                if maintenance:
+                    entry["maintenance"] = maintenance
             pipelines[name] = entry
         sources: Dict[str, Node] = {
             name: {"Postgres": _fields(src, src._fields)} for name, src in self._data_sources.items()
@@ -673,7 +678,7 @@ class _Reader:
             self.keys(
                 at, entry,
                 ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb",
-                 "key_index_memory_budget_mb"),
+                 "key_index_memory_budget_mb", "maintenance"),
                 ("data_source", "data_sink"),
             )
             source = self.reference(at + ("data_source",), entry["data_source"], "data_sources", list(cfg._data_sources))
@@ -683,9 +688,21 @@ class _Reader:
                 {"data_source": DataSourceRef(source), "data_sink": DataSinkRef(sink),
                  "commit_interval": entry.get("commit_interval"),
                  "transaction_memory_budget_mb": entry.get("transaction_memory_budget_mb"),
-                 "key_index_memory_budget_mb": entry.get("key_index_memory_budget_mb")},
+                 "key_index_memory_budget_mb": entry.get("key_index_memory_budget_mb"),
+                 "maintenance": self.maintenance(at + ("maintenance",), entry)},
             )
         return cfg
+
+    def maintenance(self, at: Tuple[Segment, ...], entry: Dict[str, Any]) -> Optional[MaintenanceSettings]:
+        """``pipelines.<p>.maintenance``, if present."""
+        if "maintenance" not in entry:
+            return None
+        m = self.mapping(at, entry["maintenance"], "a mapping of maintenance settings")
+        self.keys(at, m, MaintenanceSettings._fields)
+        settings: MaintenanceSettings = self.build(
+            at, MaintenanceSettings, {k: m.get(k) for k in MaintenanceSettings._fields}
+        )
+        return settings
 
     def name(self, at: Tuple[Segment, ...], name: str) -> str:
         if not name.strip():

@@ -473,6 +473,62 @@ class ReconnectSettings(_Value):
             self._set(name, text)
 
 
+class MaintenanceSettings(_Value):
+    """Automatic maintenance of a pipeline's Iceberg tables (``pipelines.<p>.maintenance``):
+    ``enabled`` (default ``True``), ``check_interval`` (how often each table is checked, a
+    duration of at least ``100ms``, default ``1m``), ``snapshot_retention`` (a snapshot is
+    expired once replaced longer ago than this, at least ``1s``, default ``1h``),
+    ``min_snapshots_to_keep`` (1 to 1000000, default 10), ``orphan_file_age`` (unreferenced
+    files older than this are removed, at least ``1s``, default ``1h``) and
+    ``compaction_min_files`` (a compaction runs once this many small data or delete files
+    gather, 2 to 1000000, default 8)."""
+
+    _fields = (
+        "enabled", "check_interval", "snapshot_retention", "min_snapshots_to_keep",
+        "orphan_file_age", "compaction_min_files",
+    )
+    __slots__ = _fields
+    enabled: Optional[bool]
+    check_interval: Optional[str]
+    snapshot_retention: Optional[str]
+    min_snapshots_to_keep: Optional[int]
+    orphan_file_age: Optional[str]
+    compaction_min_files: Optional[int]
+
+    def __init__(
+        self,
+        enabled: Optional[bool] = None,
+        check_interval: Optional[str] = None,
+        snapshot_retention: Optional[str] = None,
+        min_snapshots_to_keep: Optional[int] = None,
+        orphan_file_age: Optional[str] = None,
+        compaction_min_files: Optional[int] = None,
+    ) -> None:
+        c = _Check("MaintenanceSettings")
+        if enabled is not None and not isinstance(enabled, bool):
+            c.fail(["enabled"], f"expected true or false, found {describe(enabled)}")
+        self._set("enabled", enabled)
+        for name, value, least_ms, least in (
+            ("check_interval", check_interval, 100, "100ms"),
+            ("snapshot_retention", snapshot_retention, 1000, "1s"),
+            ("orphan_file_age", orphan_file_age, 1000, "1s"),
+        ):
+            text = c.string(name, value, required=False)
+            if text is not None and not has_reference(text):
+                m = _DURATION.match(text)
+                if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < least_ms:
+                    c.fail([name], f"`{text}` is not a duration of at least {least}: write e.g. `30s`, `10m` or `2h`")
+            self._set(name, text)
+        self._set(
+            "min_snapshots_to_keep",
+            c.integer("min_snapshots_to_keep", min_snapshots_to_keep, 1, 1000000, "a number of snapshots"),
+        )
+        self._set(
+            "compaction_min_files",
+            c.integer("compaction_min_files", compaction_min_files, 2, 1000000, "a number of files"),
+        )
+
+
 class DataSourcePostgresSourceCdcMode(str, enum.Enum):
     """How the tables of a Postgres source are read (``cdc_mode``)."""
 
@@ -788,20 +844,24 @@ class Pipeline(_Value):
     source transaction may take while it streams, in MiB (1 to 1048576; skipprd's default is
     256); a larger transaction spills to disk. ``key_index_memory_budget_mb`` is the memory
     the key index of each table may take, in MiB (1 to 1048576; skipprd's default is 256);
-    a larger index lives in a file on local disk.
+    a larger index lives in a file on local disk. ``maintenance`` is a
+    :class:`MaintenanceSettings` (skipprd maintains the tables by default).
     """
 
     __slots__ = (
         "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
+        "maintenance",
     )
     _fields = (
         "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
+        "maintenance",
     )
     data_source: DataSourceRef
     data_sink: DataSinkRef
     commit_interval: Optional[str]
     transaction_memory_budget_mb: Optional[int]
     key_index_memory_budget_mb: Optional[int]
+    maintenance: Optional[MaintenanceSettings]
 
     def __init__(
         self,
@@ -810,6 +870,7 @@ class Pipeline(_Value):
         commit_interval: Optional[str] = None,
         transaction_memory_budget_mb: Optional[int] = None,
         key_index_memory_budget_mb: Optional[int] = None,
+        maintenance: Optional[MaintenanceSettings] = None,
     ) -> None:
         source = reference_name(
             "Pipeline", "data_source", data_source, "data_sources", DataSourceRef,
@@ -843,6 +904,11 @@ class Pipeline(_Value):
                 "key_index_memory_budget_mb", key_index_memory_budget_mb, 1, 1048576, "a size in MiB"
             ),
         )
+        if maintenance is not None and not isinstance(maintenance, MaintenanceSettings):
+            raise field_error(
+                "Pipeline", ["maintenance"], f"expected MaintenanceSettings, found {describe(maintenance)}"
+            )
+        self._set("maintenance", maintenance)
 
     def __repr__(self) -> str:
         parts = [f"data_source={self.data_source.reference!r}", f"data_sink={self.data_sink.reference!r}"]
@@ -852,6 +918,8 @@ class Pipeline(_Value):
             parts.append(f"transaction_memory_budget_mb={self.transaction_memory_budget_mb!r}")
         if self.key_index_memory_budget_mb is not None:
             parts.append(f"key_index_memory_budget_mb={self.key_index_memory_budget_mb!r}")
+        if self.maintenance is not None:
+            parts.append(f"maintenance={self.maintenance!r}")
         return f"Pipeline({', '.join(parts)})"
 
 

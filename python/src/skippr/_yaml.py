@@ -24,7 +24,7 @@ from ._model import EnvRef
 # --------------------------------------------------------------------------------------------
 
 #: A value to write: a scalar, a list of scalars (flow style), or a mapping (block style).
-Scalar = Union[str, int, EnvRef]
+Scalar = Union[str, bool, int, EnvRef]
 Node = Union[Scalar, List[Scalar], List[Dict[str, "Node"]], Dict[str, "Node"]]
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./$][A-Za-z0-9_./${}:@+-]*\Z")
@@ -51,8 +51,8 @@ def plain_ok(s: str, in_flow: bool) -> bool:
 
 
 def scalar(value: Scalar, in_flow: bool = False) -> str:
-    if isinstance(value, bool):  # never produced by the model; guard against surprises
-        raise TypeError("booleans are not written by skippr")
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     s = str(value)
