@@ -201,41 +201,37 @@ fn reconnect_settings_have_defaults_and_are_checked() {
 }
 
 #[test]
-fn transaction_memory_budget_defaults_and_is_validated() {
-    let p = load(GOOD).unwrap().pipeline("app").unwrap().clone();
-    assert_eq!(p.transaction_memory_budget, 256 * 1024 * 1024);
-    let with = |v: &str| {
-        GOOD.replace(
-            "    data_sink: data_sinks.lake\n",
-            &format!("    data_sink: data_sinks.lake\n    transaction_memory_budget_mb: {v}\n"),
-        )
-    };
-    let p = load(&with("8")).unwrap().pipeline("app").unwrap().clone();
-    assert_eq!(p.transaction_memory_budget, 8 * 1024 * 1024);
-    for bad in ["0", "1048577"] {
-        let e = one_error(&with(bad)).to_string();
-        assert!(e.contains("transaction_memory_budget_mb"), "{e}");
-        assert!(e.contains("between 1 and 1048576"), "{e}");
-    }
-    assert!(load(&with("lots")).is_err());
-}
-
-#[test]
-fn key_index_memory_budget_defaults_and_is_validated() {
-    let p = load(GOOD).unwrap().pipeline("app").unwrap().clone();
-    assert_eq!(p.key_index_memory_budget, 256 * 1024 * 1024);
-    let with = |v: &str| {
-        GOOD.replace(
-            "    data_sink: data_sinks.lake\n",
-            &format!("    data_sink: data_sinks.lake\n    key_index_memory_budget_mb: {v}\n"),
-        )
-    };
-    let p = load(&with("32")).unwrap().pipeline("app").unwrap().clone();
-    assert_eq!(p.key_index_memory_budget, 32 * 1024 * 1024);
-    for bad in ["0", "1048577"] {
-        let e = one_error(&with(bad)).to_string();
-        assert!(e.contains("key_index_memory_budget_mb"), "{e}");
-        assert!(e.contains("between 1 and 1048576"), "{e}");
-        assert!(e.contains("local disk"), "{e}");
+fn memory_budgets_default_and_are_validated() {
+    type Field = fn(&PipelineConfig) -> u64;
+    let cases: [(&str, Field, &str); 2] = [
+        (
+            "transaction_memory_budget_mb",
+            |p| p.transaction_memory_budget,
+            "spill to disk",
+        ),
+        (
+            "key_index_memory_budget_mb",
+            |p| p.key_index_memory_budget,
+            "local disk",
+        ),
+    ];
+    for (key, field, beyond) in cases {
+        let p = load(GOOD).unwrap().pipeline("app").unwrap().clone();
+        assert_eq!(field(&p), 256 * 1024 * 1024, "{key}");
+        let with = |v: &str| {
+            GOOD.replace(
+                "    data_sink: data_sinks.lake\n",
+                &format!("    data_sink: data_sinks.lake\n    {key}: {v}\n"),
+            )
+        };
+        let p = load(&with("8")).unwrap().pipeline("app").unwrap().clone();
+        assert_eq!(field(&p), 8 * 1024 * 1024, "{key}");
+        for bad in ["0", "1048577"] {
+            let e = one_error(&with(bad)).to_string();
+            assert!(e.contains(key), "{e}");
+            assert!(e.contains("between 1 and 1048576"), "{e}");
+            assert!(e.contains(beyond), "{e}");
+        }
+        assert!(load(&with("lots")).is_err(), "{key}");
     }
 }

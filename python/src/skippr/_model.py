@@ -133,6 +133,16 @@ class _Check:
             self.fail([field], "must not be empty")
         return value
 
+    def duration(self, field: str, value: object, least_ms: int, least: str, examples: str) -> Optional[str]:
+        """A duration such as ``500ms``, ``30s``, ``2m`` or ``1h`` of at least ``least_ms``
+        (written ``least``); a ``${NAME}`` reference is checked by skipprd once resolved."""
+        text = self.string(field, value, required=False)
+        if text is not None and not has_reference(text):
+            m = _DURATION.match(text)
+            if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < least_ms:
+                self.fail([field], f"`{text}` is not a duration of at least {least}: write e.g. {examples}")
+        return text
+
     def integer(self, field: str, value: object, low: int, high: int, what: str) -> Optional[int]:
         if value is None:
             return None
@@ -425,16 +435,7 @@ class LeaseSettings(_Value):
 
     def __init__(self, renew_every: Optional[str] = None, expire_after: Optional[str] = None) -> None:
         for name, value in (("renew_every", renew_every), ("expire_after", expire_after)):
-            text = _Check("LeaseSettings").string(name, value, required=False)
-            if text is not None and not has_reference(text):
-                m = _DURATION.match(text)
-                if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < 1000:
-                    raise field_error(
-                        "LeaseSettings",
-                        [name],
-                        f"`{text}` is not a duration of at least 1s: write e.g. `30s` or `2m`",
-                    )
-            self._set(name, text)
+            self._set(name, _Check("LeaseSettings").duration(name, value, 1000, "1s", "`30s` or `2m`"))
 
 
 class ReconnectSettings(_Value):
@@ -461,16 +462,7 @@ class ReconnectSettings(_Value):
             ("give_up_after", give_up_after),
             ("peer_timeout", peer_timeout),
         ):
-            text = _Check("ReconnectSettings").string(name, value, required=False)
-            if text is not None and not has_reference(text):
-                m = _DURATION.match(text)
-                if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < 1000:
-                    raise field_error(
-                        "ReconnectSettings",
-                        [name],
-                        f"`{text}` is not a duration of at least 1s: write e.g. `30s` or `5m`",
-                    )
-            self._set(name, text)
+            self._set(name, _Check("ReconnectSettings").duration(name, value, 1000, "1s", "`30s` or `5m`"))
 
 
 class MaintenanceSettings(_Value):
@@ -513,12 +505,7 @@ class MaintenanceSettings(_Value):
             ("snapshot_retention", snapshot_retention, 1000, "1s"),
             ("orphan_file_age", orphan_file_age, 1000, "1s"),
         ):
-            text = c.string(name, value, required=False)
-            if text is not None and not has_reference(text):
-                m = _DURATION.match(text)
-                if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < least_ms:
-                    c.fail([name], f"`{text}` is not a duration of at least {least}: write e.g. `30s`, `10m` or `2h`")
-            self._set(name, text)
+            self._set(name, c.duration(name, value, least_ms, least, "`30s`, `10m` or `2h`"))
         self._set(
             "min_snapshots_to_keep",
             c.integer("min_snapshots_to_keep", min_snapshots_to_keep, 1, 1000000, "a number of snapshots"),
@@ -882,16 +869,10 @@ class Pipeline(_Value):
         )
         self._set("data_source", DataSourceRef(source))
         self._set("data_sink", DataSinkRef(sink))
-        interval = _Check("Pipeline").string("commit_interval", commit_interval, required=False)
-        if interval is not None and not has_reference(interval):
-            m = _DURATION.match(interval)
-            if m is None or int(m.group(1)) * _DURATION_MS[m.group(2)] < 100:
-                raise field_error(
-                    "Pipeline",
-                    ["commit_interval"],
-                    f"`{interval}` is not a duration of at least 100ms: write e.g. `500ms`, `10s` or `1m`",
-                )
-        self._set("commit_interval", interval)
+        self._set(
+            "commit_interval",
+            _Check("Pipeline").duration("commit_interval", commit_interval, 100, "100ms", "`500ms`, `10s` or `1m`"),
+        )
         self._set(
             "transaction_memory_budget_mb",
             _Check("Pipeline").integer(

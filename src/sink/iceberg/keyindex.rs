@@ -335,7 +335,7 @@ impl<K: Slot> Sorted<K> {
                 indexed
             }
             Base::Disk(d) => {
-                let mut r = d.reader(disk_chunk());
+                let mut r = d.reader(disk::CHUNK);
                 let keys =
                     std::iter::from_fn(|| r.next_entry().transpose()).map(|e| e.map(|e| e.0));
                 let indexed = self.index_keys(len, keys);
@@ -400,7 +400,7 @@ impl<K: Slot> Sorted<K> {
             runs.push(write_run(&spill.dir, &entries).map_err(|e| self.io(e))?);
             drop(entries);
             // Every run is read at once: the budget is shared by their read buffers.
-            let chunk = (spill.budget / 2 / runs.len()).clamp(4096, disk_chunk());
+            let chunk = (spill.budget / 2 / runs.len()).clamp(4096, disk::CHUNK);
             let d = disk::merge_runs(&runs, &spill.dir, chunk).map_err(|e| self.io(e))?;
             tracing::info!(
                 entries = d.len(),
@@ -533,7 +533,7 @@ impl<K: Slot> Sorted<K> {
                     .ok_or_else(|| Error::fatal("a key index on disk without a folder"))?;
                 let io = |e| disk_error(Some(&spill), e);
                 let mut out = disk::Writer::create(&spill.dir).map_err(io)?;
-                let mut old = d.reader(disk_chunk());
+                let mut old = d.reader(disk::CHUNK);
                 let changed = std::mem::take(&mut self.changed);
                 let mut read_old = || -> Result<Option<(K, u64)>> {
                     Ok(old
@@ -603,7 +603,7 @@ impl<K: Slot> Sorted<K> {
         match &self.base {
             Base::Mem(base) => base.iter().filter(|e| e.1 != GONE).for_each(|e| f(e.1)),
             Base::Disk(d) => {
-                let mut r = d.reader(disk_chunk());
+                let mut r = d.reader(disk::CHUNK);
                 while let Some((i, _, v)) = r.next_indexed().map_err(io)? {
                     let v = self.changed.get(&i).copied().unwrap_or(v);
                     if v != GONE {
@@ -615,7 +615,7 @@ impl<K: Slot> Sorted<K> {
         self.delta.values().for_each(|v| f(*v));
         self.loading.iter().flatten().for_each(|e| f(e.1));
         for run in &self.runs {
-            let mut r = run.reader(disk_chunk());
+            let mut r = run.reader(disk::CHUNK);
             while let Some((_, v)) = r.next_entry().map_err(io)? {
                 f(v);
             }
@@ -650,7 +650,7 @@ impl<K: Slot> Sorted<K> {
                 }
             }
             Base::Disk(d) => {
-                let mut r = d.reader(disk_chunk());
+                let mut r = d.reader(disk::CHUNK);
                 while let Some((i, k, v)) = r.next_indexed()? {
                     let v = self.changed.get(&i).copied().unwrap_or(v);
                     emit(k, v, &mut f)?;
@@ -727,11 +727,6 @@ impl<K: Slot> Sorted<K> {
         };
         base + self.runs.iter().map(OnDisk::file_bytes).sum::<u64>()
     }
-}
-
-/// Bytes of read buffer for a pass over a file.
-fn disk_chunk() -> usize {
-    1 << 20
 }
 
 /// Sorts a bulk load's entries by key; of equal keys the one added last (the highest

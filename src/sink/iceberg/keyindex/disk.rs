@@ -12,7 +12,7 @@ use std::path::Path;
 use super::Slot;
 
 /// Bytes read or written at once when a file is passed through in order.
-const CHUNK: usize = 1 << 20;
+pub(super) const CHUNK: usize = 1 << 20;
 
 /// Opens a new file under `dir` that has no name: it lives while it is open.
 fn unnamed_file(dir: &Path) -> std::io::Result<File> {
