@@ -324,3 +324,95 @@ def test_select_list_subqueries_answer_as_postgres_does(skippr: Skippr, db: Data
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def _metric(port: int, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_lookups_by_primary_key_equal_postgres_committed_and_in_the_tail(skippr: Skippr, db: Database) -> None:
+    """Prepared lookups by the whole primary key (one column and two, with an alias, a
+    LIMIT, the key on either side, a json column) answer as Postgres does for rows that are
+    committed, updated, deleted and inserted in the tail, and for keys that do not exist;
+    they are served as lookups (`skippr_key_lookups_total` counts each), while a filter on
+    part of a key still answers through the planner."""
+    db.execute("CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2), note text, doc jsonb)")
+    db.execute("INSERT INTO orders SELECT g, g * 1.5, 'n' || g, jsonb_build_object('g', g) FROM generate_series(1, 300) g")
+    db.execute("CREATE TABLE pairs (a int, b text, v int, PRIMARY KEY (a, b))")
+    db.execute("INSERT INTO pairs SELECT g % 20, 'b' || (g / 20), g FROM generate_series(1, 200) g")
+    port, metrics = free_port(), free_port()
+    skippr.write_config(["orders", "pairs"], extra_pipeline={"commit_interval": "1h"},
+                        query={"listen": f"127.0.0.1:{port}"}, metrics_listen=f"127.0.0.1:{metrics}")
+    skippr.sync_once()
+    proc = skippr.start("serve")
+    order_sqls = [
+        "SELECT id, amount, note, doc FROM {t} WHERE id = %s",
+        "SELECT note AS label, id FROM {t} WHERE %s = id LIMIT 1",
+    ]
+    pair_sql = "SELECT v, b, a FROM {t} WHERE a = %s AND b = %s"
+    partial_sql = "SELECT a, b, v FROM {t} WHERE a = %s ORDER BY b"
+
+    def compare(conn: psycopg.Connection, pgc: psycopg.Connection) -> tuple[int, list[str]]:
+        lookups, wrong = 0, []
+        for k in list(range(0, 310, 7)) + [2, 3, 299, 301, 305]:
+            for sql in order_sqls:
+                got = conn.execute(sql.format(t="orders"), (k,), prepare=True).fetchall()
+                want = pgc.execute(sql.format(t="orders"), (k,)).fetchall()
+                lookups += 1
+                if got != want:
+                    wrong.append(f"{sql} [{k}]: {got} != {want}")
+        for a, b in [(0, "b1"), (3, "b0"), (19, "b9"), (5, "b10"), (7, "zz")]:
+            got = conn.execute(pair_sql.format(t="pairs"), (a, b), prepare=True).fetchall()
+            want = pgc.execute(pair_sql.format(t="pairs"), (a, b)).fetchall()
+            lookups += 1
+            if got != want:
+                wrong.append(f"{pair_sql} [{a}, {b}]: {got} != {want}")
+        for a in (0, 5):
+            got = conn.execute(partial_sql.format(t="pairs"), (a,), prepare=True).fetchall()
+            want = pgc.execute(partial_sql.format(t="pairs"), (a,)).fetchall()
+            if got != want:
+                wrong.append(f"{partial_sql} [{a}]: {got} != {want}")
+        # A constant key in the text, through the simple protocol.
+        got = conn.execute("SELECT id, note FROM orders WHERE id = 14").fetchall()
+        want = pgc.execute("SELECT id, note FROM orders WHERE id = 14").fetchall()
+        if got != want:
+            wrong.append(f"literal key: {got} != {want}")
+        return lookups, wrong
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr", autocommit=True)
+                break
+            except psycopg.OperationalError:
+                assert proc.poll() is None and time.monotonic() < deadline, bg_log(skippr)
+                time.sleep(0.2)
+        with conn, db.connect() as pgc:
+            before = _metric(metrics, "skippr_key_lookups_total")
+            lookups, wrong = compare(conn, pgc)
+            assert not wrong, "committed rows:\n" + "\n".join(wrong[:10])
+            served = _metric(metrics, "skippr_key_lookups_total") - before
+            assert served >= lookups, f"{served} of {lookups} prepared lookups were served as lookups"
+            tx(db, "UPDATE orders SET amount = -amount, note = 'changed' WHERE id % 7 = 0",
+               "DELETE FROM orders WHERE id BETWEEN 20 AND 40",
+               "INSERT INTO orders VALUES (301, 1, 'new', '{\"g\": 301}'), (305, 2, NULL, NULL)",
+               "UPDATE orders SET id = 1000 + id WHERE id = 3",
+               "UPDATE pairs SET v = -v WHERE a = 3", "DELETE FROM pairs WHERE a = 19",
+               "INSERT INTO pairs VALUES (7, 'zz', 77)")
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, bg_log(skippr)
+                lookups, wrong = compare(conn, pgc)
+                if not wrong:
+                    break
+                assert time.monotonic() < deadline, "tail rows:\n" + "\n".join(wrong[:10])
+                time.sleep(0.3)
+    finally:
+        assert stop(proc) == 0, bg_log(skippr)

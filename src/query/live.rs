@@ -94,6 +94,16 @@ impl LiveTable {
         Self::new(table, Vec::new(), false, Arc::new(tail), caches).await
     }
 
+    /// The live table's columns (the tail's, when it has columns the committed table lacks).
+    pub fn schema_ref(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The primary key's columns, for a table keyed by one (not one keyed by the whole row).
+    pub fn key_columns(&self) -> Option<&[usize]> {
+        (self.keyed && !self.key_cols.is_empty()).then_some(self.key_cols.as_slice())
+    }
+
     /// The tail's rows, with values left unchanged by an update read from Iceberg (only
     /// when a query scans the table, never for catalog lookups).
     async fn rows(&self) -> Result<Option<RecordBatch>> {

@@ -62,6 +62,9 @@ struct PipelineEntry {
     state_file: crate::storage::state_file::StateFile,
     /// Its source, for the gateway's `skippr.wait_lsn(NULL)` (queries never connect to it).
     source: crate::config::PostgresConfig,
+    /// The newest view read for statements, shared by those that arrive while it is read
+    /// (see [`Workspace::current_view`]).
+    latest: view::Latest,
 }
 
 /// Every replicated table of a workspace, read live. One per process, shared by queries.
@@ -123,6 +126,7 @@ impl Workspace {
                 tables: p.source.tables.clone(),
                 state_file: p.state_file.clone(),
                 source: p.source.clone(),
+                latest: view::Latest::default(),
             });
         }
         let scan_caches: Arc<committed::ScanCaches> = Arc::default();

@@ -125,6 +125,7 @@ impl ViewHandle {
         if let Some(v) = self.lock().current.get(pipeline) {
             return Ok(v.clone());
         }
+        let asked = Instant::now();
         let _building = self.building.lock().await;
         let (fence, as_of) = {
             let s = self.lock();
@@ -133,13 +134,21 @@ impl ViewHandle {
             }
             (s.fence, s.as_of)
         };
-        let view = Arc::new(ws.pipeline_view(pipeline, fence, as_of).await?);
+        let view = match (fence, as_of) {
+            (None, None) => ws.current_view(pipeline, asked).await?,
+            _ => Arc::new(ws.pipeline_view(pipeline, fence, as_of).await?),
+        };
         self.lock()
             .current
             .insert(pipeline.to_string(), view.clone());
         Ok(view)
     }
 }
+
+/// The newest current view of a pipeline (no fence, no time travel) and when its reading
+/// began.
+#[derive(Default)]
+pub struct Latest(tokio::sync::Mutex<Option<(Instant, Arc<PipelineView>)>>);
 
 fn forget_current(s: &mut HandleState) {
     if !s.current.is_empty() {
@@ -208,6 +217,27 @@ pub fn fence_timeout(pipeline: &str, fence: &Fence, reached: Lsn) -> Error {
 }
 
 impl Workspace {
+    /// The current view of `pipeline` for a statement that asked for it at `asked`. Views
+    /// are read one at a time per pipeline, and a view whose reading began after `asked`
+    /// shows everything the statement could have read itself, so statements that arrive
+    /// while one is read share the next: under many clients the WAL is listed and the
+    /// tables' metadata loaded once per round instead of once per statement.
+    pub async fn current_view(&self, pipeline: &str, asked: Instant) -> Result<Arc<PipelineView>> {
+        let p = self
+            .pipeline(pipeline)
+            .ok_or_else(|| Error::query(format!("no pipeline {pipeline} in this workspace")))?;
+        let mut latest = p.latest.0.lock().await;
+        if let Some((began, view)) = latest.as_ref() {
+            if *began > asked {
+                return Ok(view.clone());
+            }
+        }
+        let began = Instant::now();
+        let view = Arc::new(self.pipeline_view(pipeline, None, None).await?);
+        *latest = Some((began, view.clone()));
+        Ok(view)
+    }
+
     /// Reads one view of `pipeline`: the state and the acknowledgement note first, then the
     /// WAL (its cut is the newest of the three), then every table's current metadata; read
     /// again when a commit raced with it. With a fence, waits until the cut reaches it. With

@@ -12,6 +12,7 @@ mod frames;
 #[cfg(test)]
 mod fuzz;
 mod limits;
+mod lookup;
 pub(crate) mod models;
 mod pg;
 mod prepared;

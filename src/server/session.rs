@@ -41,6 +41,7 @@ use super::catalogs::SessionCatalogs;
 use super::copy;
 use super::errors::SqlStateErrors;
 use super::limits::{Canceller, Interrupts};
+use super::lookup::Lookup;
 use super::models::txn::TransactionHook;
 use super::models::SessionModels;
 use super::pg::fence;
@@ -727,6 +728,36 @@ impl ExtendedQueryHandler for Session {
         }
         self.mirror.update(client.metadata());
         apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
+        // A lookup by primary key skips the planner (see lookup.rs).
+        if allowed == Allowed::Query {
+            if let Some(lookup) = Lookup::of(plan) {
+                let task = wire::statement_task(&self.ctx.state(), &self.exec)?;
+                let found = self
+                    .exec
+                    .interrupts
+                    .run(async {
+                        lookup
+                            .run(&self.ctx, &params, task)
+                            .await
+                            .map_err(api_error)
+                    })
+                    .await?;
+                if let Some((schema, batches)) = found {
+                    metrics::key_lookup();
+                    let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+                    let zone = client.metadata().get("timezone").cloned();
+                    let response = wire::encode_batches(
+                        &schema,
+                        batches,
+                        &wire::bare_columns(plan),
+                        &portal.result_column_format,
+                        Some(options),
+                        zone.as_deref(),
+                    )?;
+                    return Ok(Response::Query(response));
+                }
+            }
+        }
         let plan = match allowed {
             // Plan again at every execution: the plan made at Parse time holds the tables
             // as they were then, and a prepared statement must see the live state of each

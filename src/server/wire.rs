@@ -450,6 +450,41 @@ pub async fn execute(
     Ok(exec.interrupts.clone().guard(batches))
 }
 
+/// A task context for one statement of `state`, with its own memory pool.
+pub fn statement_task(
+    state: &datafusion::execution::SessionState,
+    exec: &Exec,
+) -> PgWireResult<Arc<datafusion::execution::TaskContext>> {
+    let task = datafusion::execution::TaskContext::from(state);
+    let runtime = statement_runtime(&task.runtime_env(), exec.memory)
+        .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+    Ok(Arc::new(task.with_runtime(runtime)))
+}
+
+/// Rows already computed (a point lookup's), encoded as planned for `schema`.
+pub fn encode_batches(
+    schema: &Schema,
+    batches: Vec<RecordBatch>,
+    bare: &[bool],
+    format: &Format,
+    options: Option<Arc<FormatOptions>>,
+    time_zone: Option<&str>,
+) -> PgWireResult<QueryResponse> {
+    let plan = Arc::new(plan(schema, bare, format, options, time_zone)?);
+    let fields = plan.fields.clone();
+    let rows = stream::iter(batches)
+        .map(move |batch| {
+            let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> =
+                match plan.convert(batch) {
+                    Ok(b) => encode_recordbatch(plan.fields.clone(), b),
+                    Err(e) => Box::new(std::iter::once(Err(e))),
+                };
+            stream::iter(rows)
+        })
+        .flatten();
+    Ok(QueryResponse::new(fields, rows))
+}
+
 /// Executes `df` and streams its rows, encoded as planned.
 pub async fn encode_dataframe(
     df: DataFrame,

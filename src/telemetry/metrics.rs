@@ -81,6 +81,16 @@ pub fn set(name: &'static str, help: &'static str, l: &[(&'static str, &str)], v
     family.get_or_create(&labels(l)).set(v);
 }
 
+/// A gateway statement was answered as a lookup by primary key, without the planner.
+pub fn key_lookup() {
+    add(
+        "skippr_key_lookups_total",
+        "Gateway statements answered as lookups by primary key (planned once, at Parse).",
+        &[],
+        1.0,
+    );
+}
+
 /// A statement of the gateway finished.
 pub fn query_done(elapsed: Duration, ok: bool) {
     let status = if ok { "ok" } else { "error" };

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use iceberg::io::FileIO;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteRow};
@@ -53,8 +54,17 @@ pub struct ModelsCatalog {
     file_io: FileIO,
     /// Namespaces that are never models (the workspace of replicated tables, `skippr`).
     protected: Vec<String>,
-    /// A read connection, the catalog's `data_version` when it last read, and the state read.
-    reader: tokio::sync::Mutex<Option<(SqliteConnection, i64, Arc<ModelsState>)>>,
+    /// A read connection and what it last found.
+    reader: tokio::sync::Mutex<Option<(SqliteConnection, Checked)>>,
+}
+
+/// The reader's last look at the catalog.
+struct Checked {
+    /// The catalog's `data_version` then.
+    version: i64,
+    /// When the look began: a caller that asked before it may share its answer.
+    at: Instant,
+    state: Arc<ModelsState>,
 }
 
 impl std::fmt::Debug for ModelsCatalog {
@@ -142,29 +152,42 @@ impl ModelsCatalog {
     /// The models as committed now. Read again only when the catalog changed since the
     /// last read (sqlite's `data_version`).
     pub async fn state(&self) -> Result<Arc<ModelsState>> {
+        // Statements that arrive together share one look: a look that began after this
+        // call sees every commit made before it.
+        let asked = Instant::now();
         let mut reader = self.reader.lock().await;
         if reader.is_none() {
             let conn = self.connect().await?;
-            *reader = Some((conn, -1, Arc::default()));
+            let first = Checked {
+                version: -1,
+                at: asked,
+                state: Arc::default(),
+            };
+            *reader = Some((conn, first));
         }
-        let Some((conn, version, state)) = reader.as_mut() else {
+        let Some((conn, checked)) = reader.as_mut() else {
             return Err(Error::fatal("the catalog reader was not opened"));
         };
+        if checked.version >= 0 && checked.at > asked {
+            return Ok(checked.state.clone());
+        }
+        let at = Instant::now();
         let now: i64 = sqlx::query_scalar("PRAGMA data_version")
             .fetch_one(&mut *conn)
             .await
             .with_context(|| format!("reading the catalog {}", self.db.display()))?;
-        if now != *version {
+        if now != checked.version {
             sqlx::query("BEGIN")
                 .execute(&mut *conn)
                 .await
                 .context("reading the models")?;
             let read = self.read(conn).await;
             let _ = sqlx::query("COMMIT").execute(&mut *conn).await;
-            *state = Arc::new(read?);
-            *version = now;
+            checked.state = Arc::new(read?);
+            checked.version = now;
         }
-        Ok(state.clone())
+        checked.at = at;
+        Ok(checked.state.clone())
     }
 
     /// Applies `ops` to the committed models in one transaction. `Ok(Err(_))` when an op
