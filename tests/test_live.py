@@ -296,14 +296,7 @@ def test_select_list_subqueries_answer_as_postgres_does(skippr: Skippr, db: Data
         ("SELECT (SELECT (SELECT count(*) FROM orders WHERE customer = %s) FROM orders WHERE id = %s) AS nested", (1, 5)),
     ]
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                conn = psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr", autocommit=True)
-                break
-            except psycopg.OperationalError:
-                assert proc.poll() is None and time.monotonic() < deadline, (skippr.workdir / "bg.stderr").read_text()[-3000:]
-                time.sleep(0.2)
+        conn = connect_gateway(skippr, proc, port)
         with conn, db.connect() as pgc:
             problems = []
             for sql, params in queries:
@@ -324,6 +317,17 @@ def test_select_list_subqueries_answer_as_postgres_does(skippr: Skippr, db: Data
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def connect_gateway(skippr: Skippr, proc: subprocess.Popen, port: int, timeout: float = 60.0) -> psycopg.Connection:
+    """A connection to the gateway of `proc` (a `serve`), once it listens."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr", autocommit=True)
+        except psycopg.OperationalError:
+            assert proc.poll() is None and time.monotonic() < deadline, bg_log(skippr)
+            time.sleep(0.2)
 
 
 def _metric(port: int, name: str) -> float:
@@ -386,14 +390,7 @@ def test_lookups_by_primary_key_equal_postgres_committed_and_in_the_tail(skippr:
         return lookups, wrong
 
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                conn = psycopg.connect(host="127.0.0.1", port=port, dbname="analytics", user="skippr", autocommit=True)
-                break
-            except psycopg.OperationalError:
-                assert proc.poll() is None and time.monotonic() < deadline, bg_log(skippr)
-                time.sleep(0.2)
+        conn = connect_gateway(skippr, proc, port)
         with conn, db.connect() as pgc:
             before = _metric(metrics, "skippr_key_lookups_total")
             lookups, wrong = compare(conn, pgc)
