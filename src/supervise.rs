@@ -146,7 +146,13 @@ async fn run_inner(
         } else {
             State::Reconnecting
         };
-        state::retry(&p.name, st, e.report());
+        let mut report = e.report();
+        if storage_full && !report.contains("storage full") {
+            // Whichever write met the full disk first (a WAL segment, the pipeline state, the
+            // key index), the state tells the operator what it means and what to do.
+            report.push_str("; storage full: free space on that disk and ingest resumes by itself (nothing was acknowledged, nothing is lost)");
+        }
+        state::retry(&p.name, st, report);
         if storage_full {
             tracing::warn!(pipeline = %p.name, error = %e.report(), retry_in_ms = wait.as_millis() as u64, "storage full: paused until space is freed (only what is durable is ever acknowledged); retrying");
         } else {
