@@ -24,9 +24,13 @@ max_wal_size = 8GB
 synchronous_commit = off
 CONF
   fi
-  # 100 benchmark clients next to the writers and skipprd's own connections.
-  grep -q '^max_connections' "$bench_dir/pgdata/postgresql.conf" \
-    || echo "max_connections = 250" >>"$bench_dir/pgdata/postgresql.conf"
+  # 100 benchmark clients next to the writers and skipprd's own connections (initdb writes
+  # its own max_connections line; the last one in the file wins, and it needs a restart).
+  if ! grep -q '^max_connections = 250' "$bench_dir/pgdata/postgresql.conf"; then
+    echo "max_connections = 250" >>"$bench_dir/pgdata/postgresql.conf"
+    runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" status >/dev/null 2>&1 \
+      && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" -l "$bench_dir/postgres.log" -w restart >/dev/null
+  fi
   touch "$bench_dir/postgres.log"; chown postgres:postgres "$bench_dir/postgres.log" "$PGHOST"
   runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" status >/dev/null 2>&1 \
     || runuser -u postgres -- "$pg_bin/pg_ctl" -D "$bench_dir/pgdata" -l "$bench_dir/postgres.log" -w start >/dev/null

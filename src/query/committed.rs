@@ -44,6 +44,9 @@ use super::live::HiddenSet;
 
 /// Memory the per-process caches of key columns and position deletes may hold.
 const CACHE_BUDGET_BYTES: u64 = 192 << 20;
+/// A lookup finds its rows through a file's cached key column only up to this size of it
+/// (a quarter of the cache): larger files are searched by their page index instead.
+const EXACT_MAX_KEY_BYTES: u64 = CACHE_BUDGET_BYTES / 4;
 /// Memory the per-process cache of Parquet footers (with their page indexes) may hold.
 const META_BUDGET_BYTES: u64 = 64 << 20;
 /// An entry no query has read for this long is dropped: a file that compaction replaced or
@@ -60,18 +63,52 @@ pub struct ScanCaches {
     /// Parsed footers by path: a lookup would otherwise read and parse every candidate
     /// file's footer and page index again for each statement.
     meta: moka::sync::Cache<String, ArrowReaderMetadata>,
+    /// Key columns being read, so that concurrent lookups on a file not yet cached read it
+    /// once between them.
+    loading: std::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<KeyColumn>>>>,
 }
 
 #[derive(Clone)]
 enum Fact {
-    Keys(Arc<Int64Array>),
+    Keys(KeyColumn),
     Deletes(Arc<HashMap<String, Vec<u64>>>),
+}
+
+/// A data file's single integer key column, in file order.
+#[derive(Clone)]
+struct KeyColumn {
+    values: Arc<Int64Array>,
+    /// Whether the values ascend (files skipprd writes are in key order): then the rows
+    /// of a key are found by binary search.
+    sorted: bool,
+}
+
+impl KeyColumn {
+    fn new(values: Int64Array) -> Self {
+        let sorted = values.null_count() == 0 && values.values().windows(2).all(|w| w[0] <= w[1]);
+        Self {
+            values: Arc::new(values),
+            sorted,
+        }
+    }
+
+    /// The positions holding one of `wanted` (sorted), ascending.
+    fn positions(&self, wanted: &[i64]) -> Vec<u64> {
+        let v = self.values.values();
+        let mut out = Vec::new();
+        for w in wanted {
+            let from = v.partition_point(|x| x < w);
+            let to = v.partition_point(|x| x <= w);
+            out.extend((from..to).map(|p| p as u64));
+        }
+        out
+    }
 }
 
 impl Fact {
     fn weight(&self) -> usize {
         match self {
-            Fact::Keys(k) => k.get_array_memory_size(),
+            Fact::Keys(k) => k.values.get_array_memory_size(),
             Fact::Deletes(d) => d.iter().map(|(k, v)| k.len() + v.len() * 8 + 64).sum(),
         }
     }
@@ -95,6 +132,7 @@ impl Default for ScanCaches {
                 })
                 .time_to_idle(CACHE_IDLE)
                 .build(),
+            loading: std::sync::Mutex::new(HashMap::new()),
         }
     }
 }
@@ -106,7 +144,7 @@ impl fmt::Debug for ScanCaches {
 }
 
 impl ScanCaches {
-    fn keys(&self, path: &str) -> Option<Arc<Int64Array>> {
+    fn keys(&self, path: &str) -> Option<KeyColumn> {
         match self.facts.get(path) {
             Some(Fact::Keys(k)) => Some(k),
             _ => None,
@@ -120,7 +158,7 @@ impl ScanCaches {
         }
     }
 
-    fn put_keys(&self, path: &str, keys: Arc<Int64Array>) {
+    fn put_keys(&self, path: &str, keys: KeyColumn) {
         self.facts.insert(path.to_string(), Fact::Keys(keys));
     }
 
@@ -190,6 +228,9 @@ pub struct ScanFilter {
     pub predicate: Arc<dyn PhysicalExpr>,
     /// The same, as a row-group pruner (None when statistics cannot decide anything).
     pub pruning: Option<Arc<PruningPredicate>>,
+    /// The values a single integer key must take (sorted), when a filter pins it: a
+    /// lookup reads exactly the rows holding them.
+    pub keys: Option<Vec<i64>>,
 }
 
 impl fmt::Debug for ScanFilter {
@@ -198,14 +239,26 @@ impl fmt::Debug for ScanFilter {
     }
 }
 
-/// One data file to read, with the delete files that apply to it.
+/// One data file to read (or some of its row groups), with the delete files that apply to
+/// it.
 #[derive(Debug, Clone)]
 struct DataFile {
     path: String,
     size: u64,
+    /// The rows to read: the file's, or those of `row_groups`.
     rows: u64,
+    /// The rows of the whole file.
+    file_rows: u64,
     deletes: Vec<(String, u64)>,
+    /// The row groups to read, when the plan chose them (a large file split over partitions,
+    /// or row groups the filters rule out already skipped); `None` reads every row group the
+    /// filters may match.
+    row_groups: Option<Vec<usize>>,
 }
+
+/// A file is split over partitions only if each piece keeps at least this many rows: below
+/// it, opening the file twice costs more than one core decoding it.
+const SPLIT_MIN_ROWS: u64 = 256 * 1024;
 
 /// Reads the projected columns of an Iceberg snapshot's data files.
 pub struct CommittedScan {
@@ -294,8 +347,10 @@ impl CommittedScan {
                         table.identifier()
                     )));
                 }
+                let rows = task.record_count.unwrap_or(task.file_size_in_bytes);
                 files.push(DataFile {
-                    rows: task.record_count.unwrap_or(task.file_size_in_bytes),
+                    rows,
+                    file_rows: rows,
                     path: task.data_file_path.clone(),
                     size: task.file_size_in_bytes,
                     deletes: task
@@ -303,6 +358,7 @@ impl CommittedScan {
                         .iter()
                         .map(|d| (d.file_path.clone(), d.file_size_in_bytes))
                         .collect(),
+                    row_groups: None,
                 });
             }
             if complete {
@@ -316,6 +372,17 @@ impl CommittedScan {
                 caches.forget_dead(table.metadata().location(), &live);
             }
         }
+        let files = split_files(
+            files,
+            target_partitions,
+            limit,
+            filter.as_ref(),
+            &table_schema,
+            table.file_io(),
+            &caches,
+        )
+        .await?;
+        let mut files = files;
         // Largest first, each to the lightest partition.
         files.sort_by(|a, b| b.rows.cmp(&a.rows).then_with(|| a.path.cmp(&b.path)));
         let n = target_partitions.clamp(1, files.len().max(1));
@@ -503,35 +570,15 @@ impl FileReader {
         size: u64,
         page_index: bool,
     ) -> DfResult<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
-        let input = self.file_io.new_input(path).map_err(df_err)?;
-        let read = input.reader().await.map_err(df_err)?;
-        let mut reader = ArrowFileReader::new(FileMetadata { size }, read);
-        let meta = match self.caches.meta(path, page_index) {
-            Some(meta) => meta,
-            None => {
-                // Files written elsewhere may have no page index: then every page is read.
-                let policy = if page_index {
-                    PageIndexPolicy::Optional
-                } else {
-                    PageIndexPolicy::Skip
-                };
-                let options = ArrowReaderOptions::new().with_page_index_policy(policy);
-                let meta = ArrowReaderMetadata::load_async(&mut reader, options)
-                    .await
-                    .map_err(|e| {
-                        DataFusionError::Execution(format!("reading Parquet file {path}: {e}"))
-                    })?;
-                self.caches.put_meta(path, meta.clone());
-                meta
-            }
-        };
+        let (reader, meta) = footer(&self.file_io, &self.caches, path, size, page_index).await?;
         Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
             reader, meta,
         ))
     }
 
-    /// Positions of rows removed by the file's position deletes.
-    async fn deleted(&self, file: &DataFile) -> DfResult<Vec<u64>> {
+    /// Positions of rows removed by the file's position deletes (only those in `within`,
+    /// ranges of positions in file order, when given).
+    async fn deleted(&self, file: &DataFile, within: Option<&[(u64, u64)]>) -> DfResult<Vec<u64>> {
         let mut out = Vec::new();
         for (path, size) in &file.deletes {
             let map = match self.caches.deletes(path) {
@@ -559,20 +606,57 @@ impl FileReader {
                                 .push(pos.value(i) as u64);
                         }
                     }
+                    for positions in map.values_mut() {
+                        positions.sort_unstable();
+                    }
                     let map = Arc::new(map);
                     self.caches.put_deletes(path, map.clone());
                     map
                 }
             };
             if let Some(p) = map.get(&file.path) {
-                out.extend_from_slice(p);
+                match within {
+                    None => out.extend_from_slice(p),
+                    Some(ranges) => {
+                        for (start, end) in ranges {
+                            let from = p.partition_point(|x| x < start);
+                            let to = p.partition_point(|x| x < end);
+                            out.extend_from_slice(&p[from..to]);
+                        }
+                    }
+                }
             }
         }
         Ok(out)
     }
 
-    /// The file's single integer key column, in file order (cached per file).
-    async fn key_column(&self, file: &DataFile) -> DfResult<Arc<Int64Array>> {
+    /// The file's single integer key column, in file order (cached per file; read once
+    /// however many statements want it at the same time).
+    async fn key_column(&self, file: &DataFile) -> DfResult<KeyColumn> {
+        if let Some(k) = self.caches.keys(&file.path) {
+            return Ok(k);
+        }
+        let cell = {
+            let mut loading = self
+                .caches
+                .loading
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            loading.entry(file.path.clone()).or_default().clone()
+        };
+        let keys = cell
+            .get_or_try_init(|| self.read_key_column(file))
+            .await
+            .cloned();
+        self.caches
+            .loading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&file.path);
+        keys
+    }
+
+    async fn read_key_column(&self, file: &DataFile) -> DfResult<KeyColumn> {
         if let Some(k) = self.caches.keys(&file.path) {
             return Ok(k);
         }
@@ -599,26 +683,36 @@ impl FileReader {
                 .as_primitive::<Int64Type>()
                 .clone()
         };
-        let keys = Arc::new(keys);
+        let keys = KeyColumn::new(keys);
         self.caches.put_keys(&file.path, keys.clone());
         Ok(keys)
+    }
+
+    /// The positions of the filter's key values in `file`, when a filter pins a single
+    /// integer key and the file's key column is in key order and small enough to cache;
+    /// `None` otherwise (the page index and the row filter find the rows then).
+    async fn exact_rows(&self, file: &DataFile) -> DfResult<Option<Vec<u64>>> {
+        let Some(values) = self.filter.as_ref().and_then(|f| f.keys.as_ref()) else {
+            return Ok(None);
+        };
+        if self.key_cols.len() != 1 || file.file_rows.saturating_mul(8) > EXACT_MAX_KEY_BYTES {
+            return Ok(None);
+        }
+        let keys = self.key_column(file).await?;
+        Ok(keys.sorted.then(|| keys.positions(values)))
     }
 
     /// Opens one data file: the rows to skip are its deleted rows and, when hiding by
     /// position, the rows whose key the tail replaced.
     async fn open(&self, file: DataFile) -> DfResult<BoxStream<'static, DfResult<RecordBatch>>> {
-        let mut skip = self.deleted(&file).await?;
+        // A lookup by key: the rows holding the keys, exactly, when the file's keys are known.
+        let exact = self.exact_rows(&file).await?;
+        if exact.as_ref().is_some_and(|p| p.is_empty()) {
+            return Ok(futures::stream::empty().boxed());
+        }
         // A filtered scan (a lookup) reads few rows: hiding them by their decoded key costs
         // less than turning the tail's keys into positions over the whole file's key column.
         let hide_read_keys = self.filter.is_some() && matches!(self.hide, Hide::Positions(_));
-        if let (Hide::Positions(hidden), false) = (&self.hide, hide_read_keys) {
-            let keys = self.key_column(&file).await?;
-            for (pos, k) in keys.iter().enumerate() {
-                if k.is_some_and(|k| hidden.hides_int(k)) {
-                    skip.push(pos as u64);
-                }
-            }
-        }
         let builder = self
             .builder(&file.path, file.size, self.filter.is_some())
             .await?;
@@ -630,20 +724,48 @@ impl FileReader {
             ranges.push((start, end));
             start = end;
         }
-        let kept: Vec<usize> = match &self.filter {
-            Some(f) => self.row_groups(&builder, f),
-            None => (0..ranges.len()).collect(),
+        let kept: Vec<usize> = match (&file.row_groups, &self.filter) {
+            (Some(planned), _) => planned.clone(),
+            (None, Some(f)) => {
+                row_groups(builder.schema(), builder.metadata(), &self.table_schema, f)
+            }
+            (None, None) => (0..ranges.len()).collect(),
+        };
+        let kept: Vec<usize> = match &exact {
+            Some(p) => kept
+                .into_iter()
+                .filter(|rg| {
+                    let (start, end) = ranges[*rg];
+                    let i = p.partition_point(|x| *x < start);
+                    p.get(i).is_some_and(|x| *x < end)
+                })
+                .collect(),
+            None => kept,
         };
         if kept.is_empty() {
             return Ok(futures::stream::empty().boxed());
         }
         let kept_ranges: Vec<(u64, u64)> = kept.iter().map(|i| ranges[*i]).collect();
+        let within =
+            (self.filter.is_some() || file.row_groups.is_some()).then_some(kept_ranges.as_slice());
+        let mut skip = self.deleted(&file, within).await?;
+        if let (Hide::Positions(hidden), false) = (&self.hide, hide_read_keys) {
+            let keys = self.key_column(&file).await?;
+            for (pos, k) in keys.values.iter().enumerate() {
+                if k.is_some_and(|k| hidden.hides_int(k)) {
+                    skip.push(pos as u64);
+                }
+            }
+        }
         let pruned = kept.len() < ranges.len();
         // Within the row groups kept, the pages the filters may match (by the page index).
-        let pages = self
-            .filter
-            .as_ref()
-            .and_then(|f| self.pages(&builder, f, &kept));
+        let pages = match &exact {
+            Some(p) => Some(exact_selection(p, &kept_ranges)),
+            None => self
+                .filter
+                .as_ref()
+                .and_then(|f| self.pages(&builder, f, &kept)),
+        };
         // The columns to read: the projection, plus the keys when hiding by key.
         let mut read: Vec<usize> = self.projection.clone();
         let hide_keys = match &self.hide {
@@ -664,9 +786,12 @@ impl FileReader {
             .collect();
         let map = ColumnMap::new(builder.schema(), &targets);
         let mask = ProjectionMask::roots(builder.parquet_schema(), map.roots.iter().copied());
+        // Rows found by their key need no filter on the key again (DataFusion, or the
+        // lookup, checks the key of what comes back).
         let row_filter = self
             .filter
             .as_ref()
+            .filter(|f| exact.is_none() || f.columns != self.key_cols)
             .map(|f| row_filter(f, &self.table_schema, &builder));
         let mut builder = builder
             .with_projection(mask)
@@ -732,20 +857,40 @@ fn schema_of(fields: &[arrow::datatypes::FieldRef]) -> SchemaRef {
     Arc::new(arrow::datatypes::Schema::new(fields.to_vec()))
 }
 
+/// Rows to read from the row groups read (`ranges`, in file order): exactly `positions`
+/// (ascending positions in the file).
+fn exact_selection(positions: &[u64], ranges: &[(u64, u64)]) -> RowSelection {
+    let mut selectors = Vec::new();
+    for (start, end) in ranges {
+        let mut at = *start;
+        let from = positions.partition_point(|p| p < start);
+        for p in positions[from..].iter().take_while(|p| *p < end) {
+            if *p > at {
+                selectors.push(RowSelector::skip((p - at) as usize));
+            }
+            selectors.push(RowSelector::select(1));
+            at = p + 1;
+        }
+        if *end > at {
+            selectors.push(RowSelector::skip((*end - at) as usize));
+        }
+    }
+    RowSelection::from(selectors)
+}
+
 /// Rows to read from the row groups read (`ranges`: each one's rows in the file, in file
 /// order), given the sorted or unsorted positions in the file to skip.
 fn selection(mut skip: Vec<u64>, ranges: &[(u64, u64)]) -> RowSelection {
     skip.sort_unstable();
     skip.dedup();
     let mut selectors = Vec::new();
-    let mut skip = skip.into_iter().peekable();
     for (start, end) in ranges {
         let mut at = *start;
-        while let Some(p) = skip.peek().copied() {
+        let from = skip.partition_point(|p| p < start);
+        for p in skip[from..].iter().copied() {
             if p >= *end {
                 break;
             }
-            skip.next();
             if p < at {
                 continue;
             }
@@ -762,35 +907,133 @@ fn selection(mut skip: Vec<u64>, ranges: &[(u64, u64)]) -> RowSelection {
     RowSelection::from(selectors)
 }
 
-impl FileReader {
-    /// The row groups of a file that the filters may match, by their Parquet statistics.
-    fn row_groups(
-        &self,
-        builder: &ParquetRecordBatchStreamBuilder<ArrowFileReader>,
-        filter: &ScanFilter,
-    ) -> Vec<usize> {
-        let all: Vec<usize> = (0..builder.metadata().num_row_groups()).collect();
-        let Some(pruning) = &filter.pruning else {
-            return all;
-        };
-        let stats = RowGroupStats {
-            file: builder.schema().clone(),
-            parquet: builder.parquet_schema(),
-            row_groups: builder.metadata().row_groups(),
-            targets: filter
-                .columns
-                .iter()
-                .map(|i| self.table_schema.field(*i).clone())
-                .collect(),
-        };
-        match pruning.prune(&stats) {
-            Ok(keep) => all.into_iter().filter(|i| keep[*i]).collect(),
-            Err(e) => {
-                tracing::debug!(error = %e, "row-group statistics not usable; reading every row group");
-                all
-            }
+/// The row groups of a file that the filters may match, by their Parquet statistics.
+fn row_groups(
+    file: &SchemaRef,
+    metadata: &parquet::file::metadata::ParquetMetaData,
+    table_schema: &SchemaRef,
+    filter: &ScanFilter,
+) -> Vec<usize> {
+    let all: Vec<usize> = (0..metadata.num_row_groups()).collect();
+    let Some(pruning) = &filter.pruning else {
+        return all;
+    };
+    let stats = RowGroupStats {
+        file: file.clone(),
+        parquet: metadata.file_metadata().schema_descr(),
+        row_groups: metadata.row_groups(),
+        targets: filter
+            .columns
+            .iter()
+            .map(|i| table_schema.field(*i).clone())
+            .collect(),
+    };
+    match pruning.prune(&stats) {
+        Ok(keep) => all.into_iter().filter(|i| keep[*i]).collect(),
+        Err(e) => {
+            tracing::debug!(error = %e, "row-group statistics not usable; reading every row group");
+            all
         }
     }
+}
+
+/// A file's parsed footer, from the cache or read (and cached). With `page_index`, its
+/// offset and column indexes are read too.
+async fn footer(
+    file_io: &FileIO,
+    caches: &ScanCaches,
+    path: &str,
+    size: u64,
+    page_index: bool,
+) -> DfResult<(ArrowFileReader, ArrowReaderMetadata)> {
+    let input = file_io.new_input(path).map_err(df_err)?;
+    let read = input.reader().await.map_err(df_err)?;
+    let mut reader = ArrowFileReader::new(FileMetadata { size }, read);
+    if let Some(meta) = caches.meta(path, page_index) {
+        return Ok((reader, meta));
+    }
+    // Files written elsewhere may have no page index: then every page is read.
+    let policy = if page_index {
+        PageIndexPolicy::Optional
+    } else {
+        PageIndexPolicy::Skip
+    };
+    let options = ArrowReaderOptions::new().with_page_index_policy(policy);
+    let meta = ArrowReaderMetadata::load_async(&mut reader, options)
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("reading Parquet file {path}: {e}")))?;
+    caches.put_meta(path, meta.clone());
+    Ok((reader, meta))
+}
+
+/// Cuts the large files of a scan into runs of row groups, so that every partition (one
+/// core each) decodes a fair share even when a table is one or two large files (a snapshot
+/// writes files of up to `target_file_size`); with filters, the row groups they rule out
+/// are dropped here already, and files left with none are not opened at all. A scan with a
+/// limit, or on one partition, reads files whole.
+async fn split_files(
+    files: Vec<DataFile>,
+    target_partitions: usize,
+    limit: Option<usize>,
+    filter: Option<&ScanFilter>,
+    table_schema: &SchemaRef,
+    file_io: &FileIO,
+    caches: &ScanCaches,
+) -> DfResult<Vec<DataFile>> {
+    if target_partitions < 2 || limit.is_some() {
+        return Ok(files);
+    }
+    let total: u64 = files.iter().map(|f| f.rows).sum();
+    let share = (total / target_partitions as u64).max(SPLIT_MIN_ROWS);
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        if file.rows <= share {
+            out.push(file);
+            continue;
+        }
+        let (_, meta) = footer(file_io, caches, &file.path, file.size, filter.is_some()).await?;
+        let kept = match filter {
+            Some(f) => row_groups(meta.schema(), meta.metadata(), table_schema, f),
+            None => (0..meta.metadata().num_row_groups()).collect(),
+        };
+        let sized: Vec<(usize, u64)> = kept
+            .iter()
+            .map(|rg| (*rg, meta.metadata().row_group(*rg).num_rows().max(0) as u64))
+            .collect();
+        for piece in pieces(&sized, share) {
+            out.push(DataFile {
+                rows: piece.iter().map(|(_, n)| n).sum(),
+                row_groups: Some(piece.into_iter().map(|(rg, _)| rg).collect()),
+                ..file.clone()
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Consecutive runs of `row_groups` (index, rows) of about `share` rows each (at least one
+/// row group each); none for none.
+fn pieces(row_groups: &[(usize, u64)], share: u64) -> Vec<Vec<(usize, u64)>> {
+    let total: u64 = row_groups.iter().map(|(_, n)| n).sum();
+    let count = total
+        .div_ceil(share.max(1))
+        .clamp(1, row_groups.len().max(1) as u64);
+    let per = total.div_ceil(count).max(1);
+    let mut out: Vec<Vec<(usize, u64)>> = Vec::new();
+    let mut current: Vec<(usize, u64)> = Vec::new();
+    let mut rows = 0u64;
+    for rg in row_groups {
+        current.push(*rg);
+        rows += rg.1;
+        if rows >= per {
+            out.push(std::mem::take(&mut current));
+            rows = 0;
+        }
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
 }
 
 impl FileReader {
@@ -1109,7 +1352,7 @@ mod tests {
     #[test]
     fn a_full_listing_forgets_the_files_it_no_longer_has() {
         let caches = ScanCaches::default();
-        let keys = Arc::new(Int64Array::from(vec![1, 2, 3]));
+        let keys = KeyColumn::new(Int64Array::from(vec![1, 2, 3]));
         let loc = "/wh/ws/orders";
         for f in ["data/a.parquet", "data/b.parquet", "data/c-deletes.parquet"] {
             caches.put_keys(&format!("{loc}/{f}"), keys.clone());
@@ -1150,6 +1393,55 @@ mod tests {
         assert_eq!(sel.row_count(), 6);
         let none = selection(vec![], &[(0, 4)]);
         assert_eq!(expand(&none), vec![(false, 4)]);
+    }
+
+    #[test]
+    fn a_sorted_key_column_finds_the_rows_of_each_key() {
+        let keys = KeyColumn::new(Int64Array::from(vec![1, 3, 3, 7, 9]));
+        assert!(keys.sorted);
+        assert_eq!(keys.positions(&[3, 4, 9]), vec![1, 2, 4]);
+        assert!(keys.positions(&[0, 10]).is_empty());
+        assert!(!KeyColumn::new(Int64Array::from(vec![2, 1])).sorted);
+        assert!(!KeyColumn::new(Int64Array::from(vec![Some(1), None])).sorted);
+    }
+
+    #[test]
+    fn exact_selection_selects_only_the_positions_in_the_row_groups_read() {
+        // Row groups [0,4) and [8,12) read; 2, 6 (not read) and 9 wanted.
+        let sel = exact_selection(&[2, 6, 9], &[(0, 4), (8, 12)]);
+        assert_eq!(
+            expand(&sel),
+            vec![(true, 2), (false, 1), (true, 2), (false, 1), (true, 2)]
+        );
+        assert_eq!(sel.row_count(), 2);
+        // It lines up with the deletes' selection over the same rows.
+        let both = selection(vec![9], &[(0, 4), (8, 12)]).intersection(&sel);
+        assert_eq!(both.row_count(), 1);
+    }
+
+    #[test]
+    fn pieces_are_runs_of_row_groups_of_about_a_share() {
+        let rgs: Vec<(usize, u64)> = (0..10).map(|i| (i, 100)).collect();
+        let two = pieces(&rgs, 500);
+        assert_eq!(two.len(), 2);
+        assert_eq!(
+            two[0].iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 4]
+        );
+        assert_eq!(
+            two[1].iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![5, 6, 7, 8, 9]
+        );
+        // Uneven row groups: every row group once, in order, no empty piece.
+        let uneven = [(3, 700), (4, 50), (7, 50), (9, 300)];
+        let cut = pieces(&uneven, 400);
+        let flat: Vec<usize> = cut.iter().flatten().map(|r| r.0).collect();
+        assert_eq!(flat, vec![3, 4, 7, 9]);
+        assert!(cut.iter().all(|p| !p.is_empty()));
+        assert_eq!(cut.len(), 2);
+        // Never more pieces than row groups; none for none.
+        assert_eq!(pieces(&[(0, 10_000)], 10).len(), 1);
+        assert!(pieces(&[], 10).is_empty());
     }
 
     #[test]

@@ -308,7 +308,7 @@ impl TableProvider for LiveTable {
                     self.key_cols.clone(),
                     hide,
                     limit,
-                    scan_filter(state, &self.schema, filters, self.extended),
+                    scan_filter(state, &self.schema, &self.key_cols, filters, self.extended),
                     state.config().target_partitions(),
                     self.caches.clone(),
                 )
@@ -341,6 +341,7 @@ impl TableProvider for LiveTable {
 fn scan_filter(
     state: &dyn Session,
     schema: &SchemaRef,
+    key_cols: &[usize],
     filters: &[Expr],
     extended: bool,
 ) -> Option<ScanFilter> {
@@ -369,7 +370,14 @@ fn scan_filter(
         .ok()
         .filter(|p| !p.always_true())
         .map(Arc::new);
+    let keys = match key_cols {
+        [k] if crate::query::committed::int_key(schema.field(*k).data_type()) => {
+            key_values(&exprs, schema.field(*k).name())
+        }
+        _ => None,
+    };
     Some(ScanFilter {
+        keys,
         // Iceberg binds names to the committed schema: not when the tail adds columns.
         iceberg: if extended {
             None
@@ -380,6 +388,50 @@ fn scan_filter(
         predicate,
         pruning,
     })
+}
+
+/// The values a single integer key column must take by one of the filters (`k = 5`,
+/// `5 = k`, `k IN (1, 2)`), sorted and without duplicates; `None` when no filter pins it.
+fn key_values(filters: &[Expr], key: &str) -> Option<Vec<i64>> {
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::{BinaryExpr, Operator};
+    let int = |e: &Expr| match e {
+        Expr::Literal(v, _) => match v {
+            ScalarValue::Int16(Some(x)) => Some(i64::from(*x)),
+            ScalarValue::Int32(Some(x)) => Some(i64::from(*x)),
+            ScalarValue::Int64(Some(x)) => Some(*x),
+            _ => None,
+        },
+        _ => None,
+    };
+    let is_key = |e: &Expr| matches!(e, Expr::Column(c) if c.name == key);
+    for f in filters {
+        let values = match f {
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Eq,
+                right,
+            }) => {
+                if is_key(left) {
+                    int(right).map(|v| vec![v])
+                } else if is_key(right) {
+                    int(left).map(|v| vec![v])
+                } else {
+                    None
+                }
+            }
+            Expr::InList(list) if !list.negated && is_key(&list.expr) => {
+                list.list.iter().map(int).collect::<Option<Vec<i64>>>()
+            }
+            _ => None,
+        };
+        if let Some(mut v) = values {
+            v.sort_unstable();
+            v.dedup();
+            return Some(v);
+        }
+    }
+    None
 }
 
 /// Applies the pushed-down filters to the tail's rows (DataFusion filters again above the
@@ -534,5 +586,25 @@ impl HiddenSet {
                 Ok(BooleanArray::from(out))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::{col, lit};
+
+    #[test]
+    fn key_values_come_from_an_equality_or_an_in_list_on_the_key() {
+        let f = [col("status").eq(lit("x")), lit(7i64).eq(col("id"))];
+        assert_eq!(key_values(&f, "id"), Some(vec![7]));
+        let f = [col("id").in_list(vec![lit(3i32), lit(1i32), lit(3i32)], false)];
+        assert_eq!(key_values(&f, "id"), Some(vec![1, 3]));
+        assert_eq!(key_values(&[col("id").gt(lit(3i64))], "id"), None);
+        assert_eq!(
+            key_values(&[col("id").in_list(vec![lit(1i64)], true)], "id"),
+            None
+        );
+        assert_eq!(key_values(&[col("n").eq(lit(1i64))], "id"), None);
     }
 }
