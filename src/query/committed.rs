@@ -860,22 +860,7 @@ fn schema_of(fields: &[arrow::datatypes::FieldRef]) -> SchemaRef {
 /// Rows to read from the row groups read (`ranges`, in file order): exactly `positions`
 /// (ascending positions in the file).
 fn exact_selection(positions: &[u64], ranges: &[(u64, u64)]) -> RowSelection {
-    let mut selectors = Vec::new();
-    for (start, end) in ranges {
-        let mut at = *start;
-        let from = positions.partition_point(|p| p < start);
-        for p in positions[from..].iter().take_while(|p| *p < end) {
-            if *p > at {
-                selectors.push(RowSelector::skip((p - at) as usize));
-            }
-            selectors.push(RowSelector::select(1));
-            at = p + 1;
-        }
-        if *end > at {
-            selectors.push(RowSelector::skip((*end - at) as usize));
-        }
-    }
-    RowSelection::from(selectors)
+    marked(positions, ranges, true)
 }
 
 /// Rows to read from the row groups read (`ranges`: each one's rows in the file, in file
@@ -883,25 +868,30 @@ fn exact_selection(positions: &[u64], ranges: &[(u64, u64)]) -> RowSelection {
 fn selection(mut skip: Vec<u64>, ranges: &[(u64, u64)]) -> RowSelection {
     skip.sort_unstable();
     skip.dedup();
+    marked(&skip, ranges, false)
+}
+
+/// A selection over the rows of `ranges` in which the rows at `positions` (ascending,
+/// distinct) are selected and the others skipped (`select`), or the other way round.
+fn marked(positions: &[u64], ranges: &[(u64, u64)], select: bool) -> RowSelection {
+    let (mark, rest): (fn(usize) -> RowSelector, fn(usize) -> RowSelector) = if select {
+        (RowSelector::select, RowSelector::skip)
+    } else {
+        (RowSelector::skip, RowSelector::select)
+    };
     let mut selectors = Vec::new();
     for (start, end) in ranges {
         let mut at = *start;
-        let from = skip.partition_point(|p| p < start);
-        for p in skip[from..].iter().copied() {
-            if p >= *end {
-                break;
+        let from = positions.partition_point(|p| p < start);
+        for p in positions[from..].iter().take_while(|p| *p < end) {
+            if *p > at {
+                selectors.push(rest((p - at) as usize));
             }
-            if p < at {
-                continue;
-            }
-            if p > at {
-                selectors.push(RowSelector::select((p - at) as usize));
-            }
-            selectors.push(RowSelector::skip(1));
+            selectors.push(mark(1));
             at = p + 1;
         }
         if *end > at {
-            selectors.push(RowSelector::select((*end - at) as usize));
+            selectors.push(rest((*end - at) as usize));
         }
     }
     RowSelection::from(selectors)
