@@ -874,7 +874,8 @@ fn selection(mut skip: Vec<u64>, ranges: &[(u64, u64)]) -> RowSelection {
 /// A selection over the rows of `ranges` in which the rows at `positions` (ascending,
 /// distinct) are selected and the others skipped (`select`), or the other way round.
 fn marked(positions: &[u64], ranges: &[(u64, u64)], select: bool) -> RowSelection {
-    let (mark, rest): (fn(usize) -> RowSelector, fn(usize) -> RowSelector) = if select {
+    type Run = fn(usize) -> RowSelector;
+    let (mark, rest): (Run, Run) = if select {
         (RowSelector::select, RowSelector::skip)
     } else {
         (RowSelector::skip, RowSelector::select)
