@@ -45,8 +45,11 @@ use super::live::HiddenSet;
 /// Memory the per-process caches of key columns and position deletes may hold.
 const CACHE_BUDGET_BYTES: u64 = 192 << 20;
 /// A lookup finds its rows through a file's cached key column only up to this size of it
-/// (a quarter of the cache): larger files are searched by their page index instead.
-const EXACT_MAX_KEY_BYTES: u64 = CACHE_BUDGET_BYTES / 4;
+/// (a third of the cache): larger files are searched by their page index instead.
+const EXACT_MAX_KEY_BYTES: u64 = CACHE_BUDGET_BYTES / 3;
+/// Bytes a cached key column takes per row at most: the value, and its place in the
+/// key-order permutation when the file is not in key order.
+const KEY_BYTES_PER_ROW: u64 = 12;
 /// Memory the per-process cache of Parquet footers (with their page indexes) may hold.
 const META_BUDGET_BYTES: u64 = 64 << 20;
 /// An entry no query has read for this long is dropped: a file that compaction replaced or
@@ -78,37 +81,75 @@ enum Fact {
 #[derive(Clone)]
 struct KeyColumn {
     values: Arc<Int64Array>,
-    /// Whether the values ascend (files skipprd writes are in key order): then the rows
-    /// of a key are found by binary search.
-    sorted: bool,
+    /// How the rows of a key are found: by binary search of the values when they ascend
+    /// (files compaction and the stream write), else of this permutation, the positions in
+    /// key order (a snapshot comes in the source's physical order, which updates reorder).
+    /// `None` when the column has nulls or too many rows to search.
+    search: Option<Search>,
+}
+
+#[derive(Clone)]
+enum Search {
+    Ascending,
+    Order(Arc<[u32]>),
 }
 
 impl KeyColumn {
     fn new(values: Int64Array) -> Self {
-        let sorted = values.null_count() == 0 && values.values().windows(2).all(|w| w[0] <= w[1]);
+        let v = values.values();
+        let search = if values.null_count() > 0 || u32::try_from(v.len()).is_err() {
+            None
+        } else if v.windows(2).all(|w| w[0] <= w[1]) {
+            Some(Search::Ascending)
+        } else {
+            let mut pairs: Vec<(i64, u32)> = v.iter().zip(0u32..).map(|(k, p)| (*k, p)).collect();
+            pairs.sort_unstable();
+            Some(Search::Order(pairs.into_iter().map(|(_, p)| p).collect()))
+        };
         Self {
             values: Arc::new(values),
-            sorted,
+            search,
         }
     }
 
-    /// The positions holding one of `wanted` (sorted), ascending.
-    fn positions(&self, wanted: &[i64]) -> Vec<u64> {
+    /// The positions holding one of `wanted` (sorted), ascending; `None` when the column
+    /// cannot be searched.
+    fn positions(&self, wanted: &[i64]) -> Option<Vec<u64>> {
         let v = self.values.values();
         let mut out = Vec::new();
-        for w in wanted {
-            let from = v.partition_point(|x| x < w);
-            let to = v.partition_point(|x| x <= w);
-            out.extend((from..to).map(|p| p as u64));
+        match self.search.as_ref()? {
+            Search::Ascending => {
+                for w in wanted {
+                    let from = v.partition_point(|x| x < w);
+                    let to = v.partition_point(|x| x <= w);
+                    out.extend((from..to).map(|p| p as u64));
+                }
+            }
+            Search::Order(order) => {
+                for w in wanted {
+                    let from = order.partition_point(|p| v[*p as usize] < *w);
+                    let to = order.partition_point(|p| v[*p as usize] <= *w);
+                    out.extend(order[from..to].iter().map(|p| u64::from(*p)));
+                }
+                out.sort_unstable();
+            }
         }
-        out
+        Some(out)
+    }
+
+    fn memory_size(&self) -> usize {
+        let order = match &self.search {
+            Some(Search::Order(o)) => o.len() * 4,
+            _ => 0,
+        };
+        self.values.get_array_memory_size() + order
     }
 }
 
 impl Fact {
     fn weight(&self) -> usize {
         match self {
-            Fact::Keys(k) => k.values.get_array_memory_size(),
+            Fact::Keys(k) => k.memory_size(),
             Fact::Deletes(d) => d.iter().map(|(k, v)| k.len() + v.len() * 8 + 64).sum(),
         }
     }
@@ -689,17 +730,17 @@ impl FileReader {
     }
 
     /// The positions of the filter's key values in `file`, when a filter pins a single
-    /// integer key and the file's key column is in key order and small enough to cache;
+    /// integer key and the file's key column is small enough to cache;
     /// `None` otherwise (the page index and the row filter find the rows then).
     async fn exact_rows(&self, file: &DataFile) -> DfResult<Option<Vec<u64>>> {
         let Some(values) = self.filter.as_ref().and_then(|f| f.keys.as_ref()) else {
             return Ok(None);
         };
-        if self.key_cols.len() != 1 || file.file_rows.saturating_mul(8) > EXACT_MAX_KEY_BYTES {
+        if self.key_cols.len() != 1 || file.file_rows.saturating_mul(KEY_BYTES_PER_ROW) > EXACT_MAX_KEY_BYTES {
             return Ok(None);
         }
         let keys = self.key_column(file).await?;
-        Ok(keys.sorted.then(|| keys.positions(values)))
+        Ok(keys.positions(values))
     }
 
     /// Opens one data file: the rows to skip are its deleted rows and, when hiding by
@@ -1387,13 +1428,21 @@ mod tests {
     }
 
     #[test]
-    fn a_sorted_key_column_finds_the_rows_of_each_key() {
+    fn a_key_column_finds_the_rows_of_each_key_in_or_out_of_key_order() {
         let keys = KeyColumn::new(Int64Array::from(vec![1, 3, 3, 7, 9]));
-        assert!(keys.sorted);
-        assert_eq!(keys.positions(&[3, 4, 9]), vec![1, 2, 4]);
-        assert!(keys.positions(&[0, 10]).is_empty());
-        assert!(!KeyColumn::new(Int64Array::from(vec![2, 1])).sorted);
-        assert!(!KeyColumn::new(Int64Array::from(vec![Some(1), None])).sorted);
+        assert!(matches!(keys.search, Some(Search::Ascending)));
+        assert_eq!(keys.positions(&[3, 4, 9]), Some(vec![1, 2, 4]));
+        assert_eq!(keys.positions(&[0, 10]), Some(vec![]));
+        // A snapshot in the source's physical order: found through the permutation, and
+        // the positions come back in file order.
+        let keys = KeyColumn::new(Int64Array::from(vec![9, 3, 1, 7, 3]));
+        assert!(matches!(keys.search, Some(Search::Order(_))));
+        assert_eq!(keys.positions(&[1, 3, 9]), Some(vec![0, 1, 2, 4]));
+        assert_eq!(keys.positions(&[2, 8, 10]), Some(vec![]));
+        assert_eq!(keys.memory_size(), keys.values.get_array_memory_size() + 5 * 4);
+        // A null key: not searchable, the page index finds the rows instead.
+        let keys = KeyColumn::new(Int64Array::from(vec![Some(1), None]));
+        assert!(keys.positions(&[1]).is_none());
     }
 
     #[test]
