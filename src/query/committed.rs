@@ -29,8 +29,7 @@ use datafusion::physical_plan::{
 };
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use iceberg::arrow::ArrowFileReader;
-use iceberg::io::{FileIO, FileMetadata};
+use iceberg::io::FileIO;
 use iceberg::spec::DataContentType;
 use iceberg::table::Table;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -40,6 +39,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask, PARQUET_FIELD_ID_META_KEY};
 use parquet::file::metadata::PageIndexPolicy;
 
+use super::file_read::PartReader;
 use super::live::HiddenSet;
 
 /// Memory the per-process caches of key columns and position deletes may hold.
@@ -610,7 +610,7 @@ impl FileReader {
         path: &str,
         size: u64,
         page_index: bool,
-    ) -> DfResult<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
+    ) -> DfResult<ParquetRecordBatchStreamBuilder<PartReader>> {
         let (reader, meta) = footer(&self.file_io, &self.caches, path, size, page_index).await?;
         Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
             reader, meta,
@@ -736,7 +736,9 @@ impl FileReader {
         let Some(values) = self.filter.as_ref().and_then(|f| f.keys.as_ref()) else {
             return Ok(None);
         };
-        if self.key_cols.len() != 1 || file.file_rows.saturating_mul(KEY_BYTES_PER_ROW) > EXACT_MAX_KEY_BYTES {
+        if self.key_cols.len() != 1
+            || file.file_rows.saturating_mul(KEY_BYTES_PER_ROW) > EXACT_MAX_KEY_BYTES
+        {
             return Ok(None);
         }
         let keys = self.key_column(file).await?;
@@ -977,10 +979,10 @@ async fn footer(
     path: &str,
     size: u64,
     page_index: bool,
-) -> DfResult<(ArrowFileReader, ArrowReaderMetadata)> {
+) -> DfResult<(PartReader, ArrowReaderMetadata)> {
     let input = file_io.new_input(path).map_err(df_err)?;
     let read = input.reader().await.map_err(df_err)?;
-    let mut reader = ArrowFileReader::new(FileMetadata { size }, read);
+    let mut reader = PartReader::new(path, read, size);
     if let Some(meta) = caches.meta(path, page_index) {
         return Ok((reader, meta));
     }
@@ -1075,7 +1077,7 @@ impl FileReader {
     /// has no page index, or when no page can be skipped.
     fn pages(
         &self,
-        builder: &ParquetRecordBatchStreamBuilder<ArrowFileReader>,
+        builder: &ParquetRecordBatchStreamBuilder<PartReader>,
         filter: &ScanFilter,
         kept: &[usize],
     ) -> Option<RowSelection> {
@@ -1197,7 +1199,7 @@ impl PruningStatistics for PageStats<'_> {
 fn row_filter(
     filter: &ScanFilter,
     table_schema: &SchemaRef,
-    builder: &ParquetRecordBatchStreamBuilder<ArrowFileReader>,
+    builder: &ParquetRecordBatchStreamBuilder<PartReader>,
 ) -> RowFilter {
     let targets: Vec<arrow::datatypes::FieldRef> = filter
         .columns
@@ -1439,7 +1441,10 @@ mod tests {
         assert!(matches!(keys.search, Some(Search::Order(_))));
         assert_eq!(keys.positions(&[1, 3, 9]), Some(vec![0, 1, 2, 4]));
         assert_eq!(keys.positions(&[2, 8, 10]), Some(vec![]));
-        assert_eq!(keys.memory_size(), keys.values.get_array_memory_size() + 5 * 4);
+        assert_eq!(
+            keys.memory_size(),
+            keys.values.get_array_memory_size() + 5 * 4
+        );
         // A null key: not searchable, the page index finds the rows instead.
         let keys = KeyColumn::new(Int64Array::from(vec![Some(1), None]));
         assert!(keys.positions(&[1]).is_none());

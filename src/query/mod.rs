@@ -4,6 +4,7 @@
 pub mod as_of;
 pub mod athena;
 pub mod committed;
+mod file_read;
 pub mod format;
 pub mod limits;
 pub mod live;
