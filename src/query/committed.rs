@@ -40,6 +40,7 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask, PARQUET_FI
 use parquet::file::metadata::PageIndexPolicy;
 
 use super::file_read::PartReader;
+use super::listing::Listings;
 use super::live::HiddenSet;
 
 /// Memory the per-process caches of key columns and position deletes may hold.
@@ -69,6 +70,8 @@ pub struct ScanCaches {
     /// Key columns being read, so that concurrent lookups on a file not yet cached read it
     /// once between them.
     loading: std::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<KeyColumn>>>>,
+    /// Each snapshot's live files, listed once.
+    listings: Listings,
 }
 
 #[derive(Clone)]
@@ -174,6 +177,7 @@ impl Default for ScanCaches {
                 .time_to_idle(CACHE_IDLE)
                 .build(),
             loading: std::sync::Mutex::new(HashMap::new()),
+            listings: Listings::default(),
         }
     }
 }
@@ -345,11 +349,99 @@ impl CommittedScan {
         target_partitions: usize,
         caches: Arc<ScanCaches>,
     ) -> DfResult<Self> {
+        // The key a lookup pins, by field id, with its values.
+        let lookup = match (&filter, key_cols.as_slice()) {
+            (
+                Some(ScanFilter {
+                    keys: Some(keys), ..
+                }),
+                [k],
+            ) => field_id(table_schema.field(*k)).map(|id| (id, keys.as_slice())),
+            _ => None,
+        };
+        let files = if filter.is_none() || lookup.is_some() {
+            // A whole scan or a lookup: the snapshot's listing, pruned by the key's bounds.
+            let (listing, new) = caches.listings.current(table).await?;
+            if new {
+                let live: HashSet<&str> = listing
+                    .iter()
+                    .flat_map(|f| {
+                        std::iter::once(f.path.as_str())
+                            .chain(f.deletes.iter().map(|(p, _)| p.as_str()))
+                    })
+                    .collect();
+                caches.forget_dead(table.metadata().location(), &live);
+            }
+            listing
+                .iter()
+                .filter(|f| lookup.is_none_or(|(id, keys)| f.may_hold(id, keys)))
+                .map(|f| DataFile {
+                    path: f.path.clone(),
+                    size: f.size,
+                    rows: f.rows,
+                    file_rows: f.rows,
+                    deletes: f.deletes.clone(),
+                    row_groups: None,
+                })
+                .collect()
+        } else {
+            Self::planned_files(table, filter.as_ref(), &caches).await?
+        };
+        let files = split_files(
+            files,
+            target_partitions,
+            limit,
+            filter.as_ref(),
+            &table_schema,
+            table.file_io(),
+            &caches,
+        )
+        .await?;
+        let mut files = files;
+        // Largest first, each to the lightest partition.
+        files.sort_by(|a, b| b.rows.cmp(&a.rows).then_with(|| a.path.cmp(&b.path)));
+        let n = target_partitions.clamp(1, files.len().max(1));
+        let mut partitions: Vec<Vec<DataFile>> = vec![Vec::new(); n];
+        let mut load = vec![0u64; n];
+        for f in files {
+            let i = (0..n).min_by_key(|i| load[*i]).unwrap_or(0);
+            load[i] += f.rows.max(1);
+            partitions[i].push(f);
+        }
+        let schema = Arc::new(table_schema.project(&projection)?);
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(n),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            file_io: table.file_io().clone(),
+            table_schema,
+            projection,
+            key_cols,
+            hide,
+            partitions,
+            limit,
+            filter,
+            caches,
+            schema,
+            properties,
+        })
+    }
+
+    /// The data files Iceberg's planning keeps for `filter` (by the manifests' column
+    /// metrics), with the delete files that apply to each.
+    async fn planned_files(
+        table: &Table,
+        filter: Option<&ScanFilter>,
+        caches: &ScanCaches,
+    ) -> DfResult<Vec<DataFile>> {
         let mut files: Vec<DataFile> = Vec::new();
         if table.metadata().current_snapshot().is_some() {
             // Whether the listing holds every live file (no filter pruned any).
             let mut complete = false;
-            let mut tasks = match filter.as_ref().and_then(|f| f.iceberg.clone()) {
+            let mut tasks = match filter.and_then(|f| f.iceberg.clone()) {
                 // A filter Iceberg cannot bind (a column only the tail has) prunes nothing.
                 Some(predicate) => match table
                     .scan()
@@ -413,47 +505,7 @@ impl CommittedScan {
                 caches.forget_dead(table.metadata().location(), &live);
             }
         }
-        let files = split_files(
-            files,
-            target_partitions,
-            limit,
-            filter.as_ref(),
-            &table_schema,
-            table.file_io(),
-            &caches,
-        )
-        .await?;
-        let mut files = files;
-        // Largest first, each to the lightest partition.
-        files.sort_by(|a, b| b.rows.cmp(&a.rows).then_with(|| a.path.cmp(&b.path)));
-        let n = target_partitions.clamp(1, files.len().max(1));
-        let mut partitions: Vec<Vec<DataFile>> = vec![Vec::new(); n];
-        let mut load = vec![0u64; n];
-        for f in files {
-            let i = (0..n).min_by_key(|i| load[*i]).unwrap_or(0);
-            load[i] += f.rows.max(1);
-            partitions[i].push(f);
-        }
-        let schema = Arc::new(table_schema.project(&projection)?);
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(n),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
-        Ok(Self {
-            file_io: table.file_io().clone(),
-            table_schema,
-            projection,
-            key_cols,
-            hide,
-            partitions,
-            limit,
-            filter,
-            caches,
-            schema,
-            properties,
-        })
+        Ok(files)
     }
 
     async fn all_files(table: &Table) -> DfResult<iceberg::scan::FileScanTaskStream> {

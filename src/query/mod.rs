@@ -7,6 +7,7 @@ pub mod committed;
 mod file_read;
 pub mod format;
 pub mod limits;
+mod listing;
 pub mod live;
 pub mod models;
 pub mod naming;

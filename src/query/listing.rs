@@ -1,0 +1,202 @@
+//! The live files of a committed snapshot, listed once per snapshot from its manifests: a
+//! committed scan starts from this listing instead of having Iceberg plan every statement.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::error::{DataFusionError, Result as DfResult};
+use iceberg::spec::{DataContentType, Datum, Manifest, ManifestStatus, PrimitiveLiteral};
+use iceberg::table::Table;
+
+/// Snapshots whose listings are kept (a statement reads the current one; time travel and
+/// fenced reads an older one now and then).
+const SNAPSHOTS_KEPT: u64 = 64;
+/// Memory the cache of parsed manifests may hold (a manifest never changes once written,
+/// and a new snapshot reuses all but the one or two its commit wrote).
+const MANIFEST_BUDGET_BYTES: u64 = 32 << 20;
+
+/// One live data file of a snapshot.
+#[derive(Debug, Clone)]
+pub(super) struct Listed {
+    pub path: String,
+    pub size: u64,
+    pub rows: u64,
+    /// The position delete files that may name rows of it, with their sizes.
+    pub deletes: Vec<(String, u64)>,
+    /// The smallest and largest value of each integer column, by field id, from the
+    /// manifest's column metrics.
+    bounds: HashMap<i32, (i64, i64)>,
+}
+
+impl Listed {
+    /// Whether the file may hold one of `keys` (sorted) in the column `field`.
+    pub fn may_hold(&self, field: i32, keys: &[i64]) -> bool {
+        match self.bounds.get(&field) {
+            Some((lo, hi)) => {
+                let i = keys.partition_point(|k| k < lo);
+                keys.get(i).is_some_and(|k| k <= hi)
+            }
+            None => true,
+        }
+    }
+}
+
+/// Listings by (table location, snapshot id), and the manifests they were built from.
+pub(super) struct Listings {
+    snapshots: moka::sync::Cache<(String, i64), Arc<Vec<Listed>>>,
+    manifests: moka::sync::Cache<String, Arc<Manifest>>,
+}
+
+impl Default for Listings {
+    fn default() -> Self {
+        Self {
+            snapshots: moka::sync::Cache::builder()
+                .max_capacity(SNAPSHOTS_KEPT)
+                .build(),
+            manifests: moka::sync::Cache::builder()
+                .max_capacity(MANIFEST_BUDGET_BYTES)
+                .weigher(|path: &String, m: &Arc<Manifest>| {
+                    u32::try_from(path.len() + 512 * m.entries().len()).unwrap_or(u32::MAX)
+                })
+                .build(),
+        }
+    }
+}
+
+impl Listings {
+    /// The live data files of `table`'s current snapshot (none without a snapshot), each
+    /// with the position delete files that apply to it, and whether the listing was built
+    /// now (then the caller may drop what it cached of files no longer live).
+    pub async fn current(&self, table: &Table) -> DfResult<(Arc<Vec<Listed>>, bool)> {
+        let meta = table.metadata();
+        let Some(snapshot) = meta.current_snapshot() else {
+            return Ok((Arc::new(Vec::new()), false));
+        };
+        let key = (meta.location().to_string(), snapshot.snapshot_id());
+        if let Some(listing) = self.snapshots.get(&key) {
+            return Ok((listing, false));
+        }
+        let list = table
+            .manifest_list_reader(snapshot)
+            .load()
+            .await
+            .map_err(|e| listing_err(table, "reading the manifest list", e))?;
+        // (path, size, rows, data sequence number, bounds) and (path, size, sequence
+        // number, the one data file it names if it says so).
+        let mut data = Vec::new();
+        let mut deletes = Vec::new();
+        for mf in list.entries() {
+            let manifest = match self.manifests.get(&mf.manifest_path) {
+                Some(m) => m,
+                None => {
+                    let m = Arc::new(
+                        mf.load_manifest(table.file_io())
+                            .await
+                            .map_err(|e| listing_err(table, "reading a manifest", e))?,
+                    );
+                    self.manifests.insert(mf.manifest_path.clone(), m.clone());
+                    m
+                }
+            };
+            for entry in manifest.entries() {
+                if entry.status() == ManifestStatus::Deleted {
+                    continue;
+                }
+                let file = entry.data_file();
+                let seq = entry.sequence_number().unwrap_or(0);
+                match file.content_type() {
+                    DataContentType::Data => data.push((
+                        Listed {
+                            path: file.file_path().to_string(),
+                            size: file.file_size_in_bytes(),
+                            rows: file.record_count(),
+                            deletes: Vec::new(),
+                            bounds: int_bounds(file.lower_bounds(), file.upper_bounds()),
+                        },
+                        seq,
+                    )),
+                    DataContentType::PositionDeletes => deletes.push((
+                        file.file_path().to_string(),
+                        file.file_size_in_bytes(),
+                        seq,
+                        file.referenced_data_file(),
+                    )),
+                    DataContentType::EqualityDeletes => {
+                        return Err(DataFusionError::Execution(format!(
+                            "Iceberg table {} has equality deletes, which skipprd does not write or apply; it must only be written by skipprd",
+                            table.identifier()
+                        )))
+                    }
+                }
+            }
+        }
+        // A position delete file applies to the data files committed at or before it
+        // (Iceberg's rule by data sequence number); its rows name the file they delete from.
+        let files: Vec<Listed> = data
+            .into_iter()
+            .map(|(mut f, seq)| {
+                f.deletes = deletes
+                    .iter()
+                    .filter(|(_, _, dseq, only)| {
+                        *dseq >= seq && only.as_ref().is_none_or(|p| *p == f.path)
+                    })
+                    .map(|(p, size, _, _)| (p.clone(), *size))
+                    .collect();
+                f
+            })
+            .collect();
+        let files = Arc::new(files);
+        self.snapshots.insert(key, files.clone());
+        Ok((files, true))
+    }
+}
+
+fn listing_err(table: &Table, what: &str, e: iceberg::Error) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "listing the files of Iceberg table {}: {what}: {e}",
+        table.identifier()
+    ))
+}
+
+/// The bounds of the integer columns among a file's column metrics.
+fn int_bounds(
+    lower: &HashMap<i32, Datum>,
+    upper: &HashMap<i32, Datum>,
+) -> HashMap<i32, (i64, i64)> {
+    let int = |d: &Datum| match d.literal() {
+        PrimitiveLiteral::Int(v) => Some(i64::from(*v)),
+        PrimitiveLiteral::Long(v) => Some(*v),
+        _ => None,
+    };
+    lower
+        .iter()
+        .filter_map(|(id, lo)| Some((*id, (int(lo)?, int(upper.get(id)?)?))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_may_hold_a_key_only_within_its_bounds() {
+        let f = Listed {
+            path: "a".into(),
+            size: 1,
+            rows: 1,
+            deletes: vec![],
+            bounds: int_bounds(
+                &HashMap::from([(1, Datum::long(10)), (2, Datum::string("a"))]),
+                &HashMap::from([(1, Datum::long(20)), (2, Datum::string("z"))]),
+            ),
+        };
+        assert!(f.may_hold(1, &[10]));
+        assert!(f.may_hold(1, &[5, 20]));
+        assert!(f.may_hold(1, &[15]));
+        assert!(!f.may_hold(1, &[9, 21]));
+        assert!(!f.may_hold(1, &[]));
+        // No integer metrics for the column: the file may hold anything.
+        assert!(f.may_hold(2, &[1]));
+        assert!(f.may_hold(3, &[1]));
+    }
+}
