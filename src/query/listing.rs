@@ -8,9 +8,9 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use iceberg::spec::{DataContentType, Datum, Manifest, ManifestStatus, PrimitiveLiteral};
 use iceberg::table::Table;
 
-/// Snapshots whose listings are kept (a statement reads the current one; time travel and
-/// fenced reads an older one now and then).
-const SNAPSHOTS_KEPT: u64 = 64;
+/// Memory the kept listings may take (a statement reads the current snapshot's; time travel
+/// and fenced reads an older one now and then).
+const LISTING_BUDGET_BYTES: u64 = 32 << 20;
 /// Memory the cache of parsed manifests may hold (a manifest never changes once written,
 /// and a new snapshot reuses all but the one or two its commit wrote).
 const MANIFEST_BUDGET_BYTES: u64 = 32 << 20;
@@ -29,6 +29,12 @@ pub(super) struct Listed {
 }
 
 impl Listed {
+    /// Bytes the entry takes, about.
+    fn weight(&self) -> usize {
+        let deletes: usize = self.deletes.iter().map(|(p, _)| p.len() + 32).sum();
+        std::mem::size_of::<Self>() + self.path.len() + deletes + self.bounds.len() * 32
+    }
+
     /// Whether the file may hold one of `keys` (sorted) in the column `field`.
     pub fn may_hold(&self, field: i32, keys: &[i64]) -> bool {
         match self.bounds.get(&field) {
@@ -51,7 +57,11 @@ impl Default for Listings {
     fn default() -> Self {
         Self {
             snapshots: moka::sync::Cache::builder()
-                .max_capacity(SNAPSHOTS_KEPT)
+                .max_capacity(LISTING_BUDGET_BYTES)
+                .weigher(|_: &(String, i64), files: &Arc<Vec<Listed>>| {
+                    u32::try_from(files.iter().map(Listed::weight).sum::<usize>())
+                        .unwrap_or(u32::MAX)
+                })
                 .build(),
             manifests: moka::sync::Cache::builder()
                 .max_capacity(MANIFEST_BUDGET_BYTES)

@@ -53,6 +53,12 @@ impl ObjectWal {
             }
             Some((pipeline, true)) => {
                 let root = self.root();
+                // Under a hold whose view is complete, the writer knows every segment: it
+                // wrote and removed them itself, and no other process writes meanwhile. An
+                // idle pipeline polls the WAL often, and each poll was a listing request.
+                if let Some(known) = view::segments(&root, pipeline) {
+                    return Ok(known);
+                }
                 let hold = view::begin_listing(&root, pipeline);
                 let listed = self.list()?;
                 if let Some(hold) = hold {
@@ -99,14 +105,16 @@ impl ObjectWal {
         let bytes = std::fs::metadata(file)
             .with_context(|| format!("reading {}", file.display()))?
             .len();
-        self.store
-            .blocking(self.store.put_file(&key, file))
-            .with_context(|| {
-                format!(
-                    "cannot write WAL segment {}; nothing was acknowledged, nothing is lost",
-                    self.store.describe(&key)
-                )
-            })?;
+        let put = self.store.blocking(self.store.put_file(&key, file));
+        if put.is_err() && matches!(&self.role, Some((_, true))) {
+            view::unsure(&self.root());
+        }
+        put.with_context(|| {
+            format!(
+                "cannot write WAL segment {}; nothing was acknowledged, nothing is lost",
+                self.store.describe(&key)
+            )
+        })?;
         let seg = SegmentInfo {
             path: PathBuf::from(key),
             first,
@@ -157,9 +165,11 @@ impl ObjectWal {
 
     pub fn remove(&self, seg: &SegmentInfo) -> Result<()> {
         let key = seg.path.to_string_lossy();
-        self.store
-            .blocking(self.store.delete(&key))
-            .with_context(|| format!("removing WAL segment {}", self.store.describe(&key)))?;
+        let deleted = self.store.blocking(self.store.delete(&key));
+        if deleted.is_err() && matches!(&self.role, Some((_, true))) {
+            view::unsure(&self.root());
+        }
+        deleted.with_context(|| format!("removing WAL segment {}", self.store.describe(&key)))?;
         if let Some((_, true)) = &self.role {
             view::removed(&self.root(), seg);
         }

@@ -72,6 +72,14 @@ pub fn written(root: &str, seg: &SegmentInfo) {
     }
 }
 
+/// A write or removal under `root` failed: it may have happened anyway (a PUT can land
+/// after its answer was lost), so the view is not trusted until the next full listing.
+pub fn unsure(root: &str) {
+    if let Some(v) = views().get_mut(root) {
+        v.ready = false;
+    }
+}
+
 /// The writer removed `seg`.
 pub fn removed(root: &str, seg: &SegmentInfo) {
     if let Some(v) = views().get_mut(root) {
@@ -147,6 +155,13 @@ mod tests {
         listed(root, hold, &[seg(30, 40)]);
         let got = segments(root, pipeline).unwrap_or_default();
         assert_eq!(got, vec![seg(30, 40), seg(50, 60)]);
+        // A failed write may have landed: not trusted until the next full listing.
+        unsure(root);
+        assert!(segments(root, pipeline).is_none());
+        listed(root, hold, &[seg(30, 40), seg(50, 60), seg(61, 70)]);
+        let got = segments(root, pipeline).unwrap_or_default();
+        assert_eq!(got, vec![seg(30, 40), seg(50, 60), seg(61, 70)]);
+        removed(root, &seg(61, 70));
 
         // Another hold (the lease lost and taken again) starts from scratch.
         drop(lease);
