@@ -223,6 +223,21 @@ impl ScanCaches {
         self.meta.insert(path.to_string(), meta);
     }
 
+    /// Drops the entries of files under `location` that none of `files` (a full listing:
+    /// each data file with its delete files) names.
+    fn keep_only<'a>(
+        &self,
+        location: &str,
+        files: impl Iterator<Item = (&'a str, &'a [(String, u64)])>,
+    ) {
+        let live: HashSet<&str> = files
+            .flat_map(|(path, deletes)| {
+                std::iter::once(path).chain(deletes.iter().map(|(p, _)| p.as_str()))
+            })
+            .collect();
+        self.forget_dead(location, &live);
+    }
+
     /// Drops the entries of files under `location` (a table's folder) that `live` (every
     /// data and delete file of its current snapshot) no longer lists.
     fn forget_dead(&self, location: &str, live: &HashSet<&str>) {
@@ -363,14 +378,12 @@ impl CommittedScan {
             // A whole scan or a lookup: the snapshot's listing, pruned by the key's bounds.
             let (listing, new) = caches.listings.current(table).await?;
             if new {
-                let live: HashSet<&str> = listing
-                    .iter()
-                    .flat_map(|f| {
-                        std::iter::once(f.path.as_str())
-                            .chain(f.deletes.iter().map(|(p, _)| p.as_str()))
-                    })
-                    .collect();
-                caches.forget_dead(table.metadata().location(), &live);
+                caches.keep_only(
+                    table.metadata().location(),
+                    listing
+                        .iter()
+                        .map(|f| (f.path.as_str(), f.deletes.as_slice())),
+                );
             }
             listing
                 .iter()
@@ -495,14 +508,12 @@ impl CommittedScan {
                 });
             }
             if complete {
-                let live: HashSet<&str> = files
-                    .iter()
-                    .flat_map(|f| {
-                        std::iter::once(f.path.as_str())
-                            .chain(f.deletes.iter().map(|(p, _)| p.as_str()))
-                    })
-                    .collect();
-                caches.forget_dead(table.metadata().location(), &live);
+                caches.keep_only(
+                    table.metadata().location(),
+                    files
+                        .iter()
+                        .map(|f| (f.path.as_str(), f.deletes.as_slice())),
+                );
             }
         }
         Ok(files)
