@@ -49,14 +49,16 @@ impl Listed {
 
 /// Listings by (table location, snapshot id), and the manifests they were built from.
 pub(super) struct Listings {
-    snapshots: moka::sync::Cache<(String, i64), Arc<Vec<Listed>>>,
+    /// Statements that arrive while a new snapshot's listing is being built wait for that
+    /// one build instead of each reading the manifests.
+    snapshots: moka::future::Cache<(String, i64), Arc<Vec<Listed>>>,
     manifests: moka::sync::Cache<String, Arc<Manifest>>,
 }
 
 impl Default for Listings {
     fn default() -> Self {
         Self {
-            snapshots: moka::sync::Cache::builder()
+            snapshots: moka::future::Cache::builder()
                 .max_capacity(LISTING_BUDGET_BYTES)
                 .weigher(|_: &(String, i64), files: &Arc<Vec<Listed>>| {
                     u32::try_from(files.iter().map(Listed::weight).sum::<usize>())
@@ -83,9 +85,26 @@ impl Listings {
             return Ok((Arc::new(Vec::new()), false));
         };
         let key = (meta.location().to_string(), snapshot.snapshot_id());
-        if let Some(listing) = self.snapshots.get(&key) {
+        if let Some(listing) = self.snapshots.get(&key).await {
             return Ok((listing, false));
         }
+        let mut built = false;
+        let listing = self
+            .snapshots
+            .try_get_with(key, async {
+                built = true;
+                self.build(table, snapshot).await.map(Arc::new)
+            })
+            .await
+            .map_err(DataFusionError::Shared)?;
+        Ok((listing, built))
+    }
+
+    async fn build(
+        &self,
+        table: &Table,
+        snapshot: &iceberg::spec::SnapshotRef,
+    ) -> DfResult<Vec<Listed>> {
         let list = table
             .manifest_list_reader(snapshot)
             .load()
@@ -155,9 +174,7 @@ impl Listings {
                 f
             })
             .collect();
-        let files = Arc::new(files);
-        self.snapshots.insert(key, files.clone());
-        Ok((files, true))
+        Ok(files)
     }
 }
 

@@ -284,15 +284,19 @@ impl TableProvider for LiveTable {
             let hide = if hidden.is_empty() {
                 Hide::None
             } else {
-                let set = Arc::new(HiddenSet::build(
-                    &self.tail,
-                    &self.schema,
-                    &self.key_cols,
-                    self.keyed,
-                ));
-                match *set {
-                    HiddenSet::Bitmap { .. } => Hide::Positions(set),
-                    HiddenSet::Keys { .. } => Hide::Keys(set),
+                // A bitmap is only read, so all statements on this tail share one; a set of
+                // keys counts down the copies it hid, so each scan gets its own.
+                let shared = hidden.shared.get_or_init(|| {
+                    HiddenSet::bitmap(&self.tail, &self.schema, &self.key_cols, self.keyed)
+                        .map(Arc::new)
+                });
+                match shared {
+                    Some(set) => Hide::Positions(set.clone()),
+                    None => Hide::Keys(Arc::new(HiddenSet::keys(
+                        &self.tail,
+                        &self.schema,
+                        &self.key_cols,
+                    ))),
                 }
             };
             let limit = if filters.is_empty() && hidden.is_empty() {
@@ -482,38 +486,51 @@ pub enum HiddenSet {
 const BITMAP_MAX_SPAN: i64 = 64 << 20;
 
 impl HiddenSet {
-    fn build(tail: &TailSnapshot, schema: &SchemaRef, key_cols: &[usize], keyed: bool) -> Self {
+    /// A bitmap over the range of the hidden keys, when the table is keyed by one integer
+    /// column and the range is small enough.
+    fn bitmap(
+        tail: &TailSnapshot,
+        schema: &SchemaRef,
+        key_cols: &[usize],
+        keyed: bool,
+    ) -> Option<Self> {
+        let [k] = key_cols else {
+            return None;
+        };
+        if !keyed
+            || !matches!(
+                schema.field(*k).data_type(),
+                DataType::Int16 | DataType::Int32 | DataType::Int64
+            )
+        {
+            return None;
+        }
+        let ints: Vec<i64> = tail
+            .hidden
+            .texts
+            .values()
+            .map(|t| t.first().and_then(|v| v.as_deref()?.parse::<i64>().ok()))
+            .collect::<Option<_>>()?;
+        let min = ints.iter().copied().min().unwrap_or(0);
+        let max = ints.iter().copied().max().unwrap_or(0);
+        if max.saturating_sub(min) >= BITMAP_MAX_SPAN {
+            return None;
+        }
+        let span = (max - min) as usize + 1;
+        let mut bits = vec![0u64; span.div_ceil(64)];
+        for v in ints {
+            let o = (v - min) as usize;
+            bits[o / 64] |= 1 << (o % 64);
+        }
+        Some(Self::Bitmap { min, bits })
+    }
+
+    /// The hidden keys, encoded, with how many copies of each to hide.
+    fn keys(tail: &TailSnapshot, schema: &SchemaRef, key_cols: &[usize]) -> Self {
         let types: Vec<DataType> = key_cols
             .iter()
             .map(|i| schema.field(*i).data_type().clone())
             .collect();
-        if keyed
-            && types.len() == 1
-            && matches!(
-                types[0],
-                DataType::Int16 | DataType::Int32 | DataType::Int64
-            )
-        {
-            let ints: Option<Vec<i64>> = tail
-                .hidden
-                .texts
-                .values()
-                .map(|t| t.first().and_then(|v| v.as_deref()?.parse::<i64>().ok()))
-                .collect();
-            if let Some(ints) = ints {
-                let min = ints.iter().copied().min().unwrap_or(0);
-                let max = ints.iter().copied().max().unwrap_or(0);
-                if max.saturating_sub(min) < BITMAP_MAX_SPAN {
-                    let span = (max - min) as usize + 1;
-                    let mut bits = vec![0u64; span.div_ceil(64)];
-                    for v in ints {
-                        let o = (v - min) as usize;
-                        bits[o / 64] |= 1 << (o % 64);
-                    }
-                    return Self::Bitmap { min, bits };
-                }
-            }
-        }
         Self::Keys {
             encoder: KeyEncoder::new(types),
             keys: Mutex::new(tail.hidden.keys.clone()),

@@ -17,7 +17,7 @@ pub mod tail_schema;
 pub mod view;
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -80,6 +80,10 @@ pub struct Workspace {
     tables: RwLock<BTreeMap<String, TableEntry>>,
     tail: TailCache,
     reduced: ReducedCache,
+    /// Each table's shape, by table, for the metadata file it was read from: reading it
+    /// (Arrow schema, recorded source columns, key) is the same for every statement until
+    /// the next commit.
+    shapes: std::sync::Mutex<HashMap<String, (String, Arc<TableShape>)>>,
     scan_caches: Arc<committed::ScanCaches>,
     /// The models built through the gateway, in the first `LocalIceberg` warehouse (none
     /// when the workspace has no such sink).
@@ -150,6 +154,7 @@ impl Workspace {
             tables: RwLock::new(BTreeMap::new()),
             tail: TailCache::default(),
             reduced: ReducedCache::default(),
+            shapes: Default::default(),
             scan_caches,
             models,
         });
@@ -251,7 +256,7 @@ impl Workspace {
         let Some((pipeline, _, source)) = &entry.pipeline else {
             // Nothing writes it any more: its committed state is the whole of it.
             let table = self.sinks[entry.sink].load_current(&entry.ident).await?;
-            let shape = shape_of(&table, None)?;
+            let shape = self.shape(&table)?;
             let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
             let tail = self.reduced.get_or_reduce(
                 entry.ident.name(),
@@ -289,7 +294,10 @@ impl Workspace {
         view: &PipelineView,
     ) -> Result<LiveState> {
         let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
-        let mut shape = shape_of(&table, Some(source))?;
+        let mut shape = TableShape {
+            source,
+            ..(*self.shape(&table)?).clone()
+        };
         tail_schema::extend(&mut shape, &view.read);
         let tail = self.reduced.get_or_reduce(
             entry.ident.name(),
@@ -308,16 +316,34 @@ impl Workspace {
         })
     }
 
+    /// `table`'s shape as committed (the source named after the table), read once per
+    /// metadata file.
+    fn shape(&self, table: &Table) -> Result<Arc<TableShape>> {
+        let name = table.identifier().to_string();
+        let Some(location) = table.metadata_location() else {
+            return Ok(Arc::new(shape_of(table, None)?));
+        };
+        {
+            let shapes = self.shapes.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((at, shape)) = shapes.get(&name) {
+                if at == location {
+                    return Ok(shape.clone());
+                }
+            }
+        }
+        let shape = Arc::new(shape_of(table, None)?);
+        self.shapes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, (location.to_string(), shape.clone()));
+        Ok(shape)
+    }
+
     /// A table's committed schema and properties (no WAL read), for catalog lookups.
     pub async fn table_meta(
         &self,
         name: &str,
-    ) -> Result<
-        Option<(
-            arrow::datatypes::SchemaRef,
-            std::collections::HashMap<String, String>,
-        )>,
-    > {
+    ) -> Result<Option<(arrow::datatypes::SchemaRef, HashMap<String, String>)>> {
         let Some(entry) = self.entry(name) else {
             return Ok(None);
         };
@@ -341,9 +367,13 @@ impl Workspace {
         let Some(state) = self.state_with(name, views).await? else {
             return Ok(None);
         };
-        let shape = shape_of(&state.table, None)?;
+        let shape = self.shape(&state.table)?;
         let keyed = !shape.key.is_empty();
-        let key_cols = if keyed { shape.key } else { shape.row_key };
+        let key_cols = if keyed {
+            shape.key.clone()
+        } else {
+            shape.row_key.clone()
+        };
         let table = LiveTable::new(
             &state.table,
             key_cols,

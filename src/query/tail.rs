@@ -174,6 +174,9 @@ pub struct Hidden {
     pub keys: HashMap<Key, u32>,
     /// The key values as text, in key order (for fast paths on integer keys).
     pub texts: HashMap<Key, Vec<Option<String>>>,
+    /// The set a scan hides committed rows by, when it can be shared: built by the first
+    /// scan of this tail, then reused by every statement that reads the same tail.
+    pub shared: std::sync::OnceLock<Option<Arc<super::live::HiddenSet>>>,
 }
 
 impl Hidden {

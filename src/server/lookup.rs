@@ -16,7 +16,6 @@ use arrow::compute::{and, filter_record_batch};
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::{Column, ParamValues, ScalarValue, TableReference};
 use datafusion::datasource::source_as_provider;
-use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 use datafusion::physical_plan::execute_stream;
@@ -163,7 +162,7 @@ impl Lookup {
         &self,
         ctx: &SessionContext,
         params: &ParamValues,
-        task: Arc<TaskContext>,
+        memory: usize,
     ) -> datafusion::error::Result<Option<(SchemaRef, Vec<RecordBatch>)>> {
         let state = ctx.state();
         let defaults = &state.config_options().catalog;
@@ -227,6 +226,7 @@ impl Lookup {
         read.sort_unstable();
         read.dedup();
         let plan = provider.scan(&state, Some(&read), &filters, None).await?;
+        let task = crate::server::wire::lookup_task(&state, memory)?;
         let batches: Vec<RecordBatch> = execute_stream(plan, task)?.try_collect().await?;
         let position = |c: usize| read.iter().position(|r| *r == c);
         let mut out = Vec::new();

@@ -731,13 +731,12 @@ impl ExtendedQueryHandler for Session {
         // A lookup by primary key skips the planner (see lookup.rs).
         if allowed == Allowed::Query {
             if let Some(lookup) = Lookup::of(plan) {
-                let task = wire::statement_task(&self.ctx.state(), &self.exec)?;
                 let found = self
                     .exec
                     .interrupts
                     .run(async {
                         lookup
-                            .run(&self.ctx, &params, task)
+                            .run(&self.ctx, &params, self.exec.memory)
                             .await
                             .map_err(api_error)
                     })

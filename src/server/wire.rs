@@ -450,15 +450,23 @@ pub async fn execute(
     Ok(exec.interrupts.clone().guard(batches))
 }
 
-/// A task context for one statement of `state`, with its own memory pool.
-pub fn statement_task(
+/// A task context for a point lookup of `state`, with its own memory pool. A lookup's plan
+/// is a scan whose expressions are already compiled, so the context carries no function
+/// registry (copying the session's is a good part of a lookup's own cost).
+pub fn lookup_task(
     state: &datafusion::execution::SessionState,
-    exec: &Exec,
-) -> PgWireResult<Arc<datafusion::execution::TaskContext>> {
-    let task = datafusion::execution::TaskContext::from(state);
-    let runtime = statement_runtime(&task.runtime_env(), exec.memory)
-        .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
-    Ok(Arc::new(task.with_runtime(runtime)))
+    memory: usize,
+) -> datafusion::error::Result<Arc<datafusion::execution::TaskContext>> {
+    let runtime = statement_runtime(state.runtime_env(), memory)?;
+    Ok(Arc::new(datafusion::execution::TaskContext::new(
+        None,
+        state.session_id().to_string(),
+        state.config().clone(),
+        Default::default(),
+        Default::default(),
+        Default::default(),
+        runtime,
+    )))
 }
 
 /// Rows already computed (a point lookup's), encoded as planned for `schema`.

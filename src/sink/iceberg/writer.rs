@@ -20,12 +20,14 @@ use crate::error::{Context, Result};
 /// Rows per Parquet row group.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
 /// Rows per data page at most: the page index (min, max per page) lets a lookup by key
-/// fetch and decompress one page of each column instead of a whole row group.
-const PAGE_ROWS: usize = 8 * 1024;
+/// fetch and decompress one page of each column instead of a whole row group. A lookup
+/// decompresses a whole page per column to read one row, so pages are kept small (32 KiB of
+/// a 64-bit column); a scan decodes 4Ki values per page, still well past per-page costs.
+const PAGE_ROWS: usize = 4 * 1024;
 /// A column's dictionary page at most, after which the column chunk falls back to plain
 /// encoding: a reader of any page of a chunk first decodes its whole dictionary, so a large
 /// one (a column of unique values) costs a lookup more than the page it wants.
-const DICTIONARY_BYTES: usize = 64 * 1024;
+const DICTIONARY_BYTES: usize = 32 * 1024;
 
 type Inner =
     DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
