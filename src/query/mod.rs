@@ -261,6 +261,7 @@ impl Workspace {
             let tail = self.reduced.get_or_reduce(
                 entry.ident.name(),
                 &shape,
+                &shape.source,
                 &tail::WalRead::default(),
                 floor,
                 floor,
@@ -294,14 +295,10 @@ impl Workspace {
         view: &PipelineView,
     ) -> Result<LiveState> {
         let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
-        let mut shape = TableShape {
-            source,
-            ..(*self.shape(&table)?).clone()
-        };
-        tail_schema::extend(&mut shape, &view.read);
         let tail = self.reduced.get_or_reduce(
             entry.ident.name(),
-            &shape,
+            &self.shape(&table)?,
+            &source,
             &view.read,
             floor,
             view.lsn.max(floor),

@@ -562,14 +562,26 @@ pub struct ReducedCache {
     entries: Mutex<HashMap<String, CachedTail>>,
 }
 
-/// A reduced tail, with the snapshot LSN, the cut and the WAL segments it was reduced from.
-type CachedTail = ((Lsn, Lsn), Vec<PathBuf>, Arc<TailSnapshot>);
+/// A reduced tail, with the snapshot LSN, the cut, the WAL segments and the committed shape
+/// (with the source it reads) it was reduced from.
+struct CachedTail {
+    lsns: (Lsn, Lsn),
+    paths: Vec<PathBuf>,
+    base: Arc<TableShape>,
+    source: TableRef,
+    snap: Arc<TailSnapshot>,
+}
 
 impl ReducedCache {
+    /// The tail of `table` over `(floor, through]` of `read`, for the committed shape `base`
+    /// read from `source`: the shape is extended by the tail's schema changes (see
+    /// `tail_schema`) and the tail reduced only when no statement did so for the same
+    /// inputs already.
     pub fn get_or_reduce(
         &self,
         table: &str,
-        shape: &TableShape,
+        base: &Arc<TableShape>,
+        source: &TableRef,
         read: &WalRead,
         floor: Lsn,
         through: Lsn,
@@ -581,23 +593,37 @@ impl ReducedCache {
         let through = read.newest_through(through);
         {
             let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((lsns, paths, snap)) = entries.get(table) {
-                if *lsns == (floor, through) && *paths == fp && snap_schema_matches(snap, shape) {
-                    return Ok(snap.clone());
+            if let Some(c) = entries.get(table) {
+                if c.lsns == (floor, through)
+                    && c.paths == fp
+                    && Arc::ptr_eq(&c.base, base)
+                    && c.source == *source
+                {
+                    return Ok(c.snap.clone());
                 }
             }
         }
-        let snap = Arc::new(reduce(shape, read, floor, through)?);
+        let mut shape = TableShape {
+            source: source.clone(),
+            ..(**base).clone()
+        };
+        super::tail_schema::extend(&mut shape, read);
+        let snap = Arc::new(reduce(&shape, read, floor, through)?);
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(table.to_string(), ((floor, through), fp, snap.clone()));
+            .insert(
+                table.to_string(),
+                CachedTail {
+                    lsns: (floor, through),
+                    paths: fp,
+                    base: base.clone(),
+                    source: source.clone(),
+                    snap: snap.clone(),
+                },
+            );
         Ok(snap)
     }
-}
-
-fn snap_schema_matches(snap: &TailSnapshot, shape: &TableShape) -> bool {
-    snap.schema.fields() == shape.schema.fields()
 }
 
 #[cfg(test)]
@@ -761,17 +787,19 @@ mod tests {
             vec![change(Op::Insert, None, Some(vec![t("2"), t("b")]))],
         ]);
         let cache = ReducedCache::default();
+        let base = Arc::new(shape(true));
+        let source = base.source.clone();
         let held = cache
-            .get_or_reduce("t", &shape(true), &r, Lsn(0), Lsn(104))
+            .get_or_reduce("t", &base, &source, &r, Lsn(0), Lsn(104))
             .unwrap();
         // A later cut with no transaction of the read in between (WAL of other databases).
         let fresh = cache
-            .get_or_reduce("t", &shape(true), &r, Lsn(0), Lsn(109))
+            .get_or_reduce("t", &base, &source, &r, Lsn(0), Lsn(109))
             .unwrap();
         assert!(Arc::ptr_eq(&held, &fresh));
         assert_eq!(ids(&fresh), vec![1]);
         let newer = cache
-            .get_or_reduce("t", &shape(true), &r, Lsn(0), Lsn(110))
+            .get_or_reduce("t", &base, &source, &r, Lsn(0), Lsn(110))
             .unwrap();
         assert_eq!(ids(&newer), vec![1, 2]);
     }
