@@ -497,12 +497,7 @@ impl HiddenSet {
         let [k] = key_cols else {
             return None;
         };
-        if !keyed
-            || !matches!(
-                schema.field(*k).data_type(),
-                DataType::Int16 | DataType::Int32 | DataType::Int64
-            )
-        {
+        if !keyed || !crate::query::committed::int_key(schema.field(*k).data_type()) {
             return None;
         }
         let ints: Vec<i64> = tail
