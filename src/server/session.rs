@@ -47,6 +47,7 @@ use super::models::SessionModels;
 use super::pg::fence;
 use super::pg::info_schema::InfoSchema;
 use super::pg::regclass::Relations;
+use super::pg::rewrite::compatibility_parser;
 use super::prepared::{self, Prepared};
 use super::readonly::{classify, Allowed};
 use super::settings::{current_setting, set_config, Mirror, SettingsHook};
@@ -111,10 +112,10 @@ impl ConnHandlers {
         let interrupts = Arc::new(Interrupts::default());
         let service = Arc::new(Session {
             ctx: ctx.clone(),
-            sql_parser: PostgresCompatibilityParser::new(),
+            sql_parser: compatibility_parser(),
             parser: Arc::new(WireParser {
                 ctx: ctx.clone(),
-                sql_parser: PostgresCompatibilityParser::new(),
+                sql_parser: compatibility_parser(),
                 hooks: hooks.clone(),
                 workspace: shared.workspace.clone(),
                 shared: shared.clone(),
@@ -228,7 +229,7 @@ pub(super) async fn plan_statement(
 /// around each statement.
 pub struct Session {
     ctx: Arc<SessionContext>,
-    sql_parser: PostgresCompatibilityParser,
+    sql_parser: &'static PostgresCompatibilityParser,
     parser: Arc<WireParser>,
     hooks: Vec<Arc<dyn QueryHook>>,
     /// This connection's settings, as `current_setting()` reads them.
@@ -438,7 +439,7 @@ const DECLARED_LIMIT: usize = 256;
 /// types the rows will carry.
 pub struct WireParser {
     ctx: Arc<SessionContext>,
-    sql_parser: PostgresCompatibilityParser,
+    sql_parser: &'static PostgresCompatibilityParser,
     hooks: Vec<Arc<dyn QueryHook>>,
     workspace: String,
     shared: Arc<Shared>,
@@ -484,7 +485,7 @@ impl QueryParser for WireParser {
         // The models as they are now, before anything (a `regclass` lookup) reads the catalog.
         self.models.refresh().await?;
         let (sql, rewritten) = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
-        let mut statements = super::pg::parse::parse(&self.sql_parser, &sql).map_err(api_error)?;
+        let mut statements = super::pg::parse::parse(self.sql_parser, &sql).map_err(api_error)?;
         if statements.len() > 1 {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
@@ -624,7 +625,7 @@ impl Session {
             .interrupts
             .run(prepare_sql(query, &self.ctx, &self.shared, &self.relations))
             .await?;
-        let statements = super::pg::parse::parse(&self.sql_parser, &query).map_err(api_error)?;
+        let statements = super::pg::parse::parse(self.sql_parser, &query).map_err(api_error)?;
         statements
             .into_iter()
             .map(|s| {

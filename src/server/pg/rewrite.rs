@@ -94,13 +94,21 @@ pub fn rewrite(sql: &str) -> Rewritten {
 /// as a whole: it knows some client queries by their exact tokens, which a rewrite here
 /// would hide from it.
 fn compatibility_replaces(sql: &str, statements: Vec<Statement>) -> bool {
-    static PARSER: LazyLock<PostgresCompatibilityParser> =
-        LazyLock::new(PostgresCompatibilityParser::new);
-    let Ok(theirs) = PARSER.parse(sql) else {
+    let parser = compatibility_parser();
+    let Ok(theirs) = parser.parse(sql) else {
         return false;
     };
-    let plain: Vec<Statement> = statements.into_iter().map(|s| PARSER.rewrite(s)).collect();
+    let plain: Vec<Statement> = statements.into_iter().map(|s| parser.rewrite(s)).collect();
     theirs != plain
+}
+
+/// The pg_catalog compatibility parser, one for the process: it is immutable once built,
+/// and building it tokenizes every client query it knows (about 1 MiB and a few
+/// milliseconds), which a parser per connection paid again for each of them.
+pub fn compatibility_parser() -> &'static PostgresCompatibilityParser {
+    static PARSER: LazyLock<PostgresCompatibilityParser> =
+        LazyLock::new(PostgresCompatibilityParser::new);
+    &PARSER
 }
 
 /// The Postgres name of a cast's target type: lower case, without `pg_catalog.`.
