@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 53] = [
+const KEY_ORDER: [&str; 54] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -35,6 +35,7 @@ const KEY_ORDER: [&str; 53] = [
     "statement_timeout",
     "max_connections",
     "max_query_memory",
+    "target_partitions",
     "data_source",
     "data_sink",
     "commit_interval",

@@ -90,6 +90,8 @@ pub struct QueryConfig {
     pub max_connections: usize,
     /// Bytes of memory one statement may use.
     pub max_query_memory: usize,
+    /// Parts a statement's scans, joins and aggregates are split into.
+    pub target_partitions: usize,
 }
 
 /// Retries after transient faults, resolved (see [`ReconnectSettings`]).
@@ -1012,8 +1014,20 @@ impl Validator<'_> {
                 0
             }
         };
+        let target_partitions = match q.target_partitions {
+            None => model::default_target_partitions(),
+            Some(n @ 1..=1024) => usize::try_from(n).unwrap_or(1),
+            Some(n) => {
+                self.report(
+                    keys(&["skippr", "query", "target_partitions"]),
+                    format!("{n} is not between 1 and 1024: twice the cores suits most machines"),
+                );
+                1
+            }
+        };
         QueryConfig {
             statement_timeout,
+            target_partitions,
             max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
             max_query_memory,
             listen,

@@ -146,6 +146,11 @@ pub struct QuerySettings {
     /// SQLSTATE 53200 (sorts and aggregates spill to disk first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_query_memory: Option<String>,
+    /// How many parts the scans, joins and aggregates of one statement are split into
+    /// (default: twice the cores). More parts than cores keep every core busy when one part
+    /// takes longer than the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_partitions: Option<u64>,
 }
 
 /// Default `skippr.query.statement_timeout`.
@@ -154,6 +159,11 @@ pub const DEFAULT_STATEMENT_TIMEOUT: &str = "5min";
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 100;
 /// Default `skippr.query.max_query_memory`.
 pub const DEFAULT_MAX_QUERY_MEMORY: &str = "1GiB";
+
+/// Default `skippr.query.target_partitions`: twice the cores this process may use.
+pub fn default_target_partitions() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
+}
 
 /// A gateway user.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

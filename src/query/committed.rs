@@ -105,9 +105,14 @@ impl KeyColumn {
         } else if v.windows(2).all(|w| w[0] <= w[1]) {
             Some(Search::Ascending)
         } else {
-            let mut pairs: Vec<(i64, u32)> = v.iter().zip(0u32..).map(|(k, p)| (*k, p)).collect();
-            pairs.sort_unstable();
-            Some(Search::Order(pairs.into_iter().map(|(_, p)| p).collect()))
+            // The positions are sorted by the key they point at, in place: sorting (key,
+            // position) pairs is up to twice as fast on a shuffled file, but holds 16 bytes a
+            // row (80 MiB for 5M rows) on top of the column while it runs. Files out of key
+            // order are mostly snapshots in the source's physical order, nearly sorted, where
+            // both take the same time.
+            let mut order: Vec<u32> = (0..v.len() as u32).collect();
+            order.sort_unstable_by_key(|p| v[*p as usize]);
+            Some(Search::Order(order.into()))
         };
         Self {
             values: Arc::new(values),

@@ -457,9 +457,11 @@ impl SchemaProvider for LiveSchema {
     }
 }
 
-/// A session configuration with the workspace as the default schema.
-pub fn session_config(workspace: &str) -> SessionConfig {
+/// A session configuration with the workspace as the default schema, its statements split
+/// into `target_partitions` parts (`skippr.query.target_partitions`).
+pub fn session_config(workspace: &str, target_partitions: usize) -> SessionConfig {
     SessionConfig::new()
+        .with_target_partitions(target_partitions.max(1))
         .with_information_schema(true)
         .with_default_catalog_and_schema(CATALOG, workspace)
 }
@@ -495,7 +497,8 @@ pub async fn session(config: &Config) -> Result<SessionContext> {
     let limits = limits::Limits::from(&config.query);
     let runtime = limits::session_runtime(limits.max_query_memory).map_err(Error::from)?;
     let ctx = SessionContext::new_with_config_rt(
-        session_config(&config.workspace).with_extension(Arc::new(limits)),
+        session_config(&config.workspace, config.query.target_partitions)
+            .with_extension(Arc::new(limits)),
         runtime,
     );
     register(&ctx, &ws)?;

@@ -125,7 +125,7 @@ impl Gateway {
         // Our own information_schema (the engine's, plus key constraints) replaces the
         // built-in one.
         let ctx = SessionContext::new_with_config(
-            query::session_config(&ws.name).with_information_schema(false),
+            query::session_config(&ws.name, cfg.target_partitions).with_information_schema(false),
         );
         query::register(&ctx, &ws)?;
         let pg = pg::setup(&ctx, ws.clone())?;
