@@ -406,8 +406,11 @@ def test_unknown_pipeline_is_named(workdir):
           "      - name: a", "        password: y"], 9, "skippr.query.users[1].name", ["listed twice"]),
         (["  query:", "    tls:", "      cert: server.crt"], 5, "skippr.query.tls",
          ["missing required field key"]),
+        (["  query:", "    target_partitions: 0"], 5, "skippr.query.target_partitions",
+         ["0 is not between 1 and 1024"]),
     ],
-    ids=["query-listen", "metrics-listen", "empty-password", "duplicate-user", "tls-without-key"],
+    ids=["query-listen", "metrics-listen", "empty-password", "duplicate-user", "tls-without-key",
+         "target-partitions"],
 )
 def test_gateway_settings_errors(workdir, extra, line, field_prefix, msg):
     lines = BASE_LINES[:3] + extra + BASE_LINES[3:]

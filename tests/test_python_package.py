@@ -762,6 +762,7 @@ def gateway_config() -> Config:
         statement_timeout="30s",
         max_connections=250,
         max_query_memory="512MiB",
+        target_partitions=8,
     ))
     cfg.metrics(MetricsSettings(listen="127.0.0.1:9187"))
     return cfg
@@ -774,9 +775,11 @@ def test_gateway_settings_round_trip_and_survive_connect(tmp_path: Path) -> None
     text = cfg.to_yaml()
     assert "    users:\n      - name: analyst\n        password: ${ANALYST_PASSWORD}\n" in text, text
     assert ("      key: server.key\n    statement_timeout: 30s\n    max_connections: 250\n"
-            "    max_query_memory: 512MiB\n") in text, text
+            "    max_query_memory: 512MiB\n    target_partitions: 8\n") in text, text
     with pytest.raises(ConfigError):
         QuerySettings(max_connections=0)
+    with pytest.raises(ConfigError, match="target_partitions"):
+        QuerySettings(target_partitions=0)
     assert Config.from_yaml(text) == cfg
     with pytest.raises(ConfigError):
         QuerySettings(users=[QueryUser("a", "x"), QueryUser("a", "y")])

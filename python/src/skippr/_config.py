@@ -346,6 +346,8 @@ class Config:
                 query["max_connections"] = self._query.max_connections
             if self._query.max_query_memory is not None:
                 query["max_query_memory"] = self._query.max_query_memory
+            if self._query.target_partitions is not None:
+                query["target_partitions"] = self._query.target_partitions
             skippr["query"] = query
         if self._metrics is not None:
             metrics: Dict[str, Node] = {}
@@ -595,7 +597,8 @@ class _Reader:
             q = self.mapping(at_q, settings["query"], "a mapping (listen, users, tls, ...)")
             self.keys(
                 at_q, q,
-                ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory"),
+                ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory",
+                 "target_partitions"),
             )
             users = []
             raw_users = q.get("users") or []
@@ -617,6 +620,7 @@ class _Reader:
                 "statement_timeout": q.get("statement_timeout"),
                 "max_connections": q.get("max_connections"),
                 "max_query_memory": q.get("max_query_memory"),
+                "target_partitions": q.get("target_partitions"),
             }))
         if "metrics" in settings:
             at_m: Tuple[Segment, ...] = ("skippr", "metrics")

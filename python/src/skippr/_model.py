@@ -366,10 +366,12 @@ class QuerySettings(_Value):
     only loopback clients may connect. ``statement_timeout`` is the sessions' default
     (``"30s"``, ``"5min"``; skipprd's default ``5min``), ``max_connections`` the most clients
     at once (default 100), ``max_query_memory`` the memory one statement may use
-    (``"512MiB"``; default ``1GiB``).
+    (``"512MiB"``; default ``1GiB``), ``target_partitions`` how many parts a statement's
+    scans, joins and aggregates are split into (default: twice the cores).
     """
 
-    _fields = ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory")
+    _fields = ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory",
+               "target_partitions")
     __slots__ = _fields
     listen: Optional[Text]
     users: Tuple[QueryUser, ...]
@@ -377,6 +379,7 @@ class QuerySettings(_Value):
     statement_timeout: Optional[str]
     max_connections: Optional[int]
     max_query_memory: Optional[str]
+    target_partitions: Optional[int]
 
     def __init__(
         self,
@@ -386,6 +389,7 @@ class QuerySettings(_Value):
         statement_timeout: Optional[str] = None,
         max_connections: Optional[int] = None,
         max_query_memory: Optional[str] = None,
+        target_partitions: Optional[int] = None,
     ) -> None:
         c = _Check("QuerySettings")
         self._set("listen", c.text("listen", listen, required=False))
@@ -408,6 +412,10 @@ class QuerySettings(_Value):
             c.integer("max_connections", max_connections, 1, 100000, "a number of connections"),
         )
         self._set("max_query_memory", c.string("max_query_memory", max_query_memory, required=False))
+        self._set(
+            "target_partitions",
+            c.integer("target_partitions", target_partitions, 1, 1024, "a number of parts"),
+        )
 
 
 class MetricsSettings(_Value):
