@@ -103,8 +103,8 @@ fn compatibility_replaces(sql: &str, statements: Vec<Statement>) -> bool {
 }
 
 /// The pg_catalog compatibility parser, one for the process: it is immutable once built,
-/// and building it tokenizes every client query it knows (about 1 MiB and a few
-/// milliseconds), which a parser per connection paid again for each of them.
+/// and building it tokenizes every client query it knows (about half a MiB of tokens),
+/// which a parser per connection held again for each of them.
 pub fn compatibility_parser() -> &'static PostgresCompatibilityParser {
     static PARSER: LazyLock<PostgresCompatibilityParser> =
         LazyLock::new(PostgresCompatibilityParser::new);
