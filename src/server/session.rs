@@ -18,7 +18,6 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
 use datafusion_postgres::arrow_pg::datatypes::into_pg_type;
-use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use datafusion_postgres::hooks::cursor::CursorStatementHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::HookClient;
@@ -112,10 +111,8 @@ impl ConnHandlers {
         let interrupts = Arc::new(Interrupts::default());
         let service = Arc::new(Session {
             ctx: ctx.clone(),
-            sql_parser: compatibility_parser(),
             parser: Arc::new(WireParser {
                 ctx: ctx.clone(),
-                sql_parser: compatibility_parser(),
                 hooks: hooks.clone(),
                 workspace: shared.workspace.clone(),
                 shared: shared.clone(),
@@ -229,7 +226,6 @@ pub(super) async fn plan_statement(
 /// around each statement.
 pub struct Session {
     ctx: Arc<SessionContext>,
-    sql_parser: &'static PostgresCompatibilityParser,
     parser: Arc<WireParser>,
     hooks: Vec<Arc<dyn QueryHook>>,
     /// This connection's settings, as `current_setting()` reads them.
@@ -439,7 +435,6 @@ const DECLARED_LIMIT: usize = 256;
 /// types the rows will carry.
 pub struct WireParser {
     ctx: Arc<SessionContext>,
-    sql_parser: &'static PostgresCompatibilityParser,
     hooks: Vec<Arc<dyn QueryHook>>,
     workspace: String,
     shared: Arc<Shared>,
@@ -485,7 +480,8 @@ impl QueryParser for WireParser {
         // The models as they are now, before anything (a `regclass` lookup) reads the catalog.
         self.models.refresh().await?;
         let (sql, rewritten) = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
-        let mut statements = super::pg::parse::parse(self.sql_parser, &sql).map_err(api_error)?;
+        let mut statements =
+            super::pg::parse::parse(compatibility_parser(), &sql).map_err(api_error)?;
         if statements.len() > 1 {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
@@ -625,7 +621,8 @@ impl Session {
             .interrupts
             .run(prepare_sql(query, &self.ctx, &self.shared, &self.relations))
             .await?;
-        let statements = super::pg::parse::parse(self.sql_parser, &query).map_err(api_error)?;
+        let statements =
+            super::pg::parse::parse(compatibility_parser(), &query).map_err(api_error)?;
         statements
             .into_iter()
             .map(|s| {
