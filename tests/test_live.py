@@ -501,3 +501,36 @@ def test_committed_reads_apply_each_commits_deletes_across_many_commits(skippr: 
             assert not wrong, "\n".join(wrong[:10])
     finally:
         assert stop(proc) == 0, bg_log(skippr)
+
+
+def test_statements_split_into_target_partitions_and_lookups_plan_one(skippr: Skippr, db: Database) -> None:
+    """`skippr.query.target_partitions` reaches the engine in `serve` and in `skipprd query`:
+    a whole scan of a table larger than a few row groups is split into that many parts, and
+    the answer equals Postgres's; a lookup of one key by the planner reads one part."""
+    db.execute("CREATE TABLE events (id bigint PRIMARY KEY, v int)")
+    db.execute("INSERT INTO events SELECT g, g % 1000 FROM generate_series(1, 900000) g")
+    port = free_port()
+    skippr.write_config(["events"], query={"listen": f"127.0.0.1:{port}", "target_partitions": 3})
+    skippr.sync_once()
+
+    def scan_line(plan: list[str]) -> str:
+        lines = [line for line in plan if "CommittedScan:" in line]
+        assert len(lines) == 1, "\n".join(plan)
+        return lines[0]
+
+    whole = "SELECT v, count(*) AS n FROM events GROUP BY v ORDER BY v"
+    lookup = "SELECT v FROM events WHERE id = 4242"
+    cli = [r["plan"] for r in query_json(skippr, f"EXPLAIN {whole}")]
+    assert "partitions=3," in scan_line("\n".join(cli).splitlines()), cli
+    proc = skippr.start("serve")
+    try:
+        conn = connect_gateway(skippr, proc, port)
+        with conn, db.connect() as pgc:
+            plan = [r[1] for r in conn.execute(f"EXPLAIN {whole}").fetchall()]
+            assert "partitions=3," in scan_line("\n".join(plan).splitlines()), plan
+            assert conn.execute(whole).fetchall() == pgc.execute(whole).fetchall()
+            plan = [r[1] for r in conn.execute(f"EXPLAIN {lookup}").fetchall()]
+            assert "partitions=1," in scan_line("\n".join(plan).splitlines()), plan
+            assert conn.execute(lookup).fetchall() == pgc.execute(lookup).fetchall() == [(242,)]
+    finally:
+        assert stop(proc) == 0, bg_log(skippr)

@@ -15,14 +15,13 @@ use arrow::array::{BooleanArray, RecordBatch};
 use arrow::compute::{cast, concat_batches, filter_record_batch};
 use arrow::datatypes::{Field, Schema};
 use arrow::row::{OwnedRow, RowConverter, Rows, SortField};
+use futures::StreamExt;
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileMetadata;
 use iceberg::spec::{DataContentType, DataFile};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
-    ParquetRecordBatchReaderBuilder,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 use parquet::file::metadata::ParquetMetaData;
 
@@ -550,10 +549,12 @@ impl TableSink {
 struct Input {
     no: u32,
     path: String,
-    /// The footer, until the file is read; then the rows. A file is read whole, once the
-    /// merge reaches it.
+    size: u64,
+    /// The footer, until the file is read; then its rows, fetched a row group at a time
+    /// once the merge reaches the file (a file is never held whole: the snapshot's files of
+    /// a large table are tens of MiB each, and a merge reads several at once).
     meta: Option<ArrowReaderMetadata>,
-    rows: Option<ParquetRecordBatchReader>,
+    rows: Option<ParquetRecordBatchStream<ArrowFileReader>>,
     batch_rows: usize,
     /// Live positions in the file, sorted, and how many of them were reached.
     keep: Vec<u64>,
@@ -583,20 +584,8 @@ impl Input {
         order: Option<&RowConverter>,
     ) -> Result<Self> {
         let path = file.file.file_path().to_string();
-        let read = sink
-            .table
-            .file_io()
-            .new_input(&path)?
-            .reader()
-            .await
-            .with_context(|| format!("opening {path}"))?;
-        let reader = ArrowFileReader::new(
-            FileMetadata {
-                size: file.file.file_size_in_bytes(),
-            },
-            read,
-        );
-        let mut reader = reader;
+        let size = file.file.file_size_in_bytes();
+        let mut reader = file_reader(sink, &path, size).await?;
         let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
             .await
             .with_context(|| format!("reading the footer of {path}"))?;
@@ -614,6 +603,7 @@ impl Input {
         Ok(Self {
             no,
             path,
+            size,
             meta: Some(meta),
             rows: None,
             batch_rows,
@@ -635,16 +625,20 @@ impl Input {
         self.keys = None;
         self.at = 0;
         if let Some(meta) = self.meta.take() {
-            let bytes = sink.read_file(&self.path).await?;
+            let reader = file_reader(sink, &self.path, self.size).await?;
             self.rows = Some(
-                ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, meta)
+                ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
                     .with_batch_size(self.batch_rows)
                     .build()
                     .with_context(|| format!("reading {}", self.path))?,
             );
         }
         while self.k < self.keep.len() {
-            let Some(batch) = self.rows.as_mut().and_then(|r| r.next()) else {
+            let next = match self.rows.as_mut() {
+                Some(rows) => rows.next().await,
+                None => None,
+            };
+            let Some(batch) = next else {
                 break;
             };
             let batch = batch.with_context(|| format!("reading {}", self.path))?;
@@ -692,6 +686,19 @@ impl Input {
         }
         Ok(())
     }
+}
+
+/// A reader of the data file at `path` that fetches the byte ranges the Parquet reader asks
+/// for (a footer, a row group's column chunks), never the whole file.
+async fn file_reader(sink: &TableSink, path: &str, size: u64) -> Result<ArrowFileReader> {
+    let read = sink
+        .table
+        .file_io()
+        .new_input(path)?
+        .reader()
+        .await
+        .with_context(|| format!("opening {path}"))?;
+    Ok(ArrowFileReader::new(FileMetadata { size }, read))
 }
 
 /// A key no row of a file is below: the smallest of its row groups' minimum keys (a tuple of
