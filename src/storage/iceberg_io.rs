@@ -46,6 +46,23 @@ enum CachedValue {
     Bytes(Bytes),
 }
 
+tokio::task_local! {
+    /// Set while the reads of a task must not fill the cache (see [`uncached`]).
+    static UNCACHED: ();
+}
+
+/// Runs `f` with its S3 reads served from the cache when they are there, but not added to
+/// it: compaction reads every row group of files it is about to replace, which would only
+/// push out the footers and metadata queries need (and hold memory the sync does not).
+pub async fn uncached<F: std::future::Future>(f: F) -> F::Output {
+    UNCACHED.scope((), f).await
+}
+
+/// Whether reads made now may be added to the cache.
+fn caching() -> bool {
+    UNCACHED.try_with(|_| ()).is_err()
+}
+
 fn cache() -> &'static moka::future::Cache<Cached, CachedValue> {
     static CACHE: std::sync::OnceLock<moka::future::Cache<Cached, CachedValue>> =
         std::sync::OnceLock::new();
@@ -175,7 +192,7 @@ impl Storage for ObjectStorage {
                 }
                 match store.get(&key).await.map_err(io_error)? {
                     Some((bytes, _)) => {
-                        if bytes.len() <= CACHE_WHOLE_MAX {
+                        if bytes.len() <= CACHE_WHOLE_MAX && caching() {
                             cache().insert(at, CachedValue::Bytes(bytes.clone())).await;
                         }
                         Ok(bytes)
@@ -274,7 +291,7 @@ impl FileRead for ObjectRead {
             .get_range(&self.key, range)
             .await
             .map_err(io_error)?;
-        if bytes.len() <= CACHE_RANGE_MAX {
+        if bytes.len() <= CACHE_RANGE_MAX && caching() {
             cache().insert(at, CachedValue::Bytes(bytes.clone())).await;
         }
         Ok(bytes)

@@ -31,6 +31,7 @@ use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::maintenance::{self, LiveFile, MaintenanceSettings, Rewrite};
 use crate::sink::iceberg::rowdelta;
 use crate::sink::iceberg::writer::TableWriter;
+use crate::storage::iceberg_io::uncached;
 use crate::telemetry::metrics;
 
 /// A data file with at least this share of its rows deleted is rewritten.
@@ -586,9 +587,12 @@ impl Input {
         let path = file.file.file_path().to_string();
         let size = file.file.file_size_in_bytes();
         let mut reader = file_reader(sink, &path, size).await?;
-        let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-            .await
-            .with_context(|| format!("reading the footer of {path}"))?;
+        let meta = uncached(ArrowReaderMetadata::load_async(
+            &mut reader,
+            ArrowReaderOptions::new(),
+        ))
+        .await
+        .with_context(|| format!("reading the footer of {path}"))?;
         // Batches of about `batch_bytes` decoded, however wide the rows.
         let (bytes, rows) = meta
             .metadata()
@@ -635,7 +639,7 @@ impl Input {
         }
         while self.k < self.keep.len() {
             let next = match self.rows.as_mut() {
-                Some(rows) => rows.next().await,
+                Some(rows) => uncached(rows.next()).await,
                 None => None,
             };
             let Some(batch) = next else {
