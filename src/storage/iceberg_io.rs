@@ -327,3 +327,18 @@ impl FileWrite for ObjectWrite {
             .map_err(io_error)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_inside_uncached_are_not_added_to_the_cache_and_others_are() {
+        assert!(caching());
+        assert!(!uncached(async { caching() }).await);
+        // Nested futures polled inside the scope see it too (the Parquet reader's range
+        // fetches are futures of the stream polled there).
+        assert!(!uncached(async { async { caching() }.await }).await);
+        assert!(caching());
+    }
+}

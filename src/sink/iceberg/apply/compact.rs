@@ -629,6 +629,8 @@ impl Input {
         self.keys = None;
         self.at = 0;
         if let Some(meta) = self.meta.take() {
+            // A second reader, opened only now: holding the one that read the footer would
+            // keep a file open for every input of the plan, read or not.
             let reader = file_reader(sink, &self.path, self.size).await?;
             self.rows = Some(
                 ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
