@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::error::{DataFusionError, Result as DfResult};
-use iceberg::spec::{DataContentType, Datum, Manifest, ManifestStatus, PrimitiveLiteral};
+use iceberg::spec::{DataContentType, Manifest, ManifestStatus, PrimitiveLiteral};
 use iceberg::table::Table;
 
 /// Memory the kept listings may take (a statement reads the current snapshot's; time travel
@@ -23,27 +23,64 @@ pub(super) struct Listed {
     pub rows: u64,
     /// The position delete files that may name rows of it, with their sizes.
     pub deletes: Vec<(String, u64)>,
-    /// The smallest and largest value of each integer column, by field id, from the
-    /// manifest's column metrics.
-    bounds: HashMap<i32, (i64, i64)>,
+    /// The manifest's column metrics, by field id.
+    pub columns: Arc<FileColumns>,
+}
+
+/// What a data file's manifest entry says of its columns, by field id: the planner's
+/// statistics (row counts alone cannot tell a join which side is small, or a filter how
+/// much of a table it keeps) and a lookup's file skipping come from here.
+pub(super) type FileColumns = HashMap<i32, ColumnMetrics>;
+
+/// One column of one data file, from the manifest.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct ColumnMetrics {
+    /// The smallest and largest value (a string's may be truncated: still a bound).
+    pub lower: Option<PrimitiveLiteral>,
+    pub upper: Option<PrimitiveLiteral>,
+    pub nulls: Option<u64>,
+    /// Bytes of the column in the file, compressed.
+    pub size: Option<u64>,
 }
 
 impl Listed {
     /// Bytes the entry takes, about.
     fn weight(&self) -> usize {
         let deletes: usize = self.deletes.iter().map(|(p, _)| p.len() + 32).sum();
-        std::mem::size_of::<Self>() + self.path.len() + deletes + self.bounds.len() * 32
+        let literal = |l: &Option<PrimitiveLiteral>| match l {
+            Some(PrimitiveLiteral::String(s)) => s.len(),
+            Some(PrimitiveLiteral::Binary(b)) => b.len(),
+            _ => 0,
+        };
+        let columns: usize = self
+            .columns
+            .values()
+            .map(|m| 96 + literal(&m.lower) + literal(&m.upper))
+            .sum();
+        std::mem::size_of::<Self>() + self.path.len() + deletes + columns
     }
 
-    /// Whether the file may hold one of `keys` (sorted) in the column `field`.
+    /// Whether the file may hold one of `keys` (sorted) in the integer column `field`.
     pub fn may_hold(&self, field: i32, keys: &[i64]) -> bool {
-        match self.bounds.get(&field) {
+        let bounds = self
+            .columns
+            .get(&field)
+            .and_then(|m| Some((int(m.lower.as_ref()?)?, int(m.upper.as_ref()?)?)));
+        match bounds {
             Some((lo, hi)) => {
-                let i = keys.partition_point(|k| k < lo);
-                keys.get(i).is_some_and(|k| k <= hi)
+                let i = keys.partition_point(|k| *k < lo);
+                keys.get(i).is_some_and(|k| *k <= hi)
             }
             None => true,
         }
+    }
+}
+
+fn int(literal: &PrimitiveLiteral) -> Option<i64> {
+    match literal {
+        PrimitiveLiteral::Int(v) => Some(i64::from(*v)),
+        PrimitiveLiteral::Long(v) => Some(*v),
+        _ => None,
     }
 }
 
@@ -140,7 +177,7 @@ impl Listings {
                             size: file.file_size_in_bytes(),
                             rows: file.record_count(),
                             deletes: Vec::new(),
-                            bounds: int_bounds(file.lower_bounds(), file.upper_bounds()),
+                            columns: Arc::new(file_columns(file)),
                         },
                         seq,
                     )),
@@ -185,20 +222,22 @@ fn listing_err(table: &Table, what: &str, e: iceberg::Error) -> DataFusionError 
     ))
 }
 
-/// The bounds of the integer columns among a file's column metrics.
-fn int_bounds(
-    lower: &HashMap<i32, Datum>,
-    upper: &HashMap<i32, Datum>,
-) -> HashMap<i32, (i64, i64)> {
-    let int = |d: &Datum| match d.literal() {
-        PrimitiveLiteral::Int(v) => Some(i64::from(*v)),
-        PrimitiveLiteral::Long(v) => Some(*v),
-        _ => None,
-    };
-    lower
-        .iter()
-        .filter_map(|(id, lo)| Some((*id, (int(lo)?, int(upper.get(id)?)?))))
-        .collect()
+/// A data file's column metrics from its manifest entry, by field id.
+fn file_columns(file: &iceberg::spec::DataFile) -> FileColumns {
+    let mut out = FileColumns::new();
+    for (id, d) in file.lower_bounds() {
+        out.entry(*id).or_default().lower = Some(d.literal().clone());
+    }
+    for (id, d) in file.upper_bounds() {
+        out.entry(*id).or_default().upper = Some(d.literal().clone());
+    }
+    for (id, n) in file.null_value_counts() {
+        out.entry(*id).or_default().nulls = Some(*n);
+    }
+    for (id, n) in file.column_sizes() {
+        out.entry(*id).or_default().size = Some(*n);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -212,10 +251,24 @@ mod tests {
             size: 1,
             rows: 1,
             deletes: vec![],
-            bounds: int_bounds(
-                &HashMap::from([(1, Datum::long(10)), (2, Datum::string("a"))]),
-                &HashMap::from([(1, Datum::long(20)), (2, Datum::string("z"))]),
-            ),
+            columns: Arc::new(HashMap::from([
+                (
+                    1,
+                    ColumnMetrics {
+                        lower: Some(PrimitiveLiteral::Long(10)),
+                        upper: Some(PrimitiveLiteral::Long(20)),
+                        ..Default::default()
+                    },
+                ),
+                (
+                    2,
+                    ColumnMetrics {
+                        lower: Some(PrimitiveLiteral::String("a".into())),
+                        upper: Some(PrimitiveLiteral::String("z".into())),
+                        ..Default::default()
+                    },
+                ),
+            ])),
         };
         assert!(f.may_hold(1, &[10]));
         assert!(f.may_hold(1, &[5, 20]));
