@@ -8,7 +8,7 @@ Run with the Python of the Superset venv (tests/run creates it from tests/requir
 
 `spec.json`:
 
-    {"table": "orders",
+    {"table": "orders", "key": "id",
      "databases": {"postgres": {"uri": "postgresql+psycopg2://...", "schema": "public"},
                    "gateway":  {"uri": "postgresql+psycopg2://...", "schema": "analytics",
                                 "own_schemas": ["skippr"]}},
@@ -34,7 +34,11 @@ ids and names, the schema name (`public` against the gateway's workspace) and th
 catalog (the database name), timings, query ids, cache keys, client ids and timestamps of
 Superset's own objects. Schemas named in `own_schemas` (the gateway's own `skippr` schema)
 are left out of the schema lists. Everything else (status codes, column names and types as
-Superset reports them, rows, generated SQL, error messages) is kept verbatim.
+Superset reports them, rows, generated SQL, error messages) is kept verbatim. Rows keep the
+order the database gave when the query orders them; a DISTINCT value list is sorted; the table
+preview (a SELECT without ORDER BY, so any rows may come back) is answered by its row count and
+the rows that are not rows of the table, as SQL Lab shows the whole table ordered by `key` on
+the first database.
 
 When the API cannot create the dataset on a database, the chart steps still run on that
 database against a dataset the probe copies from the first database's (same columns and
@@ -54,8 +58,7 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 # --------------------------------------------------------------------------------------------
 # What Superset sends to the databases: every psycopg2 cursor records its statements.
@@ -390,7 +393,7 @@ class Workflow:
                 if self.catalog:
                     self.norm = Normalizer({self.schema: "<schema>", self.database_name: "<database>",
                                             self.catalog: "<catalog>"})
-            return self.response(status, body)
+            return self.response(status, body, self.database_view)
 
         def schemas() -> Any:
             status, body = self.api.call("GET", f"/api/v1/database/{self.db_id}/schemas/?q=(force:!f)")
@@ -456,31 +459,30 @@ class Workflow:
         if self.dataset_id is None:
             return None
         with self.app.app_context():
-            from superset.connectors.sqla.models import SqlaTable
+            from superset.connectors.sqla.models import SqlaTable, SqlMetric, TableColumn
             from superset.extensions import db
 
             ds = db.session.get(SqlaTable, self.dataset_id)
+            # every field Superset's own dataset export carries
             return {
-                "main_dttm_col": ds.main_dttm_col,
-                "columns": [{"column_name": c.column_name, "type": c.type, "is_dttm": c.is_dttm, "groupby": c.groupby,
-                             "filterable": c.filterable, "expression": c.expression,
-                             "python_date_format": c.python_date_format} for c in ds.columns],
-                "metrics": [{"metric_name": m.metric_name, "expression": m.expression, "metric_type": m.metric_type}
-                            for m in ds.metrics],
+                "table": {f: getattr(ds, f) for f in SqlaTable.export_fields
+                          if f not in ("table_name", "schema", "catalog", "database_id")},
+                "columns": [{f: getattr(c, f) for f in TableColumn.update_from_object_fields} for c in ds.columns],
+                "metrics": [{f: getattr(m, f) for f in SqlMetric.update_from_object_fields} for m in ds.metrics],
             }
 
     def copy_reference_dataset(self) -> None:
         """The API did not create the dataset: make the same one as the first database's,
         through Superset's models (no reflection), so that the chart steps can still run."""
-        ref = self.reference.definition if self.reference is not None else None
-        if ref is None:
+        if self.reference is None or self.reference.definition is None:
             return
+        ref = self.reference.definition
         with self.app.app_context():
             from superset.connectors.sqla.models import SqlaTable, SqlMetric, TableColumn
             from superset.extensions import db
 
             copy = SqlaTable(table_name=self.table, schema=self.schema, catalog=self.catalog, database_id=self.db_id,
-                             main_dttm_col=ref["main_dttm_col"])
+                             **ref["table"])
             copy.columns = [TableColumn(**c) for c in ref["columns"]]
             copy.metrics = [SqlMetric(**m) for m in ref["metrics"]]
             db.session.add(copy)
@@ -505,6 +507,7 @@ class Workflow:
 
         def chart(query: dict[str, Any], viz_type: str) -> Callable[[], Any]:
             def run() -> Any:
+                assert self.dataset_id is not None
                 status, body = self.api.call("POST", "/api/v1/chart/data", chart_request(self.dataset_id, query, viz_type))
                 return self.response(status, body, self.chart_view)
             return run
@@ -599,6 +602,15 @@ class Workflow:
         self.step("sqllab_table_preview", table_preview, ("db_id",))
 
     # -- views of the bodies -----------------------------------------------------------------
+
+    def database_view(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The saved connection: its parameters are those of each URI (host, port, user,
+        password) but for the database name, which is the catalog."""
+        result = dict(body.get("result") or {})
+        if isinstance(result.get("parameters"), dict):
+            result["parameters"] = {k: v for k, v in result["parameters"].items()
+                                    if k not in ("host", "port", "username", "password")}
+        return {**body, "result": result}
 
     def schema_list(self, body: dict[str, Any]) -> dict[str, Any]:
         own = set(self.conf.get("own_schemas", []))
