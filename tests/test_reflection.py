@@ -414,11 +414,22 @@ def _get_ci(row: dict, key: str) -> Any:
 class Sides:
     """Both sides of the comparison and each client's answers, probed once."""
 
-    def __init__(self, source: Database, gw: Gateway, classes: Path) -> None:
+    def __init__(self, source: Database, gw: Gateway, classes: Path, out: Path) -> None:
         self.source = source
         self.gw = gw
         self.classes = classes
+        #: where each client's answers are written: <client>.postgres.json, <client>.gateway.json
+        self.out = out
         self._cache: dict[str, tuple[Any, Any]] = {}
+
+    def saved(self, client: str) -> Path:
+        return self.out / f"{client}.{{postgres,gateway}}.json"
+
+    def _keep(self, client: str, expected: Any, actual: Any) -> None:
+        self._cache[client] = (expected, actual)
+        for side, answers in (("postgres", expected), ("gateway", actual)):
+            (self.out / f"{client}.{side}.json").write_text(
+                json.dumps(answers, indent=1, sort_keys=True, ensure_ascii=False))
 
     def sqla(self, client: str) -> tuple[dict, dict]:
         if client not in self._cache:
@@ -437,7 +448,7 @@ class Sides:
             for side in (pg, actual):
                 assert side["sqlalchemy"].startswith(version), \
                     f"{exe} has SQLAlchemy {side['sqlalchemy']}, not {version}x"
-            self._cache[client] = (normalize_listings_sqla(expected_sqla(pg)), actual)
+            self._keep(client, normalize_listings_sqla(expected_sqla(pg)), actual)
         return self._cache[client]
 
     def jdbc(self) -> tuple[dict, dict]:
@@ -447,7 +458,7 @@ class Sides:
                                 src.cluster.password, SOURCE_GROUPS)
             actual = run_jdbc_probe(self.classes, gw.host, gw.port, gw.dbname, gw.user, gw.password,
                                     GATEWAY_GROUPS)
-            self._cache["pgjdbc"] = (normalize_jdbc(pg, source=True), normalize_jdbc(actual, source=False))
+            self._keep("pgjdbc", normalize_jdbc(pg, source=True), normalize_jdbc(actual, source=False))
         return self._cache["pgjdbc"]
 
 
@@ -506,7 +517,7 @@ def sides(pg, tmp_path_factory, jdbc_classes) -> Iterator[Sides]:
                         except Exception as e:
                             pytest.fail(f"creating the models in {side} failed at {stmt!r}: {e}\n"
                                         f"{gw.log() if side == 'the gateway' else ''}")
-            yield Sides(source, gw, jdbc_classes)
+            yield Sides(source, gw, jdbc_classes, tmp_path_factory.mktemp("answers"))
     finally:
         _drop_database(pg, name)
 
@@ -520,22 +531,54 @@ def _dump(value: Any) -> list[str]:
     return json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False).splitlines()
 
 
+def _errors(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """(where, message) of every failed call in an answer."""
+    if isinstance(value, dict):
+        if set(value) == {"error"}:
+            yield path or "(the call)", value["error"]
+            return
+        if "ERROR" in value:
+            yield path or "(the call)", str(value["ERROR"])
+            return
+        for k, v in value.items():
+            yield from _errors(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _errors(v, f"{path}[{i}]")
+
+
 def assert_same_answer(client: str, call: str, expected: dict[str, Any], actual: dict[str, Any],
-                       sql: Callable[[str], str] = lambda key: "") -> None:
+                       sql: Callable[[str], str] = lambda key: "", saved: Path | None = None) -> None:
     """`expected` and `actual` map a relation or schema to the call's answer."""
     differ = sorted(k for k in set(expected) | set(actual) if expected.get(k, "(missing)") != actual.get(k, "(missing)"))
     if not differ:
         return
     parts = [f"{client} {call}: the gateway's answer differs from Postgres's for {', '.join(differ)}"]
+    if saved is not None:
+        parts.append(f"(both sides' whole answers: {saved})")
+    shown: dict[str, str] = {}
     for key in differ:
         e, a = expected.get(key, "(not asked)"), actual.get(key, "(not asked)")
-        diff = list(difflib.unified_diff(_dump(e), _dump(a), "postgres", "gateway", lineterm="", n=3))
-        parts.append(f"--- {key}: diff (- Postgres, + gateway) ---")
-        parts.extend(diff[:200] + ([f"... ({len(diff) - 200} more diff lines)"] if len(diff) > 200 else []))
+        errors = list(_errors(a))
+        if errors:
+            parts.append(f"--- {key}: the gateway failed ---")
+            parts.extend(f"  {where}: {msg}" for where, msg in errors[:10])
+            parts.append(f"--- {key}: Postgres answered ---")
+            dump = _dump(e)
+            parts.extend(dump[:60] + ([f"... ({len(dump) - 60} more lines)"] if len(dump) > 60 else []))
+        else:
+            diff = list(difflib.unified_diff(_dump(e), _dump(a), "postgres", "gateway", lineterm="", n=3))
+            parts.append(f"--- {key}: diff (- Postgres, + gateway) ---")
+            parts.extend(diff[:200] + ([f"... ({len(diff) - 200} more diff lines)"] if len(diff) > 200 else []))
         statements = sql(key)
         if statements:
-            parts.append(f"--- {key}: SQL {client} sent to the gateway ---")
-            parts.append(statements[:4000])
+            shape = re.sub(r"-- parameters: .*", "", statements)
+            if shape in shown:
+                parts.append(f"--- {key}: SQL {client} sent to the gateway: as for {shown[shape]} ---")
+            else:
+                shown[shape] = key
+                parts.append(f"--- {key}: SQL {client} sent to the gateway ---")
+                parts.append(statements[:4000])
     raise AssertionError("\n".join(parts))
 
 
@@ -552,7 +595,7 @@ def test_reflection_equals_postgres(sides, client, scope, call):
             keys = [""]
         # a call with no rows prints nothing: an empty answer
         assert_same_answer(client, call, {k: exp.get(k, []) for k in keys}, {k: act.get(k, []) for k in keys},
-                           lambda key: "")
+                           saved=sides.saved(client))
         return
 
     expected, actual = sides.sqla(client)
@@ -569,7 +612,8 @@ def test_reflection_equals_postgres(sides, client, scope, call):
         act = {k: v.get(call, "(not answered)") for k, v in actual["relations"].items()}
         labels = {k: f"{k}: {call}" for k in exp}
     gw_sql = actual.get("sql", {})
-    assert_same_answer(client, call, exp, act, lambda key: "\n\n".join(gw_sql.get(labels.get(key, ""), [])))
+    assert_same_answer(client, call, exp, act, lambda key: "\n\n".join(gw_sql.get(labels.get(key, ""), [])),
+                       saved=sides.saved(client))
 
 
 def test_pgjdbc_table_privileges(sides):
