@@ -557,7 +557,16 @@ pub async fn run(
         .get_extension::<limits::Limits>()
         .map(|l| *l);
     let work = async {
-        let df = ctx.sql_with_options(sql, read_only_options()).await?;
+        let state = ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let mut statement = state.sql_to_statement(sql, &dialect)?;
+        if let datafusion::sql::parser::Statement::Statement(s) = &mut statement {
+            // Columns named as Postgres names them (duplicates included).
+            naming::name_like_postgres(s);
+        }
+        let plan = state.statement_to_plan(statement).await?;
+        read_only_options().verify_plan(&plan)?;
+        let df = ctx.execute_logical_plan(plan).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await?;
         Ok::<_, DataFusionError>((schema, batches))

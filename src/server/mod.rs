@@ -129,6 +129,14 @@ impl Gateway {
         );
         query::register(&ctx, &ws)?;
         let pg = pg::setup(&ctx, ws.clone())?;
+        // Rules that must run before the engine's type coercion go first.
+        let mut base = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state());
+        if let Some(analyzer) = base.analyzer().as_mut() {
+            analyzer
+                .rules
+                .insert(0, Arc::new(pg::compat::UnknownLiterals));
+        }
+        let base = base.build();
         let listener = TcpListener::bind(cfg.listen).await.map_err(|e| {
             Error::config(format!(
                 "cannot listen on {} (skippr.query.listen): {e}; choose a free port or stop the process using it",
@@ -143,7 +151,7 @@ impl Gateway {
             listener,
             tls,
             shared: Arc::new(Shared {
-                base: ctx.state(),
+                base,
                 workspace: ws.name.clone(),
                 ws: ws.clone(),
                 pg,

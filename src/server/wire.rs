@@ -22,6 +22,7 @@ use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
 
 use super::limits::{Interrupted, Interrupts};
+use super::pg::catalog_types::{field_pg_type, is_vector, list_text};
 use crate::query::limits::statement_runtime;
 use crate::query::live::PG_TYPE_META;
 
@@ -54,6 +55,8 @@ enum Conv {
     JsonBinary,
     /// jsonb, binary format: version 1, then the text's bytes.
     JsonbBinary,
+    /// int2vector or oidvector, text format: the values separated by spaces.
+    VectorText,
 }
 
 /// Field descriptions and conversions for a result schema.
@@ -129,10 +132,13 @@ pub fn plan(
             .get(PG_TYPE_META)
             .filter(|_| bare.get(i).copied().unwrap_or(true) && f.data_type() == &DataType::Utf8)
             .map(String::as_str);
+        let json = json.filter(|t| matches!(*t, "json" | "jsonb"));
+        let vector = field_pg_type(f).is_some_and(is_vector);
         let (conv, dt) = match (f.data_type(), json) {
             (_, Some("jsonb")) if binary => (Conv::JsonbBinary, DataType::Binary),
             (_, Some("json")) if binary => (Conv::JsonBinary, DataType::Binary),
             (_, Some(_)) => (Conv::JsonText, DataType::Utf8),
+            (DataType::List(_), None) if vector && !binary => (Conv::VectorText, DataType::Utf8),
             (other, _) => match other {
                 DataType::FixedSizeBinary(16) if binary => (Conv::UuidBinary, DataType::Binary),
                 DataType::FixedSizeBinary(16) => (Conv::UuidText, DataType::Utf8),
@@ -168,7 +174,8 @@ pub fn plan(
         .into_iter()
         .zip(&convs)
         .zip(schema.fields())
-        .map(|((f, conv), original)| {
+        .enumerate()
+        .map(|(i, ((f, conv), original))| {
             let ty = match conv {
                 Conv::UuidText | Conv::UuidBinary => Type::UUID,
                 Conv::DecimalText | Conv::DecimalBinary => Type::NUMERIC,
@@ -184,7 +191,20 @@ pub fn plan(
                     Type::JSONB
                 }
                 Conv::JsonText | Conv::JsonBinary | Conv::JsonbBinary => Type::JSON,
-                Conv::None => return f,
+                Conv::VectorText | Conv::None => {
+                    // A scalar only as it is stored (a cast keeps its column's field
+                    // metadata); a list is of its type while it is a list.
+                    let binary = f.format() == FieldFormat::Binary;
+                    let kept = bare.get(i).copied().unwrap_or(true)
+                        || matches!(original.data_type(), DataType::List(_));
+                    match field_pg_type(original)
+                        .filter(|_| kept)
+                        .and_then(|t| catalog_wire_type(t, original.data_type(), binary))
+                    {
+                        Some(ty) => ty,
+                        None => return f,
+                    }
+                }
             };
             let mut out = FieldInfo::new(f.name().to_string(), None, None, ty, f.format());
             if let Some(o) = &options {
@@ -217,9 +237,39 @@ impl WirePlan {
     }
 }
 
+/// The type a client is told for a column of the catalog's Postgres type `pg_type` held as
+/// `dt`, where the value goes out in that type's own encoding (text, and binary where the
+/// bytes are the same; `regproc`, `regtype` and `xid` are held as text, so binary results
+/// keep the text type).
+fn catalog_wire_type(pg_type: &str, dt: &DataType, binary: bool) -> Option<Type> {
+    let list = matches!(dt, DataType::List(_));
+    Some(match pg_type {
+        "name" if dt == &DataType::Utf8 => Type::NAME,
+        "\"char\"" if dt == &DataType::Utf8 => Type::CHAR,
+        "character varying" if dt == &DataType::Utf8 => Type::VARCHAR,
+        "pg_node_tree" if dt == &DataType::Utf8 => Type::PG_NODE_TREE,
+        "oid" if dt == &DataType::Int32 => Type::OID,
+        "regproc" if !binary => Type::REGPROC,
+        "regtype" if !binary => Type::REGTYPE,
+        "xid" if !binary => Type::XID,
+        "pg_lsn" if !binary => Type::PG_LSN,
+        "int2vector" if list => Type::INT2_VECTOR,
+        "oidvector" if list => Type::OID_VECTOR,
+        "smallint[]" if list => Type::INT2_ARRAY,
+        "oid[]" if list => Type::OID_ARRAY,
+        "text[]" if list => Type::TEXT_ARRAY,
+        "name[]" if list => Type::NAME_ARRAY,
+        "\"char\"[]" if list => Type::CHAR_ARRAY,
+        "aclitem[]" if list => Type::ACLITEM_ARRAY,
+        "regtype[]" if list => Type::REGTYPE_ARRAY,
+        _ => return None,
+    })
+}
+
 fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResult<ArrayRef> {
     Ok(match conv {
         Conv::None | Conv::JsonText => col.clone(),
+        Conv::VectorText => list_text(col, true).map_err(|e| PgWireError::ApiError(Box::new(e)))?,
         Conv::JsonBinary | Conv::JsonbBinary => {
             let a = col.as_string::<i32>();
             let version: &[u8] = if conv == Conv::JsonbBinary { &[1] } else { &[] };

@@ -31,6 +31,7 @@ use crate::query::models::ModelsView;
 use crate::query::{Workspace, CATALOG};
 use crate::sink::iceberg::PROP_PRIMARY_KEY;
 
+use super::catalog_types::Typed;
 use super::relations;
 use super::types::{column_types, declared_types, ColumnTypes, TYPE_OIDS};
 use super::udf;
@@ -714,11 +715,15 @@ impl SchemaProvider for PgCatalog {
             "pg_rewrite" if models => Extra::Rewrite,
             "pg_depend" if models => Extra::Depend,
             "pg_description" if models => Extra::Description,
-            _ => return self.inner.table(name).await,
+            _ => {
+                let table = self.inner.table(name).await?;
+                return Ok(table.map(|t| Typed::wrap("pg_catalog", name, t)));
+            }
         };
         let Some(base) = self.inner.table(name).await? else {
             return Ok(None);
         };
+        let base = Typed::wrap("pg_catalog", name, base);
         Ok(Some(Arc::new(Extended {
             base,
             catalog: Arc::new(PgCatalog {

@@ -153,9 +153,125 @@ impl AnalyzerRule for TimestampText {
     }
 }
 
+/// A string literal compared with a boolean reads as a boolean (`indisprimary = 'f'`, which
+/// SQLAlchemy's reflection sends): Postgres gives an untyped literal the type of what it is
+/// compared with. Runs before the engine's type coercion, which refuses `Boolean = Utf8`.
+#[derive(Debug, Default)]
+pub struct UnknownLiterals;
+
+/// A boolean's text as Postgres reads it (`t`, `true`, `yes`, `on`, `1` and their opposites,
+/// any case, any unique prefix of the words).
+fn boolean_text(s: &str) -> Option<bool> {
+    let t = s.trim().to_ascii_lowercase();
+    if t.is_empty() {
+        return None;
+    }
+    let prefix_of = |word: &str| word.starts_with(t.as_str());
+    match t.as_str() {
+        "1" | "on" => Some(true),
+        "0" | "of" | "off" => Some(false),
+        _ if prefix_of("true") || prefix_of("yes") => Some(true),
+        _ if prefix_of("false") || prefix_of("no") => Some(false),
+        _ => None,
+    }
+}
+
+impl UnknownLiterals {
+    fn rewrite(e: Expr, schema: &dyn ExprSchema) -> DfResult<Transformed<Expr>> {
+        use datafusion::logical_expr::{BinaryExpr, Operator};
+        let Expr::BinaryExpr(BinaryExpr { left, op, right }) = &e else {
+            return Ok(Transformed::no(e));
+        };
+        if !matches!(
+            op,
+            Operator::Eq
+                | Operator::NotEq
+                | Operator::Lt
+                | Operator::LtEq
+                | Operator::Gt
+                | Operator::GtEq
+                | Operator::IsDistinctFrom
+                | Operator::IsNotDistinctFrom
+        ) {
+            return Ok(Transformed::no(e));
+        }
+        let as_boolean = |literal: &Expr, other: &Expr| -> Option<Expr> {
+            let Expr::Literal(
+                datafusion::common::ScalarValue::Utf8(Some(s))
+                | datafusion::common::ScalarValue::Utf8View(Some(s))
+                | datafusion::common::ScalarValue::LargeUtf8(Some(s)),
+                _,
+            ) = literal
+            else {
+                return None;
+            };
+            matches!(other.get_type(schema), Ok(DataType::Boolean))
+                .then(|| boolean_text(s).map(lit))
+                .flatten()
+        };
+        let (l, r) = (left.as_ref(), right.as_ref());
+        let new = match (as_boolean(l, r), as_boolean(r, l)) {
+            (Some(b), _) => Expr::BinaryExpr(BinaryExpr::new(Box::new(b), *op, right.clone())),
+            (_, Some(b)) => Expr::BinaryExpr(BinaryExpr::new(left.clone(), *op, Box::new(b))),
+            _ => return Ok(Transformed::no(e)),
+        };
+        Ok(Transformed::yes(new))
+    }
+}
+
+impl AnalyzerRule for UnknownLiterals {
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
+        plan.transform_up_with_subqueries(|node| {
+            let inputs = node.inputs();
+            let schema = match inputs.as_slice() {
+                [] => return Ok(Transformed::no(node)),
+                [input] => Arc::clone(input.schema()),
+                many => {
+                    let mut merged = datafusion::common::DFSchema::empty();
+                    for input in many {
+                        merged.merge(input.schema());
+                    }
+                    Arc::new(merged)
+                }
+            };
+            node.map_expressions(|e| e.transform_up(|e| Self::rewrite(e, schema.as_ref())))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "skippr_unknown_literals"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn strings_compared_with_booleans_read_as_booleans() -> DfResult<()> {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let mut builder =
+            datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state());
+        if let Some(analyzer) = builder.analyzer().as_mut() {
+            analyzer.rules.insert(0, Arc::new(UnknownLiterals));
+        }
+        let ctx = datafusion::prelude::SessionContext::new_with_state(builder.build());
+        let batches = ctx
+            .sql(
+                "SELECT count(*) AS n FROM (VALUES (true), (false), (false)) AS v(b) \
+                 WHERE b = 'f' AND 'no' = b AND b <> 'TRUE'",
+            )
+            .await?
+            .collect()
+            .await?;
+        let n = arrow::compute::cast(batches[0].column(0), &DataType::Utf8)?;
+        assert_eq!(n.as_string::<i32>().value(0), "2");
+        assert_eq!(boolean_text("of"), Some(false));
+        assert_eq!(boolean_text("o"), None);
+        assert_eq!(boolean_text(" Yes "), Some(true));
+        Ok(())
+    }
 
     #[tokio::test]
     async fn timestamps_read_as_postgres_prints_them() -> DfResult<()> {

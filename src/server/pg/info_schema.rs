@@ -309,12 +309,13 @@ impl SchemaProvider for InfoSchema {
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
-        match name.to_ascii_lowercase().as_str() {
-            "table_constraints" => Ok(Some(self.table_constraints().await?)),
-            "key_column_usage" => Ok(Some(self.key_column_usage().await?)),
-            "columns" => self.columns().await,
-            _ => self.inner.table(name).await,
-        }
+        let table = match name.to_ascii_lowercase().as_str() {
+            "table_constraints" => Some(self.table_constraints().await?),
+            "key_column_usage" => Some(self.key_column_usage().await?),
+            "columns" => self.columns().await?,
+            _ => self.inner.table(name).await?,
+        };
+        Ok(table.map(|t| super::catalog_types::Typed::wrap("information_schema", name, t)))
     }
 
     fn table_exist(&self, name: &str) -> bool {

@@ -4,8 +4,11 @@
 //! query engine lacks, and the known client queries answered from Skippr's metadata. The
 //! wire protocol, sessions and limits stay in `server/`.
 
+pub mod arrays;
 pub mod catalog;
+pub mod catalog_types;
 pub mod compat;
+pub mod datetime;
 pub mod fence;
 pub mod functions;
 pub mod info_schema;
@@ -40,6 +43,8 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<catalog::PgShar
     let shared = catalog::setup(ctx, ws)?;
     // After pg_catalog's own functions, which some of these replace.
     functions::register(ctx);
+    arrays::register(ctx);
+    ctx.add_analyzer_rule(Arc::new(arrays::ArrayCasts));
     ctx.add_analyzer_rule(Arc::new(compat::LikeEscape));
     ctx.add_analyzer_rule(Arc::new(compat::TimestampText::default()));
     Ok(shared)

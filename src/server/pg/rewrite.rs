@@ -17,10 +17,10 @@ use std::sync::LazyLock;
 
 use datafusion::sql::sqlparser::ast::helpers::attached_token::AttachedToken;
 use datafusion::sql::sqlparser::ast::{
-    ArrayElemTypeDef, BinaryOperator, CaseWhen, CastKind, DataType as SqlType, Expr, Function,
-    FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr, Ident,
-    ObjectName, Query, SelectItem, SetExpr, Statement, TableFactor, UnaryOperator, Value,
-    ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
+    AccessExpr, ArrayElemTypeDef, BinaryOperator, CaseWhen, CastKind, DataType as SqlType, Expr,
+    Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, GroupByExpr,
+    Ident, ObjectName, Query, SelectItem, SetExpr, Statement, Subscript, TableFactor,
+    UnaryOperator, Value, ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -47,6 +47,12 @@ pub struct Rewritten {
 /// Rewrites `sql` (one or more statements). SQL the parser does not read is left for the
 /// planner to report.
 pub fn rewrite(sql: &str) -> Rewritten {
+    rewrite_statements(sql, true)
+}
+
+/// [`rewrite`], with the result columns named as Postgres names them when `name_columns`
+/// (see [`crate::query::naming::name_like_postgres`]).
+fn rewrite_statements(sql: &str, name_columns: bool) -> Rewritten {
     let Ok(mut statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
         return Rewritten::default();
     };
@@ -65,17 +71,22 @@ pub fn rewrite(sql: &str) -> Rewritten {
         }
     }
     let original = (!changed).then(|| statements.clone());
+    // Result columns named as Postgres names them, from the statement as the client wrote it.
+    let mut named = false;
+    for statement in statements.iter_mut().filter(|_| name_columns) {
+        named |= crate::query::naming::name_like_postgres(statement);
+    }
     let mut visitor = CastRewrite::default();
     for statement in statements.iter_mut() {
         let _ = statement.visit(&mut visitor);
     }
-    if let Some(original) = original.filter(|_| visitor.changed) {
+    if let Some(original) = original.filter(|_| visitor.changed || named) {
         if compatibility_replaces(sql, original) {
             // pg_catalog's parser answers this exact query (psql's `\d` ones) itself.
             return Rewritten::default();
         }
     }
-    changed |= visitor.changed;
+    changed |= visitor.changed || named;
     Rewritten {
         sql: changed.then(|| {
             statements
@@ -340,38 +351,6 @@ fn hoist_outer_conditions(q: &mut Query) -> Option<Expr> {
     and_all(outer)
 }
 
-/// Catalog columns Postgres types `int2vector` or `oidvector` (the catalog holds them as
-/// text, space separated, as Postgres prints them).
-const VECTOR_COLUMNS: &[&str] = &["indkey", "indclass", "indcollation", "indoption"];
-
-/// `CAST(string_to_array(<e>, ' ') AS INT[])` when `e` names a vector column.
-fn vector_as_array(e: &Expr) -> Option<Expr> {
-    let name = match e {
-        Expr::Identifier(i) => &i.value,
-        Expr::CompoundIdentifier(parts) => &parts.last()?.value,
-        _ => return None,
-    };
-    if !VECTOR_COLUMNS.contains(&name.to_ascii_lowercase().as_str()) {
-        return None;
-    }
-    Some(Expr::Cast {
-        kind: CastKind::Cast,
-        expr: Box::new(call(
-            "string_to_array",
-            vec![
-                e.clone(),
-                Expr::value(Value::SingleQuotedString(" ".into())),
-            ],
-        )),
-        data_type: SqlType::Array(ArrayElemTypeDef::SquareBracket(
-            Box::new(SqlType::Int(None)),
-            None,
-        )),
-        array: false,
-        format: None,
-    })
-}
-
 /// The plain arguments of a function call.
 fn plain_args(f: &Function) -> Option<Vec<&Expr>> {
     let FunctionArguments::List(list) = &f.args else {
@@ -386,52 +365,27 @@ fn plain_args(f: &Function) -> Option<Vec<&Expr>> {
         .collect()
 }
 
-/// Set-returning calls over arrays the engine does not run as written: `unnest` of a
-/// vector column unnests its values as an array; `generate_subscripts(a, 1)` (the
-/// subscripts of a one-dimensional array that starts at 1, as Postgres builds them) is
-/// `unnest(generate_series(1, cardinality(a)))` (no rows for another dimension).
+/// Set-returning calls the engine lacks, as `unnest` of a list: `generate_subscripts(a,
+/// dim)` is `unnest(skippr_subscripts(a, dim))` (from 1, or from 0 for a vector: see
+/// [`super::arrays`]); `information_schema._pg_expandarray(a)` (pgjdbc's key and index
+/// metadata) unnests `(x, n)` records.
 fn array_set_function(f: &Function) -> Option<Expr> {
     let name = f.name.to_string().to_ascii_lowercase();
     let name = name.rsplit('.').next().unwrap_or_default();
     let args = plain_args(f)?;
     match (name, args.as_slice()) {
-        ("unnest", [a]) => Some(call("unnest", vec![vector_as_array(a)?])),
-        ("generate_subscripts", [a, dim]) => {
-            let array = vector_as_array(a).unwrap_or_else(|| (*a).clone());
-            let one = || Expr::value(Value::Number("1".into(), false));
-            // Only dimension 1 has subscripts (a parameter's value is not known here).
-            let count = match dim {
-                Expr::Value(ValueWithSpan {
-                    value: Value::Number(n, _),
-                    ..
-                }) if n == "1" => call("cardinality", vec![array]),
-                _ => Expr::Case {
-                    case_token: AttachedToken::empty(),
-                    end_token: AttachedToken::empty(),
-                    operand: None,
-                    conditions: vec![CaseWhen {
-                        condition: Expr::BinaryOp {
-                            left: Box::new((*dim).clone()),
-                            op: BinaryOperator::Eq,
-                            right: Box::new(one()),
-                        },
-                        result: call("cardinality", vec![array]),
-                    }],
-                    else_result: Some(Box::new(Expr::value(Value::Number("0".into(), false)))),
-                },
-            };
-            let count = Expr::Cast {
-                kind: CastKind::Cast,
-                expr: Box::new(count),
-                data_type: SqlType::BigInt(None),
-                array: false,
-                format: None,
-            };
-            Some(call(
-                "unnest",
-                vec![call("generate_series", vec![one(), count])],
-            ))
-        }
+        // A set of (x, n) records: each element of the array with its position from 1.
+        ("_pg_expandarray", [a]) => Some(call(
+            "unnest",
+            vec![call("skippr_expandarray", vec![(*a).clone()])],
+        )),
+        ("generate_subscripts", [a, dim]) => Some(call(
+            "unnest",
+            vec![call(
+                "skippr_subscripts",
+                vec![(*a).clone(), (*dim).clone()],
+            )],
+        )),
         _ => None,
     }
 }
@@ -629,6 +583,21 @@ impl VisitorMut for CastRewrite {
             }
             return ControlFlow::Continue(());
         }
+        if let Expr::CompoundFieldAccess { root, access_chain } = e {
+            // `(record).field`, Postgres's access to a field of a composite value, is the
+            // engine's `record['field']`.
+            if matches!(root.as_ref(), Expr::Nested(_)) {
+                for access in access_chain.iter_mut() {
+                    if let AccessExpr::Dot(Expr::Identifier(field)) = access {
+                        self.changed = true;
+                        *access = AccessExpr::Subscript(Subscript::Index {
+                            index: Expr::value(Value::SingleQuotedString(field.value.clone())),
+                        });
+                    }
+                }
+            }
+            return ControlFlow::Continue(());
+        }
         if let Expr::Function(f) = e {
             let name = f.name.to_string().to_ascii_lowercase();
             let name = name.trim_start_matches("pg_catalog.");
@@ -637,6 +606,7 @@ impl VisitorMut for CastRewrite {
                 self.uses_relations = true;
                 self.uses_descriptions = true;
             }
+            self.changed |= super::datetime::translate_call(f);
             if let Some(replacement) = array_set_function(f) {
                 self.changed = true;
                 *e = replacement;
@@ -684,6 +654,21 @@ impl VisitorMut for CastRewrite {
                 }
                 _ => None,
             },
+            "int2vector" | "oidvector" => {
+                self.changed = true;
+                Some(call(&target, vec![(**inner).clone()]))
+            }
+            "\"char\"" => {
+                // A one-character text type: text to the engine.
+                self.changed = true;
+                Some(Expr::Cast {
+                    kind: CastKind::Cast,
+                    expr: inner.clone(),
+                    data_type: SqlType::Varchar(None),
+                    array: false,
+                    format: None,
+                })
+            }
             "oid[]" | "regclass[]" | "regtype[]" => {
                 self.declare(inner, Type::OID_ARRAY);
                 self.changed = true;
@@ -712,7 +697,14 @@ mod tests {
     use super::*;
 
     fn sql(s: &str) -> String {
-        rewrite(s).sql.unwrap_or_else(|| s.to_string())
+        rewrite_statements(s, false)
+            .sql
+            .unwrap_or_else(|| s.to_string())
+    }
+
+    /// What the rewrites alone make of `s` (the naming of result columns has its own tests).
+    fn rewrite(s: &str) -> Rewritten {
+        rewrite_statements(s, false)
     }
 
     #[test]
@@ -783,17 +775,20 @@ mod tests {
     }
 
     #[test]
-    fn vector_columns_unnest_as_arrays() {
+    fn set_returning_array_functions_unnest_lists() {
         assert_eq!(
             sql("SELECT unnest(i.indkey) AS a, generate_subscripts(i.indkey, 1) AS o FROM i"),
-            "SELECT unnest(CAST(string_to_array(i.indkey, ' ') AS INT[])) AS a, \
-             unnest(generate_series(1, CAST(cardinality(CAST(string_to_array(i.indkey, ' ') AS INT[])) AS BIGINT))) AS o FROM i"
+            "SELECT unnest(i.indkey) AS a, unnest(skippr_subscripts(i.indkey, 1)) AS o FROM i"
         );
         assert_eq!(
-            sql("SELECT generate_subscripts(t.a, $1) FROM t"),
-            "SELECT unnest(generate_series(1, CAST(CASE WHEN $1 = 1 THEN cardinality(t.a) ELSE 0 END AS BIGINT))) FROM t"
+            sql("SELECT (information_schema._pg_expandarray(i.indkey)).n AS k FROM i"),
+            "SELECT (unnest(skippr_expandarray(i.indkey)))['n'] AS k FROM i"
         );
-        assert_eq!(rewrite("SELECT unnest(t.a) FROM t").sql, None);
+        assert_eq!(
+            sql("SELECT 1 FROM r WHERE a = (r.keys).x"),
+            "SELECT 1 FROM r WHERE a = (r.keys)['x']"
+        );
+        assert_eq!(rewrite("SELECT unnest(t.a), t.b.c FROM t").sql, None);
     }
 
     #[test]
