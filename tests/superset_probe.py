@@ -254,6 +254,16 @@ ID_KEYS = {"database", "datasource", "explore_database_id"}
 RESULT_KEYS = {"data", "label_map", "rows_not_in_table"}
 
 
+def without_connection(database: dict[str, Any]) -> dict[str, Any]:
+    """A saved connection without what is each URI's own (host, port, user, password); the
+    database name stays, as it is the catalog."""
+    database = dict(database)
+    if isinstance(database.get("parameters"), dict):
+        database["parameters"] = {k: v for k, v in database["parameters"].items()
+                                  if k not in ("host", "port", "username", "password")}
+    return database
+
+
 class Normalizer:
     """Replaces what legitimately differs between the two databases by placeholders."""
 
@@ -268,6 +278,8 @@ class Normalizer:
         return s
 
     def __call__(self, obj: Any, drop: set[str] = DROP_KEYS) -> Any:
+        if isinstance(obj, dict) and "parameters_schema" in obj:
+            obj = without_connection(obj)  # a saved connection, wherever an answer shows it
         if isinstance(obj, dict):
             return {self.text(k): self(v, set() if k in RESULT_KEYS and isinstance(v, list) else drop)
                     for k, v in obj.items()
@@ -604,13 +616,8 @@ class Workflow:
     # -- views of the bodies -----------------------------------------------------------------
 
     def database_view(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The saved connection: its parameters are those of each URI (host, port, user,
-        password) but for the database name, which is the catalog."""
-        result = dict(body.get("result") or {})
-        if isinstance(result.get("parameters"), dict):
-            result["parameters"] = {k: v for k, v in result["parameters"].items()
-                                    if k not in ("host", "port", "username", "password")}
-        return {**body, "result": result}
+        """The saved connection, without each URI's own parameters."""
+        return {**body, "result": without_connection(body.get("result") or {})}
 
     def schema_list(self, body: dict[str, Any]) -> dict[str, Any]:
         own = set(self.conf.get("own_schemas", []))

@@ -105,12 +105,29 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
         .map_err(Error::from)?;
     for name in ["pg_get_indexdef", "pg_get_constraintdef"] {
         let defs = defs.clone();
+        let columns = name == "pg_get_indexdef";
         ctx.register_udf(udf::function(name, DataType::Utf8, move |args| {
             let oids = udf::int_arg(args, 0, name)?;
+            // `pg_get_indexdef(oid, column, pretty)`: column 0 is the whole definition,
+            // column k the k-th key column's name.
+            let column = match args.args.get(1).filter(|_| columns) {
+                Some(_) => Some(udf::int_arg(args, 1, name)?),
+                None => None,
+            };
             let defs = defs.0.read().unwrap_or_else(|e| e.into_inner());
             let out: arrow::array::StringArray = oids
                 .iter()
-                .map(|oid| oid.and_then(|o| defs.get(&o).cloned()))
+                .enumerate()
+                .map(|(i, oid)| {
+                    let oid = oid?;
+                    match column.as_ref().map(|c| c.is_valid(i).then(|| c.value(i))) {
+                        Some(None) => None,
+                        Some(Some(k)) if k > 0 => {
+                            defs.get(&oid).and_then(|d| index_column(d, k as usize))
+                        }
+                        _ => defs.get(&oid).cloned(),
+                    }
+                })
                 .collect();
             Ok(ColumnarValue::Array(Arc::new(out)))
         }));
@@ -147,6 +164,30 @@ pub fn version_string() -> String {
         env!("CARGO_PKG_VERSION"),
         std::env::consts::ARCH
     )
+}
+
+/// The `k`-th key column (from 1) of an index definition `CREATE ... (a, b)`, as Postgres's
+/// `pg_get_indexdef(oid, k, _)` prints it; `None` past the last.
+fn index_column(definition: &str, k: usize) -> Option<String> {
+    let open = definition.rfind('(')?;
+    let close = definition.rfind(')')?;
+    let list = definition.get(open + 1..close)?;
+    // Key columns are identifiers as `ident` prints them: a quoted one may hold a comma.
+    let mut columns = Vec::new();
+    let mut current = String::new();
+    let mut quoted = false;
+    for c in list.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                current.push(c);
+            }
+            ',' if !quoted => columns.push(std::mem::take(&mut current)),
+            c => current.push(c),
+        }
+    }
+    columns.push(current);
+    columns.get(k - 1).map(|c| c.trim().to_string())
 }
 
 /// The definitions of our indexes and constraints by oid, as `pg_get_indexdef` and
@@ -246,6 +287,17 @@ impl PgCatalog {
             .collect()
             .await
             .map_err(Error::from)?;
+        let mut views = std::collections::HashSet::new();
+        for b in scratch
+            .sql("SELECT CAST(oid AS BIGINT) AS oid FROM pg_class WHERE relkind = 'v'")
+            .await
+            .map_err(Error::from)?
+            .collect()
+            .await
+            .map_err(Error::from)?
+        {
+            views.extend(b.column(0).as_primitive::<Int64Type>().iter().flatten());
+        }
         let mut namespaces = HashMap::new();
         let listed = scratch
             .sql("SELECT CAST(oid AS BIGINT) AS oid, nspname FROM pg_namespace")
@@ -324,6 +376,7 @@ impl PgCatalog {
             keys: out,
             types,
             namespaces,
+            views,
         })
     }
 }
@@ -335,6 +388,8 @@ struct WorkspaceTables {
     types: HashMap<i64, ColumnTypes>,
     /// The gateway's schema oid by pg_catalog's current one.
     namespaces: HashMap<i64, i64>,
+    /// The oids of the views (whose columns are all nullable, as on Postgres).
+    views: std::collections::HashSet<i64>,
 }
 
 /// An identifier as Postgres prints it: bare when it is a plain lower-case name, quoted
@@ -367,6 +422,7 @@ pub(super) enum Extra {
     Rewrite,
     Depend,
     Description,
+    Settings,
 }
 
 /// A `pg_catalog` table with one row added per primary key. The rows are built when the
@@ -405,6 +461,27 @@ impl TableProvider for Extended {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if matches!(self.extra, Extra::Settings) {
+            // Settings clients read from the catalog (pgjdbc's `max_index_keys`).
+            let scratch = SessionContext::new();
+            let mut batches = scratch.read_table(self.base.clone())?.collect().await?;
+            let schema = self.base.schema();
+            batches.push(rows(&schema, SETTINGS, |col, (name, value, vartype)| {
+                Some(match col {
+                    "name" => Value::Text(name.to_string()),
+                    "setting" | "reset_val" | "boot_val" => Value::Text(value.to_string()),
+                    "vartype" => Value::Text(vartype.to_string()),
+                    "context" => Value::Text("internal".into()),
+                    "source" => Value::Text("default".into()),
+                    _ => return None,
+                })
+            })?);
+            return Ok(MemorySourceConfig::try_new_exec(
+                &[batches],
+                schema,
+                projection.cloned(),
+            )?);
+        }
         let _one_at_a_time = self.catalog.namespaces.scans.lock().await;
         if matches!(self.extra, Extra::Namespace) {
             // Schemas only change oid, by name: the workspace's tables are not needed.
@@ -436,6 +513,7 @@ impl TableProvider for Extended {
             keys,
             types,
             namespaces,
+            views,
         } = self
             .catalog
             .workspace_tables()
@@ -447,7 +525,7 @@ impl TableProvider for Extended {
         if matches!(self.extra, Extra::Attribute) {
             let batches = batches
                 .into_iter()
-                .map(|b| declared_types(b, &types))
+                .map(|b| declared_types(b, &types).and_then(|b| nullable_views(b, &views)))
                 .collect::<DfResult<Vec<_>>>()?;
             return Ok(MemorySourceConfig::try_new_exec(
                 &[batches],
@@ -530,15 +608,41 @@ fn remap_oids(
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
+/// Fixed settings `pg_settings` lists besides pg_catalog's own: (name, setting, vartype).
+const SETTINGS: &[(&str, &str, &str)] = &[
+    ("max_index_keys", "32", "integer"),
+    ("max_identifier_length", "63", "integer"),
+    ("max_function_args", "100", "integer"),
+    ("block_size", "8192", "integer"),
+    ("integer_datetimes", "on", "bool"),
+    ("server_encoding", "UTF8", "string"),
+    ("server_version", "16.6", "string"),
+    ("server_version_num", "160006", "integer"),
+];
+
 /// Columns Postgres has that pg_catalog's table lacks, which clients select: always NULL
 /// here (`pg_class.reloptions`: no table has storage options).
 fn added_columns(extra: Extra) -> Vec<Field> {
     match extra {
-        Extra::Class => vec![Field::new(
-            "reloptions",
-            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
-            true,
-        )],
+        Extra::Class => ["reloptions", "relacl"]
+            .into_iter()
+            .map(|name| {
+                let pg = if name == "relacl" {
+                    "aclitem[]"
+                } else {
+                    "text[]"
+                };
+                Field::new(
+                    name,
+                    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+                    true,
+                )
+                .with_metadata(HashMap::from([(
+                    crate::query::live::PG_TYPE_META.to_string(),
+                    pg.to_string(),
+                )]))
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -566,6 +670,32 @@ fn add_null_columns(batch: RecordBatch, full: &SchemaRef) -> DfResult<RecordBatc
         ));
     }
     Ok(RecordBatch::try_new(full.clone(), columns)?)
+}
+
+/// Clears `attnotnull` of the views' columns: Postgres does not carry NOT NULL into a view.
+fn nullable_views(
+    batch: RecordBatch,
+    views: &std::collections::HashSet<i64>,
+) -> DfResult<RecordBatch> {
+    let schema = batch.schema();
+    let (Ok(rel), Ok(flag)) = (schema.index_of("attrelid"), schema.index_of("attnotnull")) else {
+        return Ok(batch);
+    };
+    if views.is_empty() {
+        return Ok(batch);
+    }
+    let rels = arrow::compute::cast(batch.column(rel), &DataType::Int64)?;
+    let rels = rels.as_primitive::<Int64Type>();
+    let flags = batch.column(flag).as_boolean();
+    let cleared: arrow::array::BooleanArray = (0..batch.num_rows())
+        .map(|i| {
+            let view = rels.is_valid(i) && views.contains(&rels.value(i));
+            Some(!view && flags.is_valid(i) && flags.value(i))
+        })
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns[flag] = Arc::new(cleared);
+    Ok(RecordBatch::try_new(schema, columns)?)
 }
 
 /// Sets `relhasindex` on the rows of tables that have a primary key.
@@ -715,6 +845,7 @@ impl SchemaProvider for PgCatalog {
             "pg_rewrite" if models => Extra::Rewrite,
             "pg_depend" if models => Extra::Depend,
             "pg_description" if models => Extra::Description,
+            "pg_settings" => Extra::Settings,
             _ => {
                 let table = self.inner.table(name).await?;
                 return Ok(table.map(|t| Typed::wrap("pg_catalog", name, t)));

@@ -49,7 +49,10 @@ fn quote_literal(s: &str) -> String {
 
 /// A replacement for `sql` when it is a known catalog query, or `None`.
 pub async fn rewrite(sql: &str, ws: &Workspace) -> Option<String> {
-    if !(sql.contains("_pg_expandarray") && sql.contains("indisprimary")) {
+    // getPrimaryKeys' query (it names its columns `KEY_SEQ` and `PK_NAME`); the other
+    // queries over `_pg_expandarray` (getBestRowIdentifier, getIndexInfo) plan as written.
+    if !(sql.contains("_pg_expandarray") && sql.contains("indisprimary") && sql.contains("PK_NAME"))
+    {
         return None;
     }
     let schema = literal_after(sql, "n.nspname");

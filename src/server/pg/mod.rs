@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod catalog_types;
 pub mod compat;
 pub mod datetime;
+pub mod describe;
 pub mod fence;
 pub mod functions;
 pub mod info_schema;
@@ -44,6 +45,7 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<catalog::PgShar
     // After pg_catalog's own functions, which some of these replace.
     functions::register(ctx);
     arrays::register(ctx);
+    describe::register(ctx);
     ctx.add_analyzer_rule(Arc::new(arrays::ArrayCasts));
     ctx.add_analyzer_rule(Arc::new(compat::LikeEscape));
     ctx.add_analyzer_rule(Arc::new(compat::TimestampText::default()));

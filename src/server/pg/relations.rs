@@ -368,11 +368,11 @@ impl PgCatalog {
                 continue;
             };
             let t = models.table(rel, location).await?;
+            // The types a `CREATE TABLE` declared where it recorded them, else the types
+            // that hold the columns' Iceberg types (a `CREATE TABLE AS`).
             let props = t.metadata().properties();
-            if props.contains_key(crate::sink::iceberg::PROP_COLUMNS) {
-                let schema = crate::sink::iceberg::schema::arrow_schema(&t)?;
-                types.insert(oid, column_types(&schema, props));
-            }
+            let schema = crate::sink::iceberg::schema::arrow_schema(&t)?;
+            types.insert(oid, column_types(&schema, props));
         }
         Ok(())
     }
