@@ -198,7 +198,15 @@ JDBC_ORDER = {"getSchemas": ["TABLE_SCHEM"], "getTables": ["TABLE_TYPE", "TABLE_
               "getTablePrivileges": ["TABLE_SCHEM", "TABLE_NAME", "PRIVILEGE", "GRANTEE"]}
 
 
-def _cases() -> list[tuple[str, str, str]]:
+#: Known differences from Postgres, each failing its comparison until it is fixed (strict:
+#: a fixed one fails the suite until it is taken off this list).
+KNOWN_DIFFERENCES = {
+    "get_view_definition": "a model view's definition is the SQL the gateway runs (one line, its "
+                           "names qualified), not Postgres's deparsed text of the view",
+}
+
+
+def _cases() -> list:
     """(client, scope, call) of every comparison."""
     out = []
     for client, (_, _, version) in SQLA_CLIENTS.items():
@@ -207,7 +215,11 @@ def _cases() -> list[tuple[str, str, str]]:
         for call in SQLA_SCHEMA_CALLS + (SQLA2_SCHEMA_CALLS if is_2x else []):
             out.append((client, "schema", call))
         for call in SQLA_RELATION_CALLS + (SQLA2_RELATION_CALLS if is_2x else []):
-            out.append((client, "relation", call))
+            if call in KNOWN_DIFFERENCES:
+                out.append(pytest.param(client, "relation", call, marks=pytest.mark.xfail(
+                    strict=True, reason=KNOWN_DIFFERENCES[call])))
+            else:
+                out.append((client, "relation", call))
     out += [("pgjdbc", "database", c) for c in JDBC_DATABASE_CALLS]
     out += [("pgjdbc", "schema", c) for c in JDBC_SCHEMA_CALLS]
     out += [("pgjdbc", "relation", c) for c in JDBC_RELATION_CALLS]

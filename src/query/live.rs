@@ -121,8 +121,13 @@ impl LiveTable {
 /// (`json`, `jsonb`): the gateway sends such columns with that type.
 pub const PG_TYPE_META: &str = "skippr.pg_type";
 
-/// The table's schema with [`PG_TYPE_META`] on its json and jsonb columns, as the source
-/// declared them (`skippr.columns`).
+/// Field metadata holding the Postgres type the source declared for a column, as
+/// `<oid>:<typmod>`: a model made with `CREATE TABLE AS` from the column records it, so the
+/// catalog reports the model's column as Postgres would (`smallint`, `varchar(20)`).
+pub const PG_DECLARED_META: &str = "skippr.pg_declared";
+
+/// The table's schema with [`PG_TYPE_META`] on its json and jsonb columns and
+/// [`PG_DECLARED_META`] on every column, as the source declared them (`skippr.columns`).
 fn with_pg_types(schema: &SchemaRef, table: &Table) -> SchemaRef {
     let recorded: Vec<SourceColumn> = table
         .metadata()
@@ -135,23 +140,24 @@ fn with_pg_types(schema: &SchemaRef, table: &Table) -> SchemaRef {
         .fields()
         .iter()
         .map(|f| {
-            let name = recorded
-                .iter()
-                .find(|c| c.target() == f.name())
-                .and_then(|c| match c.oid {
-                    114 => Some("json"),
-                    3802 => Some("jsonb"),
-                    _ => None,
-                });
-            match name {
-                Some(n) if f.data_type() == &DataType::Utf8 => {
-                    changed = true;
-                    let mut meta = f.metadata().clone();
-                    meta.insert(PG_TYPE_META.to_string(), n.to_string());
-                    f.as_ref().clone().with_metadata(meta)
-                }
-                _ => f.as_ref().clone(),
+            let Some(column) = recorded.iter().find(|c| c.target() == f.name()) else {
+                return f.as_ref().clone();
+            };
+            changed = true;
+            let mut meta = f.metadata().clone();
+            meta.insert(
+                PG_DECLARED_META.to_string(),
+                format!("{}:{}", column.oid, column.typmod),
+            );
+            let json = match column.oid {
+                114 => Some("json"),
+                3802 => Some("jsonb"),
+                _ => None,
+            };
+            if let Some(n) = json.filter(|_| f.data_type() == &DataType::Utf8) {
+                meta.insert(PG_TYPE_META.to_string(), n.to_string());
             }
+            f.as_ref().clone().with_metadata(meta)
         })
         .collect();
     if !changed {

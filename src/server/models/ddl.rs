@@ -231,7 +231,9 @@ pub(super) async fn create_table(
     let (schema, required, declared, plan) = match &c.query {
         Some(q) => {
             let plan = rows::plan_query(run, q, &names).await?;
-            (rows::schema_of(&plan), Vec::new(), None, Some(plan))
+            let schema = rows::schema_of(&plan);
+            let declared = declared_by_sources(&schema);
+            (schema, Vec::new(), declared, Some(plan))
         }
         None => {
             let mut fields = Vec::with_capacity(c.columns.len());
@@ -548,4 +550,39 @@ pub(super) async fn comment_on(
         )
         .await?;
     done("COMMENT")
+}
+
+/// The Postgres types of a `CREATE TABLE AS` model's columns: a column that is a replicated
+/// column as it is keeps the type the source declared (`smallint`, `varchar(20)`, `json`);
+/// any other has the type of its Arrow type. `None` when no column comes from the source.
+fn declared_by_sources(schema: &arrow::datatypes::Schema) -> Option<Vec<SourceColumn>> {
+    let from_source = |f: &arrow::datatypes::Field| -> Option<(u32, i32)> {
+        let (oid, typmod) = f
+            .metadata()
+            .get(crate::query::live::PG_DECLARED_META)?
+            .split_once(':')?;
+        Some((oid.parse().ok()?, typmod.parse().ok()?))
+    };
+    if !schema.fields().iter().any(|f| from_source(f).is_some()) {
+        return None;
+    }
+    Some(
+        schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let (oid, typmod) = from_source(f).unwrap_or_else(|| {
+                    let (oid, typmod) = crate::server::pg::types::arrow_type_oid(f.data_type());
+                    (oid.unsigned_abs(), typmod)
+                });
+                SourceColumn {
+                    name: f.name().clone(),
+                    oid,
+                    typmod,
+                    field: None,
+                    attnum: None,
+                }
+            })
+            .collect(),
+    )
 }

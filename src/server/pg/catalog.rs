@@ -423,6 +423,7 @@ pub(super) enum Extra {
     Depend,
     Description,
     Settings,
+    Roles,
 }
 
 /// A `pg_catalog` table with one row added per primary key. The rows are built when the
@@ -461,21 +462,35 @@ impl TableProvider for Extended {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if matches!(self.extra, Extra::Settings) {
-            // Settings clients read from the catalog (pgjdbc's `max_index_keys`).
+        if matches!(self.extra, Extra::Settings | Extra::Roles) {
             let scratch = SessionContext::new();
             let mut batches = scratch.read_table(self.base.clone())?.collect().await?;
             let schema = self.base.schema();
-            batches.push(rows(&schema, SETTINGS, |col, (name, value, vartype)| {
-                Some(match col {
-                    "name" => Value::Text(name.to_string()),
-                    "setting" | "reset_val" | "boot_val" => Value::Text(value.to_string()),
-                    "vartype" => Value::Text(vartype.to_string()),
-                    "context" => Value::Text("internal".into()),
-                    "source" => Value::Text("default".into()),
-                    _ => return None,
-                })
-            })?);
+            batches.push(match self.extra {
+                // Settings clients read from the catalog (pgjdbc's `max_index_keys`).
+                Extra::Settings => rows(&schema, SETTINGS, |col, (name, value, vartype)| {
+                    Some(match col {
+                        "name" => Value::Text(name.to_string()),
+                        "setting" | "reset_val" | "boot_val" => Value::Text(value.to_string()),
+                        "vartype" => Value::Text(vartype.to_string()),
+                        "context" => Value::Text("internal".into()),
+                        "source" => Value::Text("default".into()),
+                        _ => return None,
+                    })
+                })?,
+                // The owner of every relation (`relowner`), as `pg_get_userbyid` names it.
+                _ => rows(&schema, &[()], |col, _| {
+                    Some(match col {
+                        "oid" => Value::Int(OWNER_OID),
+                        "rolname" => Value::Text(OWNER.into()),
+                        "rolinherit" => Value::Bool(true),
+                        "rolsuper" | "rolcreaterole" | "rolcreatedb" | "rolcanlogin"
+                        | "rolreplication" | "rolbypassrls" => Value::Bool(false),
+                        "rolconnlimit" => Value::Int(-1),
+                        _ => return None,
+                    })
+                })?,
+            });
             return Ok(MemorySourceConfig::try_new_exec(
                 &[batches],
                 schema,
@@ -535,9 +550,11 @@ impl TableProvider for Extended {
         }
         if matches!(self.extra, Extra::Class) {
             let current = |oid: i64, _: Option<&str>| namespaces.get(&oid).copied();
+            let owner = |oid: i64, _: Option<&str>| (oid == 0).then_some(OWNER_OID);
             batches = batches
                 .into_iter()
                 .map(|b| remap_oids(b, "relnamespace", current))
+                .map(|b| b.and_then(|b| remap_oids(b, "relowner", owner)))
                 .collect::<DfResult<_>>()?;
         }
         if let (Extra::Class, Some((_, temp))) = (self.extra, &self.catalog.models) {
@@ -608,6 +625,11 @@ fn remap_oids(
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
+/// The role that owns every relation, as `pg_get_userbyid` names it, and its oid (the
+/// bootstrap superuser's on Postgres).
+const OWNER: &str = "postgres";
+const OWNER_OID: i64 = 10;
+
 /// Fixed settings `pg_settings` lists besides pg_catalog's own: (name, setting, vartype).
 const SETTINGS: &[(&str, &str, &str)] = &[
     ("max_index_keys", "32", "integer"),
@@ -660,14 +682,27 @@ fn with_added_columns(base: SchemaRef, extra: Extra) -> SchemaRef {
     Arc::new(Schema::new_with_metadata(fields, base.metadata().clone()))
 }
 
-/// `batch` with NULL values for the columns of `full` it lacks (the added ones, last).
+/// Every relation's access privileges: anyone connected reads (`SELECT`), as the gateway
+/// lets them, and the grant is the catalog owner's (pgjdbc's `getTablePrivileges`, which
+/// Metabase uses to hide what a user may not read, parses this).
+const RELACL: &str = "=r/postgres";
+
+/// `batch` with the columns of `full` it lacks (the added ones, last): `relacl` as
+/// [`RELACL`], any other NULL.
 fn add_null_columns(batch: RecordBatch, full: &SchemaRef) -> DfResult<RecordBatch> {
     let mut columns = batch.columns().to_vec();
     for field in full.fields().iter().skip(columns.len()) {
-        columns.push(arrow::array::new_null_array(
-            field.data_type(),
-            batch.num_rows(),
-        ));
+        columns.push(match field.name().as_str() {
+            "relacl" => {
+                let mut acl = arrow::array::ListBuilder::new(arrow::array::StringBuilder::new());
+                for _ in 0..batch.num_rows() {
+                    acl.values().append_value(RELACL);
+                    acl.append(true);
+                }
+                arrow::compute::cast(&(Arc::new(acl.finish()) as ArrayRef), field.data_type())?
+            }
+            _ => arrow::array::new_null_array(field.data_type(), batch.num_rows()),
+        });
     }
     Ok(RecordBatch::try_new(full.clone(), columns)?)
 }
@@ -846,6 +881,7 @@ impl SchemaProvider for PgCatalog {
             "pg_depend" if models => Extra::Depend,
             "pg_description" if models => Extra::Description,
             "pg_settings" => Extra::Settings,
+            "pg_roles" => Extra::Roles,
             _ => {
                 let table = self.inner.table(name).await?;
                 return Ok(table.map(|t| Typed::wrap("pg_catalog", name, t)));

@@ -128,7 +128,8 @@ mod tests {
             &ctx,
             "datafusion",
             datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider,
-        )?;
+        )
+        .map_err(|e| datafusion::error::DataFusionError::External(e.to_string().into()))?;
         register(&ctx);
         let batches = ctx
             .sql(
