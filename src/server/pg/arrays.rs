@@ -5,102 +5,26 @@
 //! `generate_subscripts(indkey, 1)` counts from 0); `pg_typeof` names a value's Postgres type;
 //! `'1 2'::int2vector` and `'0 0'::oidvector` make vectors.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Int64Builder, ListBuilder};
-use arrow::datatypes::{DataType, Field, FieldRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, TimeUnit};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{DFSchema, ExprSchema, ScalarValue};
+use datafusion::common::{ExprSchema, ScalarValue};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, ColumnarValue, Expr, ExprSchemable, LogicalPlan, ReturnFieldArgs, ScalarFunctionArgs,
-    ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
+    lit, ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF,
 };
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 
 use super::catalog_types::{field_pg_type, is_vector, list_text, parse_lists};
+use super::udf::field_function;
 use crate::query::live::PG_TYPE_META;
-
-/// The field a function returns, from its arguments' fields.
-type ReturnField = Arc<dyn Fn(&[FieldRef]) -> DfResult<Field> + Send + Sync>;
-/// What a function computes.
-type Body = Arc<dyn Fn(&ScalarFunctionArgs) -> DfResult<ColumnarValue> + Send + Sync>;
-
-/// A function whose result type (and Postgres type) depends on its arguments' fields.
-struct FieldFunction {
-    name: String,
-    signature: Signature,
-    returns: ReturnField,
-    body: Body,
-}
-
-impl std::fmt::Debug for FieldFunction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FieldFunction({})", self.name)
-    }
-}
-
-impl PartialEq for FieldFunction {
-    fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
-    }
-}
-
-impl Eq for FieldFunction {}
-
-impl std::hash::Hash for FieldFunction {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.name.hash(state)
-    }
-}
-
-impl ScalarUDFImpl for FieldFunction {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Err(DataFusionError::Internal(format!(
-            "{} has its return field from its arguments",
-            self.name
-        )))
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
-        Ok(Arc::new((self.returns)(args.arg_fields)?))
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        (self.body)(&args)
-    }
-}
-
-fn field_function(
-    name: &str,
-    returns: impl Fn(&[FieldRef]) -> DfResult<Field> + Send + Sync + 'static,
-    body: impl Fn(&ScalarFunctionArgs) -> DfResult<ColumnarValue> + Send + Sync + 'static,
-) -> ScalarUDF {
-    ScalarUDF::from(FieldFunction {
-        name: name.to_string(),
-        signature: Signature::new(TypeSignature::VariadicAny, Volatility::Immutable),
-        returns: Arc::new(returns),
-        body: Arc::new(body),
-    })
-}
 
 /// A field named `name` of type `dt` that carries the Postgres type `pg_type`.
 fn pg_field(name: &str, dt: DataType, pg_type: &str) -> Field {
@@ -464,17 +388,8 @@ impl ArrayCasts {
 impl AnalyzerRule for ArrayCasts {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
         plan.transform_up_with_subqueries(|node| {
-            let inputs = node.inputs();
-            let schema = match inputs.as_slice() {
-                [] => return Ok(Transformed::no(node)),
-                [input] => Arc::clone(input.schema()),
-                many => {
-                    let mut merged = DFSchema::empty();
-                    for input in many {
-                        merged.merge(input.schema());
-                    }
-                    Arc::new(merged)
-                }
+            let Some(schema) = super::compat::input_schema(&node) else {
+                return Ok(Transformed::no(node));
             };
             // Result names stay as planned (a rewritten cast keeps its column's name).
             let names = NamePreserver::new(&node);

@@ -9,7 +9,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{Array, ArrayRef, AsArray, Int16Builder, Int32Builder, ListBuilder};
+use arrow::array::{Array, ArrayRef, AsArray, ListBuilder};
 use arrow::array::{RecordBatch, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
@@ -229,71 +229,34 @@ pub fn split_elements(text: &str) -> Vec<Option<String>> {
     out
 }
 
-/// Text forms of arrays or vectors as a list of `item`s (NULL text stays a NULL list).
+/// Text forms of arrays or vectors as a list of `item`s (NULL text stays a NULL list); an
+/// element that is not an `item` is an error naming it.
 pub fn parse_lists(text: &arrow::array::StringArray, item: &DataType) -> DfResult<ArrayRef> {
-    let bad = |v: &str| {
-        datafusion::error::DataFusionError::Execution(format!(
-            "invalid input syntax for type {item}: \"{v}\""
-        ))
+    let mut b = ListBuilder::new(StringBuilder::new());
+    for v in text.iter() {
+        match v {
+            Some(v) => {
+                for e in split_elements(v) {
+                    b.values().append_option(e);
+                }
+                b.append(true);
+            }
+            None => b.append(false),
+        }
+    }
+    let texts: ArrayRef = Arc::new(b.finish());
+    if item == &DataType::Utf8 {
+        return Ok(texts);
+    }
+    let to = DataType::List(Arc::new(Field::new("item", item.clone(), true)));
+    let strict = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
     };
-    Ok(match item {
-        DataType::Int16 => {
-            let mut b = ListBuilder::new(Int16Builder::new());
-            for v in text.iter() {
-                match v {
-                    Some(v) => {
-                        for e in split_elements(v) {
-                            match e {
-                                Some(e) => b.values().append_value(e.parse().map_err(|_| bad(&e))?),
-                                None => b.values().append_null(),
-                            }
-                        }
-                        b.append(true);
-                    }
-                    None => b.append(false),
-                }
-            }
-            Arc::new(b.finish())
-        }
-        DataType::Int32 => {
-            let mut b = ListBuilder::new(Int32Builder::new());
-            for v in text.iter() {
-                match v {
-                    Some(v) => {
-                        for e in split_elements(v) {
-                            match e {
-                                Some(e) => b.values().append_value(e.parse().map_err(|_| bad(&e))?),
-                                None => b.values().append_null(),
-                            }
-                        }
-                        b.append(true);
-                    }
-                    None => b.append(false),
-                }
-            }
-            Arc::new(b.finish())
-        }
-        DataType::Utf8 => {
-            let mut b = ListBuilder::new(StringBuilder::new());
-            for v in text.iter() {
-                match v {
-                    Some(v) => {
-                        for e in split_elements(v) {
-                            b.values().append_option(e);
-                        }
-                        b.append(true);
-                    }
-                    None => b.append(false),
-                }
-            }
-            Arc::new(b.finish())
-        }
-        other => {
-            // Any other element type: parse as text, then cast the elements.
-            let texts = parse_lists(text, &DataType::Utf8)?;
-            let to = DataType::List(Arc::new(Field::new("item", other.clone(), true)));
-            arrow::compute::cast(&texts, &to)?
-        }
+    arrow::compute::cast_with_options(&texts, &to, &strict).map_err(|e| {
+        datafusion::error::DataFusionError::Execution(format!(
+            "invalid input syntax for an array of {item}: {e}"
+        ))
     })
 }
 

@@ -219,20 +219,27 @@ impl UnknownLiterals {
     }
 }
 
+/// What a plan node's expressions read: its input's schema, or its inputs' together (a
+/// join's condition); `None` for a node without inputs.
+pub(super) fn input_schema(node: &LogicalPlan) -> Option<datafusion::common::DFSchemaRef> {
+    match node.inputs().as_slice() {
+        [] => None,
+        [input] => Some(Arc::clone(input.schema())),
+        many => {
+            let mut merged = datafusion::common::DFSchema::empty();
+            for input in many {
+                merged.merge(input.schema());
+            }
+            Some(Arc::new(merged))
+        }
+    }
+}
+
 impl AnalyzerRule for UnknownLiterals {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
         plan.transform_up_with_subqueries(|node| {
-            let inputs = node.inputs();
-            let schema = match inputs.as_slice() {
-                [] => return Ok(Transformed::no(node)),
-                [input] => Arc::clone(input.schema()),
-                many => {
-                    let mut merged = datafusion::common::DFSchema::empty();
-                    for input in many {
-                        merged.merge(input.schema());
-                    }
-                    Arc::new(merged)
-                }
+            let Some(schema) = input_schema(&node) else {
+                return Ok(Transformed::no(node));
             };
             node.map_expressions(|e| e.transform_up(|e| Self::rewrite(e, schema.as_ref())))
         })

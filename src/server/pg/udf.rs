@@ -6,22 +6,32 @@ use std::any::Any;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray};
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
-    Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    TypeSignature, Volatility,
 };
 
 /// What a function computes from its arguments.
 type Body = Arc<dyn Fn(&ScalarFunctionArgs) -> DfResult<ColumnarValue> + Send + Sync>;
 
-/// A function of the gateway: any arguments, one result type, a closure.
+/// The field a function returns, from its arguments' fields (its type, and the Postgres
+/// type its field metadata names).
+pub type ReturnField = Arc<dyn Fn(&[FieldRef]) -> DfResult<Field> + Send + Sync>;
+
+/// What a function returns: one type, or a field that depends on the arguments'.
+enum Returns {
+    Type(DataType),
+    Field(ReturnField),
+}
+
+/// A function of the gateway: any arguments, its result, a closure.
 struct PgFunction {
     name: String,
     signature: Signature,
-    returns: DataType,
+    returns: Returns,
     body: Body,
 }
 
@@ -60,7 +70,20 @@ impl ScalarUDFImpl for PgFunction {
     }
 
     fn return_type(&self, _args: &[DataType]) -> DfResult<DataType> {
-        Ok(self.returns.clone())
+        match &self.returns {
+            Returns::Type(t) => Ok(t.clone()),
+            Returns::Field(_) => Err(DataFusionError::Internal(format!(
+                "{} has its result field from its arguments",
+                self.name
+            ))),
+        }
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
+        match &self.returns {
+            Returns::Type(t) => Ok(Arc::new(Field::new(self.name(), t.clone(), true))),
+            Returns::Field(f) => Ok(Arc::new(f(args.arg_fields)?)),
+        }
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
@@ -92,7 +115,22 @@ pub fn with_volatility(
             vec![TypeSignature::Nullary, TypeSignature::VariadicAny],
             volatility,
         ),
-        returns,
+        returns: Returns::Type(returns),
+        body: Arc::new(body),
+    })
+}
+
+/// A function whose result field (its type and Postgres type) `returns` computes from its
+/// arguments' fields (immutable: the same arguments give the same answer).
+pub fn field_function(
+    name: &str,
+    returns: impl Fn(&[FieldRef]) -> DfResult<Field> + Send + Sync + 'static,
+    body: impl Fn(&ScalarFunctionArgs) -> DfResult<ColumnarValue> + Send + Sync + 'static,
+) -> ScalarUDF {
+    ScalarUDF::from(PgFunction {
+        name: name.to_string(),
+        signature: Signature::new(TypeSignature::VariadicAny, Volatility::Immutable),
+        returns: Returns::Field(Arc::new(returns)),
         body: Arc::new(body),
     })
 }
