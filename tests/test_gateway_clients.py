@@ -74,6 +74,20 @@ TEST_TIMEOUT_S = float(os.environ.get("SKIPPR_GATEWAY_TEST_TIMEOUT", "180"))
 #: Gateway table name -> source table.
 TABLES = {"types": "public.types", "lines": "public.lines", "sales_refunds": "sales.refunds"}
 
+#: A table whose composite key's order differs from its columns' (shared with test_reflection).
+LINES_DDL = r"""
+-- the key's order (order_id, line_no) differs from the columns' order
+CREATE TABLE lines (
+    line_no smallint NOT NULL,
+    order_id integer NOT NULL,
+    sku text,
+    qty integer,
+    price numeric(10,2),
+    "Note" text,
+    PRIMARY KEY (order_id, line_no)
+);
+"""
+
 SETUP = r"""
 CREATE TABLE types (
     id integer PRIMARY KEY,
@@ -120,17 +134,7 @@ INSERT INTO types
            i * interval '1 minute'
     FROM generate_series(100, 299) i;
 
--- the key's order (order_id, line_no) differs from the columns' order
-CREATE TABLE lines (
-    line_no smallint NOT NULL,
-    order_id integer NOT NULL,
-    sku text,
-    qty integer,
-    price numeric(10,2),
-    "Note" text,
-    PRIMARY KEY (order_id, line_no)
-);
-INSERT INTO lines
+""" + LINES_DDL + r"""INSERT INTO lines
     SELECT l, o, 'SKU-' || o || '-' || l, l * 2, round(o * l * 0.75, 2), CASE WHEN l = 1 THEN 'first' END
     FROM (VALUES (1), (2), (4)) v(o), generate_series(1, 3) l;
 INSERT INTO lines SELECT 1, i, 'SKU-' || i, i % 7, i * 0.5, NULL FROM generate_series(100, 199) i;

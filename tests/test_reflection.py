@@ -73,7 +73,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conftest import REPO, Database, _drop_database, describe_run
-from test_gateway_clients import JDBC_JAR, Gateway, start_gateway
+from test_gateway_clients import JDBC_JAR, LINES_DDL, Gateway, start_gateway
 
 WORKSPACE = "analytics"
 MODELS = "dbt_models"
@@ -101,17 +101,7 @@ INSERT INTO types VALUES
     (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 
--- the key's order (order_id, line_no) differs from the columns' order
-CREATE TABLE lines (
-    line_no smallint NOT NULL,
-    order_id integer NOT NULL,
-    sku text,
-    qty integer,
-    price numeric(10,2),
-    "Note" text,
-    PRIMARY KEY (order_id, line_no)
-);
-INSERT INTO lines VALUES (1, 1, 'A', 2, 1.50, 'first'), (2, 1, 'B', 1, 10.00, NULL), (1, 2, 'A', 5, 1.50, NULL);
+""" + LINES_DDL + r"""INSERT INTO lines VALUES (1, 1, 'A', 2, 1.50, 'first'), (2, 1, 'B', 1, 10.00, NULL), (1, 2, 'A', 5, 1.50, NULL);
 
 CREATE SCHEMA sales;
 CREATE TABLE sales.refunds (id bigint PRIMARY KEY, order_id integer, amount numeric(10,2), reason text);
