@@ -75,8 +75,7 @@ TEST_TIMEOUT_S = float(os.environ.get("SKIPPR_GATEWAY_TEST_TIMEOUT", "180"))
 TABLES = {"types": "public.types", "lines": "public.lines", "sales_refunds": "sales.refunds"}
 
 #: A table whose composite key's order differs from its columns' (shared with test_reflection).
-LINES_DDL = r"""
--- the key's order (order_id, line_no) differs from the columns' order
+LINES_DDL = r"""-- the key's order (order_id, line_no) differs from the columns' order
 CREATE TABLE lines (
     line_no smallint NOT NULL,
     order_id integer NOT NULL,
