@@ -183,12 +183,15 @@ fn convert(column: &ArrayRef, to: &DataType) -> DfResult<ArrayRef> {
 /// unquoted `NULL` in braces is a null element.
 pub fn split_elements(text: &str) -> Vec<Option<String>> {
     let t = text.trim();
-    let braced = t.starts_with('{') || t.starts_with('[');
-    let inner = if braced {
-        &t[1..t.len().saturating_sub(1).max(1)]
-    } else {
-        t
-    };
+    let inner = t
+        .strip_prefix('{')
+        .map(|r| r.strip_suffix('}').unwrap_or(r))
+        .or_else(|| {
+            t.strip_prefix('[')
+                .map(|r| r.strip_suffix(']').unwrap_or(r))
+        });
+    let braced = inner.is_some();
+    let inner = inner.unwrap_or(t);
     let mut out = Vec::new();
     let mut current = String::new();
     let mut quoted = false;
@@ -383,6 +386,9 @@ mod tests {
         assert_eq!(printed.value(4), "{}");
         let vector = list_text(&lists, true)?;
         assert_eq!(vector.as_string::<i32>().value(0), "1 2");
+        // An unclosed brace before a multi-byte character is read, not cut inside it.
+        let open = parse_lists(&StringArray::from(vec!["{é"]), &DataType::Utf8)?;
+        assert_eq!(list_text(&open, false)?.as_string::<i32>().value(0), "{é}");
         let words = parse_lists(
             &StringArray::from(vec![r#"{"a b",c,"",d\"e}"#]),
             &DataType::Utf8,
