@@ -11,7 +11,6 @@ mod listing;
 pub mod live;
 pub mod models;
 pub mod naming;
-pub mod numeric;
 pub mod system;
 pub mod tail;
 pub mod tail_schema;
@@ -469,7 +468,6 @@ pub fn session_config(workspace: &str, target_partitions: usize) -> SessionConfi
 
 /// Registers the workspace's live schema and the system schema in `ctx`'s default catalog.
 pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
-    ctx.add_analyzer_rule(Arc::new(numeric::NumericAverages::default()));
     let catalog = ctx
         .catalog(CATALOG)
         .ok_or_else(|| Error::fatal("the query session has no default catalog"))?;

@@ -254,7 +254,7 @@ pub async fn copy_out(
             .schema()
             .fields()
             .iter()
-            .map(|f| Some(f.name().clone()))
+            .map(|f| Some(crate::query::naming::pg_column_name(f.name())))
             .collect();
         line(&names, &format)
     });

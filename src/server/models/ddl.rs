@@ -561,7 +561,15 @@ fn declared_by_sources(schema: &arrow::datatypes::Schema) -> Option<Vec<SourceCo
             .metadata()
             .get(crate::query::live::PG_DECLARED_META)?
             .split_once(':')?;
-        Some((oid.parse().ok()?, typmod.parse().ok()?))
+        let (oid, typmod): (u32, i32) = (oid.parse().ok()?, typmod.parse().ok()?);
+        // A cast keeps its column's field metadata: the declared type holds only while the
+        // column is held as the replicated column is (text, or the Arrow type of that type).
+        let (held, held_typmod) = crate::server::pg::types::arrow_type_oid(f.data_type());
+        let text_held = [19, 25, 114, 1042, 1043, 1186, 3802];
+        let same = (held as u32 == oid && (oid != 1700 || held_typmod == typmod))
+            || (oid == 21 && f.data_type() == &arrow::datatypes::DataType::Int32)
+            || (held == 25 && text_held.contains(&oid));
+        same.then_some((oid, typmod))
     };
     if !schema.fields().iter().any(|f| from_source(f).is_some()) {
         return None;

@@ -241,7 +241,13 @@ impl AnalyzerRule for UnknownLiterals {
             let Some(schema) = input_schema(&node) else {
                 return Ok(Transformed::no(node));
             };
-            node.map_expressions(|e| e.transform_up(|e| Self::rewrite(e, schema.as_ref())))
+            // Result names stay as planned (`indisprimary = 'f'` keeps its name).
+            let names = datafusion::logical_expr::expr_rewriter::NamePreserver::new(&node);
+            node.map_expressions(|e| {
+                let saved = names.save(&e);
+                Ok(e.transform_up(|e| Self::rewrite(e, schema.as_ref()))?
+                    .update_data(|e| saved.restore(e)))
+            })
         })
         .map(|t| t.data)
     }

@@ -590,8 +590,13 @@ impl VisitorMut for CastRewrite {
                 for access in access_chain.iter_mut() {
                     if let AccessExpr::Dot(Expr::Identifier(field)) = access {
                         self.changed = true;
+                        // Unquoted, the field's name folds to lower case, as Postgres folds it.
+                        let name = match field.quote_style {
+                            Some(_) => field.value.clone(),
+                            None => field.value.to_lowercase(),
+                        };
                         *access = AccessExpr::Subscript(Subscript::Index {
-                            index: Expr::value(Value::SingleQuotedString(field.value.clone())),
+                            index: Expr::value(Value::SingleQuotedString(name)),
                         });
                     }
                 }
