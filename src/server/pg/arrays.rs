@@ -11,11 +11,10 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, Int64Builder, ListBuilder};
 use arrow::datatypes::{DataType, Field, TimeUnit};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{ExprSchema, ScalarValue};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::expr::ScalarFunction;
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF,
 };
@@ -437,19 +436,8 @@ impl ArrayCasts {
 
 impl AnalyzerRule for ArrayCasts {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let Some(schema) = super::compat::input_schema(&node) else {
-                return Ok(Transformed::no(node));
-            };
-            // Result names stay as planned (a rewritten cast keeps its column's name).
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let saved = names.save(&e);
-                Ok(e.transform_up(|e| Self::rewrite(e, schema.as_ref()))?
-                    .update_data(|e| saved.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        // A rewritten cast keeps its column's name.
+        super::compat::rewrite_expressions(plan, Self::rewrite)
     }
 
     fn name(&self) -> &str {

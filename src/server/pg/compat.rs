@@ -219,37 +219,38 @@ impl UnknownLiterals {
     }
 }
 
-/// What a plan node's expressions read: its input's schema, or its inputs' together (a
-/// join's condition); `None` for a node without inputs.
-pub(super) fn input_schema(node: &LogicalPlan) -> Option<datafusion::common::DFSchemaRef> {
-    match node.inputs().as_slice() {
-        [] => None,
-        [input] => Some(Arc::clone(input.schema())),
-        many => {
-            let mut merged = datafusion::common::DFSchema::empty();
-            for input in many {
-                merged.merge(input.schema());
+/// Rewrites every expression of `plan` (subqueries included) bottom-up with `rewrite`, which
+/// is given the schema the node's expressions read (its input's, or its inputs' together for a
+/// join's condition). Result names stay as planned, so the nodes above still find them.
+pub(super) fn rewrite_expressions(
+    plan: LogicalPlan,
+    rewrite: impl Fn(Expr, &dyn ExprSchema) -> DfResult<Transformed<Expr>>,
+) -> DfResult<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| {
+        let schema = match node.inputs().as_slice() {
+            [] => return Ok(Transformed::no(node)),
+            [input] => Arc::clone(input.schema()),
+            many => {
+                let mut merged = datafusion::common::DFSchema::empty();
+                for input in many {
+                    merged.merge(input.schema());
+                }
+                Arc::new(merged)
             }
-            Some(Arc::new(merged))
-        }
-    }
+        };
+        let names = datafusion::logical_expr::expr_rewriter::NamePreserver::new(&node);
+        node.map_expressions(|e| {
+            let saved = names.save(&e);
+            Ok(e.transform_up(|e| rewrite(e, schema.as_ref()))?
+                .update_data(|e| saved.restore(e)))
+        })
+    })
+    .map(|t| t.data)
 }
 
 impl AnalyzerRule for UnknownLiterals {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let Some(schema) = input_schema(&node) else {
-                return Ok(Transformed::no(node));
-            };
-            // Result names stay as planned (`indisprimary = 'f'` keeps its name).
-            let names = datafusion::logical_expr::expr_rewriter::NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let saved = names.save(&e);
-                Ok(e.transform_up(|e| Self::rewrite(e, schema.as_ref()))?
-                    .update_data(|e| saved.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        rewrite_expressions(plan, Self::rewrite)
     }
 
     fn name(&self) -> &str {
