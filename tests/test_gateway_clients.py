@@ -404,6 +404,37 @@ def test_psql_select_text_output_equals_postgres(gw):
     assert out.stdout.splitlines() == src.stdout.splitlines(), describe_run(out)
 
 
+#: Means as Postgres computes them: a numeric for integers and numerics, rounded to at least 16
+#: significant digits (more below one), double precision for floats.
+MEANS = [
+    "SELECT avg(i2), avg(i4), avg(i8), avg(n12), avg(DISTINCT i2), avg(r) FROM {s}.types",
+    "SELECT i2 % 3 AS g, avg(n12), avg(i4), count(*) FROM {s}.types GROUP BY 1 ORDER BY 1",
+    "SELECT order_id, avg(price), avg(qty), avg(price) FILTER (WHERE qty > 2) FROM {s}.lines "
+    "GROUP BY order_id ORDER BY avg(price) DESC NULLS LAST, order_id",
+    "SELECT order_id, line_no, avg(price) OVER (ORDER BY order_id, line_no ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING) "
+    "FROM {s}.lines ORDER BY order_id, line_no",
+    "SELECT avg(n12), avg(i4) FROM {s}.types WHERE false",
+    "SELECT avg(x) FROM (VALUES (0), (0)) v(x)",
+    "SELECT avg(x), avg(-x) FROM (VALUES (1), (2), (2)) v(x)",
+    "SELECT avg(price) * 2, round(avg(price), 2) FROM {s}.lines",
+]
+
+
+def _without_trailing_zeros(text: str) -> list[str]:
+    return [re.sub(r"(\.\d*?)0+(?=\D|$)", r"\1", line).replace(".\x1f", "\x1f").removesuffix(".")
+            for line in text.splitlines()]
+
+
+def test_psql_means_print_as_postgres_does(gw):
+    """avg() of integers and numerics is a numeric with Postgres's digits, in every position
+    (grouped, distinct, filtered, a window, no rows, negative). Where a mean's first digits
+    equal its count's, Postgres shows four more zeros than the gateway (the value is equal)."""
+    for sql in MEANS:
+        src = psql(gw.source.dsn(), sql.format(s="public"), unaligned=True)
+        out = psql(gw.conninfo(), sql.format(s=gw.schema), unaligned=True)
+        assert _without_trailing_zeros(out.stdout) == _without_trailing_zeros(src.stdout), f"{sql}\n{describe_run(out)}"
+
+
 def test_psql_list_tables(gw):
     out = psql(gw.conninfo(), f"\\dt {gw.schema}.*").stdout
     for t in TABLES:
@@ -626,6 +657,7 @@ def test_asyncpg_binary_format_and_prepared_statements(gw):
             out["text_param"] = [tuple(r) for r in await conn.fetch(
                 f"SELECT line_no, order_id, sku FROM {schema}.lines WHERE sku = $1 OR qty > $2 ORDER BY order_id, line_no",
                 "SKU-2-3", 5)]
+            out["means"] = [tuple(await conn.fetchrow(sql.format(s=schema))) for sql in MEANS[:1]]
             out["ts_param"] = await conn.fetchval(
                 f"SELECT count(*) FROM {schema}.types WHERE tstz < $1", dt.datetime(2024, 3, 1, tzinfo=dt.timezone.utc))
             return out
@@ -643,6 +675,7 @@ def test_asyncpg_binary_format_and_prepared_statements(gw):
     assert actual["missing"] is None
     assert_same_rows(expected["text_param"], actual["text_param"], ["line_no", "order_id", "sku"], "asyncpg text $1")
     assert actual["ts_param"] == expected["ts_param"] > 0
+    assert actual["means"] == expected["means"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -332,8 +332,6 @@ def test_refresh_dataset(superset):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="avg() of a numeric keeps the engine's digits (its input's "
-                   "scale plus four, cut), not Postgres's 16 significant digits, rounded")
 def test_chart_groupby(superset):
     data = chart_data(assert_step(superset, "chart_groupby"))
     assert data["colnames"] == ["status", "count", "SUM(amount)", "AVG(amount)"], data["colnames"]

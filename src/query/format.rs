@@ -4,12 +4,14 @@ use std::io::Write;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, FixedSizeBinaryArray, LargeBinaryArray, RecordBatch, StringArray,
+    Array, ArrayRef, AsArray, Decimal128Array, FixedSizeBinaryArray, LargeBinaryArray, RecordBatch,
+    StringArray,
 };
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Decimal128Type, Field, Schema, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::error::Result;
+use crate::query::numeric::{decimal_text, display_scale, QUOTIENT_SCALE_META};
 
 /// Output formats of `skipprd query`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -133,8 +135,32 @@ fn write_table(out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatch])
             .iter()
             .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        // Means show the digits Postgres shows for each value.
+        let means: Vec<Option<(&Decimal128Array, i8, i8)>> = schema
+            .fields()
+            .iter()
+            .zip(b.columns())
+            .map(|(f, c)| {
+                let input_scale = f.metadata().get(QUOTIENT_SCALE_META)?.parse().ok()?;
+                let DataType::Decimal128(_, scale) = c.data_type() else {
+                    return None;
+                };
+                Some((c.as_primitive::<Decimal128Type>(), *scale, input_scale))
+            })
+            .collect();
         for row in 0..b.num_rows() {
-            cells.push(fmts.iter().map(|f| f.value(row).to_string()).collect());
+            cells.push(
+                fmts.iter()
+                    .zip(&means)
+                    .map(|(f, mean)| match mean {
+                        Some((a, scale, input)) if a.is_valid(row) => {
+                            let v = a.value(row);
+                            decimal_text(v, *scale, display_scale(v, *scale, *input))
+                        }
+                        _ => f.value(row).to_string(),
+                    })
+                    .collect(),
+            );
         }
     }
     let mut widths: Vec<usize> = schema

@@ -11,6 +11,7 @@ mod listing;
 pub mod live;
 pub mod models;
 pub mod naming;
+pub mod numeric;
 pub mod system;
 pub mod tail;
 pub mod tail_schema;
@@ -466,8 +467,11 @@ pub fn session_config(workspace: &str, target_partitions: usize) -> SessionConfi
         .with_default_catalog_and_schema(CATALOG, workspace)
 }
 
-/// Registers the workspace's live schema and the system schema in `ctx`'s default catalog.
+/// Registers the workspace's live schema and the system schema in `ctx`'s default catalog,
+/// and the functions that answer as Postgres's do.
 pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
+    // Postgres's avg(): a numeric mean of integers and numerics, rounded as Postgres rounds.
+    ctx.register_udaf(numeric::avg());
     let catalog = ctx
         .catalog(CATALOG)
         .ok_or_else(|| Error::fatal("the query session has no default catalog"))?;

@@ -25,6 +25,7 @@ use super::limits::{Interrupted, Interrupts};
 use super::pg::catalog_types::{field_pg_type, is_vector, list_text};
 use crate::query::limits::statement_runtime;
 use crate::query::live::PG_TYPE_META;
+use crate::query::numeric::{decimal_text, display_scale, QUOTIENT_SCALE_META};
 
 /// Widest numeric the binary numeric encoder represents exactly.
 const MAX_ENCODED_DIGITS: u8 = 28;
@@ -57,6 +58,11 @@ enum Conv {
     JsonbBinary,
     /// int2vector or oidvector, text format: the values separated by spaces.
     VectorText,
+    /// A mean (`avg()`), text format: each value with the digits Postgres shows for it; the
+    /// input's scale.
+    MeanText(i8),
+    /// A mean, binary format: Postgres's base-10000 encoding with that display scale.
+    MeanBinary(i8),
 }
 
 /// Field descriptions and conversions for a result schema.
@@ -134,11 +140,21 @@ pub fn plan(
             .map(String::as_str);
         let json = json.filter(|t| matches!(*t, "json" | "jsonb"));
         let vector = field_pg_type(f).is_some_and(is_vector);
+        let mean: Option<i8> = f
+            .metadata()
+            .get(QUOTIENT_SCALE_META)
+            .filter(|_| bare.get(i).copied().unwrap_or(true))
+            .and_then(|s| s.parse().ok());
         let (conv, dt) = match (f.data_type(), json) {
             (_, Some("jsonb")) if binary => (Conv::JsonbBinary, DataType::Binary),
             (_, Some("json")) if binary => (Conv::JsonBinary, DataType::Binary),
             (_, Some(_)) => (Conv::JsonText, DataType::Utf8),
             (DataType::List(_), None) if vector && !binary => (Conv::VectorText, DataType::Utf8),
+            (DataType::Decimal128(..), None) if mean.is_some() => match mean {
+                Some(s) if binary => (Conv::MeanBinary(s), DataType::Binary),
+                Some(s) => (Conv::MeanText(s), DataType::Utf8),
+                None => (Conv::None, f.data_type().clone()),
+            },
             (other, _) => match other {
                 DataType::FixedSizeBinary(16) if binary => (Conv::UuidBinary, DataType::Binary),
                 DataType::FixedSizeBinary(16) => (Conv::UuidText, DataType::Utf8),
@@ -178,7 +194,10 @@ pub fn plan(
         .map(|(i, ((f, conv), original))| {
             let ty = match conv {
                 Conv::UuidText | Conv::UuidBinary => Type::UUID,
-                Conv::DecimalText | Conv::DecimalBinary => Type::NUMERIC,
+                Conv::DecimalText
+                | Conv::DecimalBinary
+                | Conv::MeanText(_)
+                | Conv::MeanBinary(_) => Type::NUMERIC,
                 Conv::TimeText => Type::TIME,
                 Conv::TimestampText => Type::TIMESTAMP,
                 Conv::TimestampTzText => Type::TIMESTAMPTZ,
@@ -312,6 +331,33 @@ fn convert_column(col: &ArrayRef, conv: Conv, zone: chrono_tz::Tz) -> PgWireResu
                 .map(|v| v.map(|v| numeric_binary(v, scale)))
                 .collect();
             Arc::new(out)
+        }
+        Conv::MeanText(input_scale) | Conv::MeanBinary(input_scale) => {
+            let DataType::Decimal128(_, scale) = col.data_type() else {
+                return Ok(col.clone());
+            };
+            let scale = *scale;
+            let a = col.as_primitive::<Decimal128Type>();
+            let shown = |v: i128| display_scale(v, scale, input_scale);
+            if matches!(conv, Conv::MeanText(_)) {
+                let out: StringArray = a
+                    .iter()
+                    .map(|v| v.map(|v| decimal_text(v, scale, shown(v))))
+                    .collect();
+                Arc::new(out)
+            } else {
+                // The digits past the display scale are zeros.
+                let out: BinaryArray = a
+                    .iter()
+                    .map(|v| {
+                        v.map(|v| {
+                            let s = shown(v);
+                            numeric_binary(v / 10_i128.pow((scale - s).max(0) as u32), s)
+                        })
+                    })
+                    .collect();
+                Arc::new(out)
+            }
         }
         Conv::TimeText => {
             let micros = arrow::compute::cast(col, &DataType::Time64(TimeUnit::Microsecond))
