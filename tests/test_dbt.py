@@ -277,7 +277,9 @@ def test_catalog_shows_models_as_postgres_does(dbt_gw):
                    "ORDER BY table_name") == [("BASE TABLE",), ("VIEW",)]
         assert one("SELECT obj_description('cat_models.t'::regclass, 'pg_class'), "
                    "col_description('cat_models.t'::regclass, 2)") == [("the table", "a name")]
-        assert "cat_models" in one("SELECT pg_get_viewdef('cat_models.v'::regclass)")[0][0]
+        # As Postgres prints it: columns through their relation, operators in parentheses.
+        assert one("SELECT pg_get_viewdef('cat_models.v'::regclass)") \
+            == [(" SELECT t.id\n   FROM cat_models.t\n  WHERE (t.id > 3);",)]
         assert one("SELECT pg_is_other_temp_schema(oid) FROM pg_namespace WHERE nspname = 'cat_models'") == [(False,)]
         # dbt's dependency query finds the view -> table edge.
         deps = conn.execute(

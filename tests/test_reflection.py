@@ -190,10 +190,7 @@ JDBC_ORDER = {"getSchemas": ["TABLE_SCHEM"], "getTables": ["TABLE_TYPE", "TABLE_
 
 #: Known differences from Postgres, each failing its comparison until it is fixed (strict:
 #: a fixed one fails the suite until it is taken off this list).
-KNOWN_DIFFERENCES = {
-    "get_view_definition": "a model view's definition is the SQL the gateway runs (one line, its "
-                           "names qualified), not Postgres's deparsed text of the view",
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}
 
 
 def _cases() -> list:

@@ -124,7 +124,7 @@ fn name_select(items: &mut [SelectItem], outermost: bool) -> bool {
 }
 
 /// The name Postgres gives an expression in a select list (its `FigureColname`).
-fn figure_name(e: &Expr) -> String {
+pub fn figure_name(e: &Expr) -> String {
     figure(e).0.unwrap_or_else(|| "?column?".into())
 }
 

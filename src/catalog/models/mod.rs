@@ -25,6 +25,10 @@ pub struct ViewDef {
     pub columns: Vec<(String, String)>,
     /// The relations its query reads, by name.
     pub depends: Vec<RelName>,
+    /// Its definition as Postgres prints it (`pg_get_viewdef`), made when it was created;
+    /// absent for views made before it was kept, and for queries printed as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definition: Option<String>,
 }
 
 /// Every model of the catalog at one moment.

@@ -10,6 +10,7 @@ fn rel(s: &str, n: &str) -> RelName {
 
 fn view(depends: &[RelName]) -> ViewDef {
     ViewDef {
+        definition: None,
         sql: "SELECT 1".into(),
         columns: vec![("x".into(), "Int64".into())],
         depends: depends.to_vec(),

@@ -4,10 +4,13 @@
 //! nothing to do: the gateway's users are its configured ones). A table's rows are written
 //! as Parquet and its metadata staged before the catalog names it.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
+use datafusion::common::TableReference;
 use datafusion::sql::sqlparser::ast::{
-    ColumnOption, CommentObject, CreateTable, CreateView, ObjectName, ObjectType,
+    visit_relations, ColumnOption, CommentObject, CreateTable, CreateView, ObjectName, ObjectType,
+    Query,
 };
 use datafusion_postgres::hooks::HookClient;
 use iceberg::{NamespaceIdent, TableIdent};
@@ -123,10 +126,12 @@ pub(super) async fn create_view(
         .iter()
         .map(|f| (f.name().clone(), f.data_type().to_string()))
         .collect();
+    let definition = printed_definition(run, &query).await;
     let def = ViewDef {
         sql: query.to_string(),
         columns,
         depends,
+        definition,
     };
     let op = Op::CreateView {
         rel,
@@ -593,4 +598,34 @@ fn declared_by_sources(schema: &arrow::datatypes::Schema) -> Option<Vec<SourceCo
             })
             .collect(),
     )
+}
+
+/// The view's definition as Postgres prints it, from the columns of the relations it reads
+/// (`None` where the query is printed as written).
+async fn printed_definition(run: &Run<'_>, query: &Query) -> Option<String> {
+    let mut names: Vec<ObjectName> = Vec::new();
+    let _ = visit_relations(query, |name| {
+        names.push(name.clone());
+        ControlFlow::<()>::Continue(())
+    });
+    let mut columns = super::viewdef::Columns::new();
+    for name in names {
+        let p = parts(&name);
+        let [schema, table] = p.as_slice() else {
+            return None;
+        };
+        let provider = run
+            .ctx
+            .table_provider(TableReference::partial(schema.as_str(), table.as_str()))
+            .await
+            .ok()?;
+        let fields = provider
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .collect();
+        columns.insert(p, fields);
+    }
+    super::viewdef::deparse(query, run.default_schema, &columns)
 }

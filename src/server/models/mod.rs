@@ -10,6 +10,7 @@ mod dml;
 pub mod names;
 mod rows;
 pub mod txn;
+mod viewdef;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};

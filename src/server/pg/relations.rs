@@ -16,7 +16,7 @@ use datafusion::prelude::SessionContext;
 
 use super::catalog::{rows, Extended, Extra, PgCatalog, Value};
 use super::types::{column_types, ColumnTypes};
-use crate::catalog::models::{ModelsState, RelName};
+use crate::catalog::models::{ModelsState, RelName, ViewDef};
 use crate::error::{Error, Result};
 
 /// Rule oids: far above table oids, below index oids.
@@ -100,21 +100,25 @@ pub(super) fn tables_only(batch: RecordBatch, state: &ModelsState) -> DfResult<R
 
 /// `pg_views`: one row per view.
 pub(super) fn views(schema: &SchemaRef, state: &ModelsState) -> DfResult<RecordBatch> {
-    let views: Vec<(&RelName, &String)> = state.views.iter().map(|(k, v)| (k, &v.sql)).collect();
-    batch(schema, &views, |col, (rel, sql)| {
+    let views: Vec<(&RelName, &ViewDef)> = state.views.iter().collect();
+    batch(schema, &views, |col, (rel, def)| {
         Some(match col {
             "schemaname" => Value::Text(rel.0.clone()),
             "viewname" => Value::Text(rel.1.clone()),
             "viewowner" => Value::Text("skippr".into()),
-            "definition" => Value::Text(definition(sql)),
+            "definition" => Value::Text(definition(def)),
             _ => return None,
         })
     })
 }
 
-/// A view's definition as `pg_views` and `pg_get_viewdef` show it.
-pub(super) fn definition(sql: &str) -> String {
-    format!(" {sql};")
+/// A view's definition as `pg_views` and `pg_get_viewdef` show it: as Postgres prints it
+/// where it was printed when made, else the query as the gateway runs it.
+pub(super) fn definition(def: &ViewDef) -> String {
+    match &def.definition {
+        Some(printed) => format!("{printed};"),
+        None => format!(" {};", def.sql),
+    }
 }
 
 /// The views with their oid and the oids of what they read.
