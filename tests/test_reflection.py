@@ -639,3 +639,41 @@ def test_pgjdbc_table_privileges(sides):
                 for rel in expected if rel[0] == WORKSPACE}
     writable = {k: v for k, v in writable.items() if v}
     assert not writable, f"getTablePrivileges lets {sides.gw.user} write replicated tables: {writable}"
+
+
+#: Catalog expressions clients write against Postgres's array and vector columns, on the
+#: composite key of `lines` (its key's order differs from its columns').
+CATALOG_ARRAYS = [
+    "SELECT i.indkey::text, i.indkey::varchar, i.indkey[0], i.indkey[1], array_length(i.indkey, 1), "
+    "pg_typeof(i.indkey)::text, pg_typeof(i.indkey::int4[])::text "
+    "FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indrelid "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s AND c.relname = 'lines'",
+    "SELECT a.attname FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a "
+    "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) JOIN pg_catalog.pg_class c ON c.oid = i.indrelid "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s AND c.relname = 'lines' "
+    "ORDER BY a.attnum",
+    "SELECT generate_subscripts(i.indkey, 1) AS s FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c "
+    "ON c.oid = i.indrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(schema)s AND c.relname = 'lines' ORDER BY s",
+    "SELECT unnest(i.indkey) AS k FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indrelid "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s AND c.relname = 'lines' "
+    "ORDER BY k",
+    "SELECT con.conkey::text, array_length(con.conkey, 1), con.conkey[1], pg_typeof(con.conkey)::text, "
+    "con.contype::text FROM pg_catalog.pg_constraint con JOIN pg_catalog.pg_class c ON c.oid = con.conrelid "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s AND c.relname = 'lines'",
+    "SELECT '1 2'::int2vector::text, pg_typeof('1 2'::int2vector)::text, ('{1,2}'::int2[])::text, "
+    "pg_typeof('{1,2}'::int2[])::text, pg_typeof(1.5::numeric)::text",
+]
+
+
+def test_catalog_arrays_answer_as_postgres(sides):
+    """`int2vector` and `int2[]` catalog columns answer what clients write against them as
+    Postgres does: casts, subscripts (a vector's from 0), `= ANY`, `unnest`,
+    `generate_subscripts`, `array_length` and `pg_typeof`, and a cast to another array type
+    is that type."""
+    with sides.gw.connect() as conn:
+        for sql in CATALOG_ARRAYS:
+            expected = sides.source.execute(sql, {"schema": "public"})
+            assert expected, f"nothing on Postgres: {sql}"
+            actual = conn.execute(sql, {"schema": WORKSPACE}).fetchall()
+            assert [tuple(r) for r in actual] == [tuple(r) for r in expected], sql

@@ -22,6 +22,7 @@ use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
 
 use super::limits::{Interrupted, Interrupts};
+use super::pg::arrays::fits;
 use super::pg::catalog_types::{field_pg_type, is_vector, list_text};
 use crate::query::limits::statement_runtime;
 use crate::query::live::PG_TYPE_META;
@@ -139,7 +140,7 @@ pub fn plan(
             .filter(|_| bare.get(i).copied().unwrap_or(true) && f.data_type() == &DataType::Utf8)
             .map(String::as_str);
         let json = json.filter(|t| matches!(*t, "json" | "jsonb"));
-        let vector = field_pg_type(f).is_some_and(is_vector);
+        let vector = field_pg_type(f).is_some_and(|t| is_vector(t) && fits(t, f.data_type()));
         let mean: Option<i8> = f
             .metadata()
             .get(QUOTIENT_SCALE_META)
@@ -215,7 +216,9 @@ pub fn plan(
                     // metadata); a list is of its type while it is a list.
                     let binary = f.format() == FieldFormat::Binary;
                     let kept = bare.get(i).copied().unwrap_or(true)
-                        || matches!(original.data_type(), DataType::List(_));
+                        || (matches!(original.data_type(), DataType::List(_))
+                            && field_pg_type(original)
+                                .is_some_and(|t| fits(t, original.data_type())));
                     match field_pg_type(original)
                         .filter(|_| kept)
                         .and_then(|t| catalog_wire_type(t, original.data_type(), binary))

@@ -21,7 +21,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 
-use super::catalog_types::{field_pg_type, is_vector, list_text, parse_lists};
+use super::catalog_types::{carrier, field_pg_type, is_vector, list_text, parse_lists};
 use super::udf::field_function;
 use crate::query::live::PG_TYPE_META;
 
@@ -61,7 +61,12 @@ pub fn pg_type_name(field: &Field) -> String {
 pub fn fits(pg_type: &str, dt: &DataType) -> bool {
     let list = matches!(dt, DataType::List(_) | DataType::LargeList(_));
     if pg_type.ends_with("[]") || is_vector(pg_type) {
-        return list;
+        // `indkey::int4[]` is no longer an int2vector.
+        let element = |t: &DataType| match t {
+            DataType::List(f) | DataType::LargeList(f) => Some(f.data_type().clone()),
+            _ => None,
+        };
+        return list && element(&carrier(pg_type, dt)).is_none_or(|e| Some(e) == element(dt));
     }
     let text = matches!(
         dt,

@@ -53,7 +53,7 @@ pub fn field_pg_type(field: &Field) -> Option<&str> {
 }
 
 /// The Arrow type that holds a catalog column of Postgres type `pg_type`, stored as `stored`.
-fn carrier(pg_type: &str, stored: &DataType) -> DataType {
+pub fn carrier(pg_type: &str, stored: &DataType) -> DataType {
     let list = |item: DataType| DataType::List(Arc::new(Field::new("item", item, true)));
     let integer = stored.is_integer();
     match pg_type {

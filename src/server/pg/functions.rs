@@ -5,17 +5,69 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, StringArray};
+use arrow::datatypes::Field;
 use arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::logical_expr::ColumnarValue;
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+};
 use datafusion::prelude::SessionContext;
 
 use super::catalog::ident;
 use super::udf::{self, arrays, text};
 
+/// An engine function whose count Postgres types `integer` (`array_length`, `cardinality`):
+/// the engine's own, its result cast from the engine's unsigned 64 bits.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Int4Count(ScalarUDF);
+
+impl ScalarUDFImpl for Int4Count {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.0.aliases()
+    }
+
+    fn signature(&self) -> &Signature {
+        self.0.signature()
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> DfResult<Vec<DataType>> {
+        self.0.coerce_types(arg_types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Int32)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let types: Vec<DataType> = args
+            .arg_fields
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        let engine = Arc::new(Field::new(self.name(), self.0.return_type(&types)?, true));
+        let counted = self.0.invoke_with_args(ScalarFunctionArgs {
+            return_field: engine,
+            ..args
+        })?;
+        counted.cast_to(&DataType::Int32, None)
+    }
+}
+
 /// Registers the functions that need no per-connection state.
 pub fn register(ctx: &SessionContext) {
+    use datafusion::functions_nested::{cardinality::cardinality_udf, length::array_length_udf};
+    for engine in [array_length_udf(), cardinality_udf()] {
+        ctx.register_udf(ScalarUDF::new_from_impl(Int4Count(engine.as_ref().clone())));
+    }
     ctx.register_udf(udf::function("format", DataType::Utf8, |args| {
         let all = arrays(args)?;
         let Some((fmt, rest)) = all.split_first() else {
