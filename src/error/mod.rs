@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+pub mod sqlstate;
 pub mod stops;
 
 /// What the operator (or a retry loop) can do about an error.
@@ -291,7 +292,13 @@ impl From<sqlx::Error> for Error {
 pub fn sqlstate_kind(code: &str) -> ErrorKind {
     match code {
         c if c.starts_with("08") => ErrorKind::Retryable,
-        "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "55006" => ErrorKind::Retryable,
+        sqlstate::ADMIN_SHUTDOWN
+        | sqlstate::CRASH_SHUTDOWN
+        | sqlstate::CANNOT_CONNECT_NOW
+        | sqlstate::TOO_MANY_CONNECTIONS
+        | sqlstate::SERIALIZATION_FAILURE
+        | sqlstate::DEADLOCK_DETECTED
+        | sqlstate::OBJECT_IN_USE => ErrorKind::Retryable,
         _ => ErrorKind::Source,
     }
 }
@@ -404,13 +411,25 @@ mod tests {
     #[test]
     fn sqlstates_split_into_transient_and_fatal() {
         for code in [
-            "57P01", "57P02", "57P03", "08006", "08001", "53300", "55006",
+            sqlstate::ADMIN_SHUTDOWN,
+            sqlstate::CRASH_SHUTDOWN,
+            sqlstate::CANNOT_CONNECT_NOW,
+            sqlstate::CONNECTION_FAILURE,
+            sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+            sqlstate::TOO_MANY_CONNECTIONS,
+            sqlstate::OBJECT_IN_USE,
         ] {
             assert_eq!(sqlstate_kind(code), ErrorKind::Retryable, "{code}");
         }
         // permission denied, undefined object (slot or publication missing), slot
         // invalidated, bad password, unknown database
-        for code in ["42501", "42704", "55000", "28P01", "3D000"] {
+        for code in [
+            sqlstate::INSUFFICIENT_PRIVILEGE,
+            sqlstate::UNDEFINED_OBJECT,
+            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            sqlstate::INVALID_PASSWORD,
+            sqlstate::INVALID_CATALOG_NAME,
+        ] {
             assert_eq!(sqlstate_kind(code), ErrorKind::Source, "{code}");
         }
     }

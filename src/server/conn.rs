@@ -19,6 +19,7 @@ use tokio_util::codec::{Framed, FramedParts};
 
 use super::frames::{violation_of, Checked};
 use super::session::{ConnHandlers, Stmt};
+use crate::error::sqlstate;
 
 /// How long a client has to finish start-up and authentication (as the protocol library).
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -26,9 +27,9 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 const GOODBYE_TIME: Duration = Duration::from_secs(2);
 
 /// SQLSTATE `protocol_violation`.
-pub const PROTOCOL_VIOLATION: &str = "08P01";
+pub const PROTOCOL_VIOLATION: &str = sqlstate::PROTOCOL_VIOLATION;
 /// SQLSTATE `admin_shutdown`.
-pub const ADMIN_SHUTDOWN: &str = "57P01";
+pub const ADMIN_SHUTDOWN: &str = sqlstate::ADMIN_SHUTDOWN;
 /// What a client is told when the server shuts down.
 pub const SHUTDOWN_MESSAGE: &str =
     "terminating connection due to administrator command: skipprd is shutting down; reconnect once it is back";

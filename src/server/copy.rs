@@ -20,6 +20,7 @@ use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
 
 use super::wire::{self, Exec};
+use crate::error::sqlstate;
 
 /// How rows are written.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +47,7 @@ impl Default for CopyFormat {
 fn unsupported(what: impl std::fmt::Display) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
         "ERROR".to_string(),
-        "0A000".to_string(),
+        sqlstate::FEATURE_NOT_SUPPORTED.to_string(),
         format!("COPY {what} is not supported: use FORMAT text or csv, with HEADER, DELIMITER, NULL or QUOTE"),
     )))
 }

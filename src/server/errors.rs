@@ -6,6 +6,7 @@ use datafusion::sql::sqlparser::parser::ParserError;
 use pgwire::api::{ClientInfo, ErrorHandler};
 use pgwire::error::{ErrorInfo, PgWireError};
 
+use crate::error::sqlstate;
 use crate::error::{Error, ErrorKind};
 use crate::query::as_of::AS_OF_MESSAGE;
 use crate::query::view::LSN_WAIT_MESSAGE;
@@ -17,57 +18,59 @@ pub struct SqlStateErrors;
 pub fn sqlstate(e: &DataFusionError) -> &'static str {
     let root = e.find_root();
     match root {
-        DataFusionError::SQL(..) => "42601",
+        DataFusionError::SQL(..) => sqlstate::SYNTAX_ERROR,
         DataFusionError::SchemaError(s, _) => {
             let m = s.to_string();
             if m.contains("No field named") || m.contains("not found") {
-                "42703"
+                sqlstate::UNDEFINED_COLUMN
             } else if m.contains("ambiguous") || m.contains("Ambiguous") {
-                "42702"
+                sqlstate::AMBIGUOUS_COLUMN
             } else {
-                "42P18"
+                sqlstate::INDETERMINATE_DATATYPE
             }
         }
         DataFusionError::Plan(m) => {
             let lower = m.to_lowercase();
             if lower.contains("table") && lower.contains("not found") {
-                "42P01"
+                sqlstate::UNDEFINED_TABLE
             } else if lower.contains("invalid function") || lower.contains("no function matches") {
-                "42883"
+                sqlstate::UNDEFINED_FUNCTION
             } else if lower.contains("no field named") {
-                "42703"
+                sqlstate::UNDEFINED_COLUMN
             } else {
-                "42000"
+                sqlstate::SYNTAX_ERROR_OR_ACCESS_RULE_VIOLATION
             }
         }
-        DataFusionError::NotImplemented(_) => "0A000",
+        DataFusionError::NotImplemented(_) => sqlstate::FEATURE_NOT_SUPPORTED,
         DataFusionError::ArrowError(a, _) => {
             let m = a.to_string();
             if m.contains("Divide by zero") {
-                "22012"
+                sqlstate::DIVISION_BY_ZERO
             } else if m.contains("Cast error") || m.contains("Parser error") {
-                "22P02"
+                sqlstate::INVALID_TEXT_REPRESENTATION
             } else {
-                "22000"
+                sqlstate::DATA_EXCEPTION
             }
         }
-        DataFusionError::Execution(m) if m.contains("Divide by zero") => "22012",
-        DataFusionError::ResourcesExhausted(_) => "53200",
+        DataFusionError::Execution(m) if m.contains("Divide by zero") => sqlstate::DIVISION_BY_ZERO,
+        DataFusionError::ResourcesExhausted(_) => sqlstate::OUT_OF_MEMORY,
         DataFusionError::External(inner) => match inner.downcast_ref::<Error>() {
             Some(err) => match err.kind() {
                 ErrorKind::Query if err.message().starts_with(LSN_WAIT_MESSAGE) => {
                     super::limits::QUERY_CANCELED
                 }
                 // Postgres's snapshot_too_old: the state asked for is no longer kept.
-                ErrorKind::Query if err.message().starts_with(AS_OF_MESSAGE) => "72000",
-                ErrorKind::Retryable => "40001",
-                ErrorKind::Query => "42000",
-                ErrorKind::Unrepresentable => "22000",
-                _ => "XX000",
+                ErrorKind::Query if err.message().starts_with(AS_OF_MESSAGE) => {
+                    sqlstate::SNAPSHOT_TOO_OLD
+                }
+                ErrorKind::Retryable => sqlstate::SERIALIZATION_FAILURE,
+                ErrorKind::Query => sqlstate::SYNTAX_ERROR_OR_ACCESS_RULE_VIOLATION,
+                ErrorKind::Unrepresentable => sqlstate::DATA_EXCEPTION,
+                _ => sqlstate::INTERNAL_ERROR,
             },
-            None => "XX000",
+            None => sqlstate::INTERNAL_ERROR,
         },
-        _ => "XX000",
+        _ => sqlstate::INTERNAL_ERROR,
     }
 }
 
@@ -90,9 +93,9 @@ impl ErrorHandler for SqlStateErrors {
                 let (code, message) = if let Some(df) = inner.downcast_ref::<DataFusionError>() {
                     (sqlstate(df), message(df))
                 } else if inner.downcast_ref::<ParserError>().is_some() {
-                    ("42601", inner.to_string())
+                    (sqlstate::SYNTAX_ERROR, inner.to_string())
                 } else {
-                    ("XX000", inner.to_string())
+                    (sqlstate::INTERNAL_ERROR, inner.to_string())
                 };
                 Some(ErrorInfo::new(
                     "ERROR".to_string(),
@@ -116,7 +119,10 @@ mod tests {
     #[test]
     fn a_skipprd_error_reaches_the_client_without_the_wrapper() {
         let e = DataFusionError::External(Box::new(Error::query("no pipeline p")));
-        assert_eq!(sqlstate(&e), "42000");
+        assert_eq!(
+            sqlstate(&e),
+            sqlstate::SYNTAX_ERROR_OR_ACCESS_RULE_VIOLATION
+        );
         let text = message(&e);
         assert!(text.contains("no pipeline p"), "{text}");
         assert!(!text.contains("External error"), "{text}");

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::error::sqlstate;
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result as DfResult;
@@ -19,7 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// SQLSTATE `query_canceled`, for a timeout and for a cancel request alike.
-pub const QUERY_CANCELED: &str = "57014";
+pub const QUERY_CANCELED: &str = sqlstate::QUERY_CANCELED;
 
 /// Why a statement was interrupted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,8 @@
 //! session over the live workspace, runs only what the statement classifier allows, bounds
 //! each statement (timeout, cancel, memory) and maps errors to SQLSTATEs.
 
+use crate::error::sqlstate;
+
 mod auth;
 mod catalogs;
 mod conn;
@@ -301,7 +303,7 @@ async fn close_sessions(closing: watch::Sender<bool>, sessions: &mut tokio::task
 async fn refuse(socket: tokio::net::TcpStream) {
     fatal_notice(
         socket,
-        "28000",
+        sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
         "only loopback clients may connect when skippr.query has no users; add users (name and password) to skippr.yml",
     )
     .await
@@ -324,7 +326,7 @@ async fn refuse_busy(mut socket: tokio::net::TcpStream, message: &str) {
             let _ = tokio::time::timeout(REFUSAL_DRAIN, socket.read_exact(&mut first)).await;
         }
     }
-    fatal_notice(socket, "53300", message).await
+    fatal_notice(socket, sqlstate::TOO_MANY_CONNECTIONS, message).await
 }
 
 /// Sends one `ErrorResponse` of severity FATAL with `code` and `message`, and closes.

@@ -24,6 +24,7 @@ use pgwire::types::format::FormatOptions;
 
 use super::session::{plan_statement, verify_read_only};
 use super::wire::{self, Exec};
+use crate::error::sqlstate;
 
 /// Prepared statements of one session, by name, as parsed.
 #[derive(Debug, Default)]
@@ -50,18 +51,21 @@ impl Prepared {
     /// `PREPARE name [(types)] AS <query>` (the classifier has checked the query).
     pub fn prepare(&self, statement: &Statement) -> PgWireResult<Response> {
         let Statement::Prepare { name, .. } = statement else {
-            return Err(error("XX000", "not a PREPARE statement".into()));
+            return Err(error(
+                sqlstate::INTERNAL_ERROR,
+                "not a PREPARE statement".into(),
+            ));
         };
         let mut all = self.statements.lock().unwrap_or_else(|e| e.into_inner());
         if all.contains_key(&name.value) {
             return Err(error(
-                "42P05",
+                sqlstate::DUPLICATE_PREPARED_STATEMENT,
                 format!("prepared statement \"{}\" already exists", name.value),
             ));
         }
         if all.len() >= PREPARED_LIMIT {
             return Err(error(
-                "53400",
+                sqlstate::CONFIGURATION_LIMIT_EXCEEDED,
                 format!(
                     "a session keeps at most {PREPARED_LIMIT} prepared statements: DEALLOCATE some"
                 ),
@@ -81,7 +85,7 @@ impl Prepared {
         match all.remove(name) {
             Some(_) => Ok(Response::Execution(Tag::new("DEALLOCATE"))),
             None => Err(error(
-                "26000",
+                sqlstate::INVALID_SQL_STATEMENT_NAME,
                 format!("prepared statement \"{name}\" does not exist"),
             )),
         }
@@ -107,7 +111,7 @@ impl Prepared {
         } = execute
         else {
             return Err(error(
-                "42601",
+                sqlstate::SYNTAX_ERROR,
                 "EXECUTE needs a prepared statement's name".into(),
             ));
         };
@@ -120,7 +124,7 @@ impl Prepared {
             .cloned()
             .ok_or_else(|| {
                 error(
-                    "26000",
+                    sqlstate::INVALID_SQL_STATEMENT_NAME,
                     format!("prepared statement \"{name}\" does not exist"),
                 )
             })?;
@@ -128,7 +132,7 @@ impl Prepared {
             plan_statement(ctx, &prepared).await.map_err(api)?
         else {
             return Err(error(
-                "XX000",
+                sqlstate::INTERNAL_ERROR,
                 "PREPARE did not plan as a prepared query".into(),
             ));
         };
@@ -136,7 +140,10 @@ impl Prepared {
         let LogicalPlan::Statement(PlanStatement::Execute(call)) =
             plan_statement(ctx, execute).await.map_err(api)?
         else {
-            return Err(error("XX000", "EXECUTE did not plan as a call".into()));
+            return Err(error(
+                sqlstate::INTERNAL_ERROR,
+                "EXECUTE did not plan as a call".into(),
+            ));
         };
         let mut values = Vec::with_capacity(call.parameters.len());
         for (i, expr) in call.parameters.iter().enumerate() {
@@ -183,7 +190,7 @@ pub async fn declare(
     for d in declares {
         let (Some(name), Some(query)) = (d.names.first(), &d.for_query) else {
             return Err(error(
-                "42601",
+                sqlstate::SYNTAX_ERROR,
                 "write DECLARE name CURSOR FOR <query>".into(),
             ));
         };

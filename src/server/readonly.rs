@@ -12,6 +12,7 @@
 
 use std::ops::ControlFlow;
 
+use crate::error::sqlstate;
 use datafusion::sql::sqlparser::ast::{
     AlterTableOperation, CommentObject, CopySource, CopyTarget, FromTable, GrantObjects,
     ObjectName, ObjectType, Query, Reset, ResetStatement, SchemaName, Select, Set, SetExpr,
@@ -21,9 +22,9 @@ use pgwire::error::{ErrorInfo, PgWireError};
 
 /// SQLSTATE of a write refused because the data is read-only (Postgres's
 /// `read_only_sql_transaction`).
-pub const READ_ONLY: &str = "25006";
+pub const READ_ONLY: &str = sqlstate::READ_ONLY_SQL_TRANSACTION;
 /// SQLSTATE of something no client may do (Postgres's `insufficient_privilege`).
-pub const NOT_PERMITTED: &str = "42501";
+pub const NOT_PERMITTED: &str = sqlstate::INSUFFICIENT_PRIVILEGE;
 
 /// What an allowed statement is, which decides how it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -476,7 +477,7 @@ fn setting_kind(name: &str) -> Kind {
         return Kind::Allowed(Allowed::Set);
     }
     Kind::Refused(Refusal {
-        sqlstate: "42704",
+        sqlstate: sqlstate::UNDEFINED_OBJECT,
         message: format!(
             "unrecognized configuration parameter \"{name}\": the settings a session may change are {}",
             SESSION_SETTINGS.join(", ")

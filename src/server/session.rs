@@ -55,6 +55,7 @@ use super::startup::Startup;
 use super::statements::{placeholder_plan, Hook, SessionStatementsHook};
 use super::wire::{self, Exec};
 use super::Shared;
+use crate::error::sqlstate;
 use crate::query::view::ViewHandle;
 use crate::query::LiveSchema;
 use crate::telemetry::metrics;
@@ -379,7 +380,7 @@ fn unsupported(statement: &SqlStatement) -> PgWireError {
     tracing::warn!(statement = %statement.to_string().split_whitespace().next().unwrap_or(""), "an allowed statement had no handler");
     PgWireError::UserError(Box::new(ErrorInfo::new(
         "ERROR".to_string(),
-        "0A000".to_string(),
+        sqlstate::FEATURE_NOT_SUPPORTED.to_string(),
         "this statement is not supported by the gateway".to_string(),
     )))
 }
@@ -485,7 +486,7 @@ impl QueryParser for WireParser {
         if statements.len() > 1 {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
-                "42601".to_string(),
+                sqlstate::SYNTAX_ERROR.to_string(),
                 "cannot insert multiple commands into a prepared statement".to_string(),
             ))));
         }

@@ -15,6 +15,7 @@ use datafusion_postgres::hooks::HookClient;
 use super::pg::{fence, udf};
 use super::readonly::SESSION_SETTINGS;
 use super::statements::{placeholder_plan, Answer};
+use crate::error::sqlstate;
 use crate::query::as_of::{AS_OF, AS_OF_FORMS};
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::{ClientInfo, Type};
@@ -92,7 +93,7 @@ pub(super) fn startup_options(meta: &HashMap<String, String>) -> HashMap<String,
 fn unknown(name: &str) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
         "ERROR".to_string(),
-        "42704".to_string(),
+        sqlstate::UNDEFINED_OBJECT.to_string(),
         format!("unrecognized configuration parameter \"{name}\""),
     )))
 }
@@ -313,7 +314,7 @@ impl SettingsHook {
         let invalid = |label: &str, text: &str| {
             Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
-                "22023".to_string(),
+                sqlstate::INVALID_PARAMETER_VALUE.to_string(),
                 format!("invalid value for parameter \"{label}\": \"{text}\""),
             ))))
         };
@@ -338,7 +339,7 @@ impl SettingsHook {
             if name == AS_OF {
                 return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                     "ERROR".to_string(),
-                    "22023".to_string(),
+                    sqlstate::INVALID_PARAMETER_VALUE.to_string(),
                     format!(
                         "invalid value for parameter \"{AS_OF}\": \"{text}\": expected {AS_OF_FORMS}"
                     ),

@@ -20,6 +20,7 @@ use super::auth;
 use super::limits::{CancelKey, Interrupts};
 use super::settings::STATEMENT_TIMEOUT_KEY;
 use super::Shared;
+use crate::error::sqlstate;
 
 /// Trust for loopback clients when no users are configured.
 pub struct Trust;
@@ -87,7 +88,7 @@ impl Startup {
         if self.shared.tls_cert_pem.is_some() && !client.is_secure() {
             tracing::info!(peer = %client.socket_addr(), "refused a client that did not ask for TLS");
             return Err(fatal(
-                "28000",
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
                 "this server accepts only TLS connections (skippr.query.tls is set): connect with sslmode=require or verify-full".to_string(),
             ));
         }
@@ -98,7 +99,7 @@ impl Startup {
                 "refused a client: every connection slot is taken"
             );
             return Err(fatal(
-                "53300",
+                sqlstate::TOO_MANY_CONNECTIONS,
                 super::too_many_clients(self.shared.max_connections),
             ));
         }

@@ -24,6 +24,7 @@ use pgwire::types::format::FormatOptions;
 use super::limits::{Interrupted, Interrupts};
 use super::pg::arrays::fits;
 use super::pg::catalog_types::{field_pg_type, is_vector, list_text};
+use crate::error::sqlstate;
 use crate::query::limits::statement_runtime;
 use crate::query::live::PG_TYPE_META;
 use crate::query::numeric::{decimal_text, display_scale, QUOTIENT_SCALE_META};
@@ -118,7 +119,7 @@ pub fn plan(
         if codes.len() != schema.fields().len() {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "FATAL".to_string(),
-                "08P01".to_string(),
+                sqlstate::PROTOCOL_VIOLATION.to_string(),
                 format!(
                     "bind message has {} result formats but query has {} columns",
                     codes.len(),

@@ -23,6 +23,7 @@ use super::names::{parts, qualify_view};
 use super::rows::{self, relation_of};
 use super::{internal, user_error, Leftovers, Run};
 use crate::catalog::models::{ModelsState, Op, RelKind, RelName, ViewDef};
+use crate::error::sqlstate;
 use crate::query::models::ModelsView;
 use crate::sink::iceberg::models as sink;
 use crate::sink::iceberg::SourceColumn;
@@ -52,7 +53,7 @@ pub(crate) fn is_temp(run: &Run<'_>, schema: &str) -> bool {
 
 pub(super) fn unsupported(what: &str) -> pgwire::error::PgWireError {
     user_error(
-        "0A000",
+        sqlstate::FEATURE_NOT_SUPPORTED,
         format!("{what} is not supported for models: the gateway builds models with CREATE SCHEMA/VIEW/TABLE [AS], INSERT, DELETE, UPDATE, TRUNCATE, ALTER ... RENAME TO, DROP, COMMENT ON and GRANT"),
     )
 }
@@ -68,14 +69,14 @@ pub(super) async fn create_schema(
         if if_not_exists {
             notice(
                 client,
-                "42P06",
+                sqlstate::DUPLICATE_SCHEMA,
                 format!("schema \"{schema}\" already exists, skipping"),
             )
             .await?;
             return done("CREATE SCHEMA");
         }
         return Err(user_error(
-            "42P06",
+            sqlstate::DUPLICATE_SCHEMA,
             format!("schema \"{schema}\" already exists"),
         ));
     }
@@ -100,7 +101,7 @@ pub(super) async fn create_view(
     if v.if_not_exists && state.exists(&rel) {
         notice(
             client,
-            "42P07",
+            sqlstate::DUPLICATE_TABLE,
             format!("relation \"{}\" already exists, skipping", rel.1),
         )
         .await?;
@@ -110,7 +111,7 @@ pub(super) async fn create_view(
     let depends = qualify_view(&mut query, run.default_schema, run.models.temp_schema())
         .ok_or_else(|| {
             user_error(
-                "0A000",
+                sqlstate::FEATURE_NOT_SUPPORTED,
                 format!("view {} reads a temporary table: a view outlives the session, so it can read only tables and views of schemas", rel.1),
             )
         })?;
@@ -126,7 +127,7 @@ pub(super) async fn create_view(
         .iter()
         .map(|f| (f.name().clone(), f.data_type().to_string()))
         .collect();
-    let definition = printed_definition(run, &query).await;
+    let definition = printed_definition(run, &query, &names).await;
     let def = ViewDef {
         sql: query.to_string(),
         columns,
@@ -180,7 +181,7 @@ fn declared_type(
         S::Time(..) => A::Time64(arrow::datatypes::TimeUnit::Microsecond),
         other => {
             return Err(user_error(
-                "0A000",
+                sqlstate::FEATURE_NOT_SUPPORTED,
                 format!("type {other} is not supported in a model table: use text, integer, bigint, numeric(p,s), double precision, boolean, date, timestamp or timestamptz"),
             ))
         }
@@ -199,7 +200,7 @@ pub(super) async fn create_table(
             [s, n] if is_temp(run, s) => (run.models.temp_schema().to_string(), n.clone()),
             _ => {
                 return Err(user_error(
-                    "42P16",
+                    sqlstate::INVALID_TABLE_DEFINITION,
                     "cannot create temporary relation in non-temporary schema",
                 ))
             }
@@ -217,14 +218,14 @@ pub(super) async fn create_table(
         if c.if_not_exists {
             notice(
                 client,
-                "42P07",
+                sqlstate::DUPLICATE_TABLE,
                 format!("relation \"{}\" already exists, skipping", rel.1),
             )
             .await?;
             return done("CREATE TABLE AS");
         }
         return Err(user_error(
-            "42P07",
+            sqlstate::DUPLICATE_TABLE,
             format!("relation \"{}\" already exists", rel.1),
         ));
     }
@@ -289,12 +290,12 @@ pub(super) async fn create_table(
     let models = run.models.models()?;
     if !run.models.state().namespaces.contains(&rel.0) {
         return Err(user_error(
-            "3F000",
+            sqlstate::INVALID_SCHEMA_NAME,
             format!("schema \"{}\" does not exist", rel.0),
         ));
     }
-    let ice_schema =
-        sink::iceberg_schema(&schema, &required).map_err(|e| user_error("0A000", e.to_string()))?;
+    let ice_schema = sink::iceberg_schema(&schema, &required)
+        .map_err(|e| user_error(sqlstate::FEATURE_NOT_SUPPORTED, e.to_string()))?;
     let location = models.catalog().new_location(&rel);
     let folder = location.clone();
     let ident = TableIdent::new(NamespaceIdent::new(rel.0.clone()), rel.1.clone());
@@ -352,7 +353,7 @@ pub(super) async fn rename(
         [s, n] if *s == rel.0 => n.clone(),
         _ => {
             return Err(user_error(
-                "42601",
+                sqlstate::SYNTAX_ERROR,
                 "RENAME TO takes the new name alone, without a schema",
             ))
         }
@@ -391,10 +392,15 @@ async fn missing(
 ) -> PgWireResult<Response> {
     let message = format!("relation \"{}.{}\" does not exist", rel.0, rel.1);
     if if_exists {
-        notice(client, "00000", format!("{message}, skipping")).await?;
+        notice(
+            client,
+            sqlstate::SUCCESSFUL_COMPLETION,
+            format!("{message}, skipping"),
+        )
+        .await?;
         return done(tag);
     }
-    Err(user_error("42P01", message))
+    Err(user_error(sqlstate::UNDEFINED_TABLE, message))
 }
 
 pub(super) async fn drop(
@@ -419,14 +425,14 @@ pub(super) async fn drop(
                 if if_exists {
                     notice(
                         client,
-                        "00000",
+                        sqlstate::SUCCESSFUL_COMPLETION,
                         format!("schema \"{schema}\" does not exist, skipping"),
                     )
                     .await?;
                     continue;
                 }
                 return Err(user_error(
-                    "3F000",
+                    sqlstate::INVALID_SCHEMA_NAME,
                     format!("schema \"{schema}\" does not exist"),
                 ));
             }
@@ -454,7 +460,7 @@ pub(super) async fn drop(
                 .map_err(|e| internal(e.into()))?;
             if dropped.is_none() && !if_exists {
                 return Err(user_error(
-                    "42P01",
+                    sqlstate::UNDEFINED_TABLE,
                     format!("table \"{}\" does not exist", rel.1),
                 ));
             }
@@ -465,20 +471,20 @@ pub(super) async fn drop(
                 if if_exists {
                     notice(
                         client,
-                        "00000",
+                        sqlstate::SUCCESSFUL_COMPLETION,
                         format!("relation \"{}.{}\" does not exist, skipping", rel.0, rel.1),
                     )
                     .await?;
                     continue;
                 }
                 return Err(user_error(
-                    "42P01",
+                    sqlstate::UNDEFINED_TABLE,
                     format!("relation \"{}.{}\" does not exist", rel.0, rel.1),
                 ));
             }
             Some(k) if Some(k) != kind => {
                 return Err(user_error(
-                    "42809",
+                    sqlstate::WRONG_OBJECT_TYPE,
                     format!(
                         "\"{}.{}\" is not a {}: use DROP {}",
                         rel.0,
@@ -602,14 +608,14 @@ fn declared_by_sources(schema: &arrow::datatypes::Schema) -> Option<Vec<SourceCo
 
 /// The view's definition as Postgres prints it, from the columns of the relations it reads
 /// (`None` where the query is printed as written).
-async fn printed_definition(run: &Run<'_>, query: &Query) -> Option<String> {
-    let mut names: Vec<ObjectName> = Vec::new();
+async fn printed_definition(run: &Run<'_>, query: &Query, names: &[String]) -> Option<String> {
+    let mut relations: Vec<ObjectName> = Vec::new();
     let _ = visit_relations(query, |name| {
-        names.push(name.clone());
+        relations.push(name.clone());
         ControlFlow::<()>::Continue(())
     });
     let mut columns = super::viewdef::Columns::new();
-    for name in names {
+    for name in relations {
         let p = parts(&name);
         let [schema, table] = p.as_slice() else {
             return None;
@@ -627,5 +633,5 @@ async fn printed_definition(run: &Run<'_>, query: &Query) -> Option<String> {
             .collect();
         columns.insert(p, fields);
     }
-    super::viewdef::deparse(query, run.default_schema, &columns)
+    super::viewdef::deparse(query, names, run.default_schema, &columns)
 }

@@ -26,6 +26,7 @@ use super::ddl::is_temp;
 use super::rows::{self, relation_of};
 use super::{internal, user_error, Leftovers, Run};
 use crate::catalog::models::{Op, RelName};
+use crate::error::sqlstate;
 use crate::query::models::ModelsView;
 use crate::server::session::{plan_statement, verify_read_only};
 use crate::sink::iceberg::models as sink;
@@ -57,7 +58,10 @@ impl Target {
                 .await
                 .map_err(df)?
                 .ok_or_else(|| {
-                    user_error("42P01", format!("relation \"{}\" does not exist", rel.1))
+                    user_error(
+                        sqlstate::UNDEFINED_TABLE,
+                        format!("relation \"{}\" does not exist", rel.1),
+                    )
                 })?;
             return Ok((Target::Temp, t));
         }
@@ -73,9 +77,9 @@ impl Target {
             };
             return Err(user_error(
                 if state.views.contains_key(rel) {
-                    "55000"
+                    sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE
                 } else {
-                    "42P01"
+                    sqlstate::UNDEFINED_TABLE
                 },
                 what,
             ));
@@ -123,7 +127,7 @@ pub(super) async fn insert(
     for c in &named {
         if schema.index_of(c).is_err() {
             return Err(user_error(
-                "42703",
+                sqlstate::UNDEFINED_COLUMN,
                 format!("column \"{c}\" of relation \"{}\" does not exist", rel.1),
             ));
         }
@@ -135,7 +139,10 @@ pub(super) async fn insert(
         } else {
             "target columns than expressions"
         };
-        return Err(user_error("42601", format!("INSERT has more {more}")));
+        return Err(user_error(
+            sqlstate::SYNTAX_ERROR,
+            format!("INSERT has more {more}"),
+        ));
     }
     // The table's columns in order: the given values, NULL for the others.
     let source_columns: Vec<Expr> = plan
@@ -169,8 +176,8 @@ pub(super) async fn insert(
             let mut added = rows::stream(run, plan).await?;
             let mut n = 0;
             while let Some(b) = added.next().await {
-                let b =
-                    sink::conform(&b?, &schema).map_err(|e| user_error("23502", e.to_string()))?;
+                let b = sink::conform(&b?, &schema)
+                    .map_err(|e| user_error(sqlstate::NOT_NULL_VIOLATION, e.to_string()))?;
                 n += b.num_rows();
                 batches.push(b);
             }
@@ -262,11 +269,14 @@ pub(super) async fn rewrite(
     sets: &[(String, String)],
 ) -> PgWireResult<Response> {
     let TableFactor::Table { name, alias, .. } = &target.relation else {
-        return Err(user_error("0A000", "the table to change must be named"));
+        return Err(user_error(
+            sqlstate::FEATURE_NOT_SUPPORTED,
+            "the table to change must be named",
+        ));
     };
     if !target.joins.is_empty() {
         return Err(user_error(
-            "0A000",
+            sqlstate::FEATURE_NOT_SUPPORTED,
             "name the other tables in USING or FROM, not in a JOIN",
         ));
     }
@@ -276,7 +286,7 @@ pub(super) async fn rewrite(
     for (column, _) in sets {
         if schema.index_of(column).is_err() {
             return Err(user_error(
-                "42703",
+                sqlstate::UNDEFINED_COLUMN,
                 format!(
                     "column \"{column}\" of relation \"{}\" does not exist",
                     rel.1
@@ -288,7 +298,7 @@ pub(super) async fn rewrite(
     let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
     if bytes > run.exec.memory {
         return Err(user_error(
-            "53200",
+            sqlstate::OUT_OF_MEMORY,
             format!(
                 "{tag_name} of {}.{} reads the table whole, and it holds more than skippr.query.max_query_memory ({} bytes): raise that setting, or rebuild the model as a table (dbt: materialized='table' or --full-refresh)",
                 rel.0,
@@ -320,9 +330,9 @@ pub(super) async fn rewrite(
         let table_with_rows = rows::mem_table(numbered.schema(), vec![numbered])?;
         let _reading = Substitution::start(run, &rel, table_with_rows, &provider)?;
         let statement = Parser::parse_sql(&PostgreSqlDialect {}, &sql)
-            .map_err(|e| user_error("42601", e.to_string()))?
+            .map_err(|e| user_error(sqlstate::SYNTAX_ERROR, e.to_string()))?
             .pop()
-            .ok_or_else(|| user_error("42601", "empty statement"))?;
+            .ok_or_else(|| user_error(sqlstate::SYNTAX_ERROR, "empty statement"))?;
         let plan = plan_statement(run.ctx, &statement).await.map_err(df)?;
         verify_read_only(&plan).map_err(df)?;
         let mut out = Vec::new();
@@ -356,8 +366,8 @@ pub(super) async fn rewrite(
     } else {
         updated(&all, &found, &chosen, sets)?
     };
-    let new_rows =
-        sink::conform(&new_rows, &schema).map_err(|e| user_error("23502", e.to_string()))?;
+    let new_rows = sink::conform(&new_rows, &schema)
+        .map_err(|e| user_error(sqlstate::NOT_NULL_VIOLATION, e.to_string()))?;
     match table {
         Target::Model { table, location } => {
             let stream = futures::stream::iter(vec![Ok(new_rows)]);

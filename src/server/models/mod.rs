@@ -35,6 +35,7 @@ use pgwire::messages::response::TransactionStatus;
 use super::readonly::Writable;
 use super::wire::Exec;
 use crate::catalog::models::{Conflict, ModelsState, Op, Refused, RelName};
+use crate::error::sqlstate;
 use crate::query::models::{Models, ModelsView, SessionSource};
 use names::{fold, parts};
 
@@ -101,13 +102,13 @@ pub(crate) fn user_error(code: &str, message: impl Into<String>) -> PgWireError 
 pub(crate) fn refusal(r: Refused) -> PgWireError {
     let schema = r.message.starts_with("schema");
     let code = match (r.conflict, schema) {
-        (Conflict::Exists, true) => "42P06",
-        (Conflict::Exists, false) => "42P07",
-        (Conflict::Missing, true) => "3F000",
-        (Conflict::Missing, false) => "42P01",
-        (Conflict::Changed, _) => "40001",
-        (Conflict::NotEmpty, _) => "2BP01",
-        (Conflict::WrongKind, _) => "42809",
+        (Conflict::Exists, true) => sqlstate::DUPLICATE_SCHEMA,
+        (Conflict::Exists, false) => sqlstate::DUPLICATE_TABLE,
+        (Conflict::Missing, true) => sqlstate::INVALID_SCHEMA_NAME,
+        (Conflict::Missing, false) => sqlstate::UNDEFINED_TABLE,
+        (Conflict::Changed, _) => sqlstate::SERIALIZATION_FAILURE,
+        (Conflict::NotEmpty, _) => sqlstate::DEPENDENT_OBJECTS_STILL_EXIST,
+        (Conflict::WrongKind, _) => sqlstate::WRONG_OBJECT_TYPE,
     };
     user_error(code, r.message)
 }
@@ -119,7 +120,7 @@ pub(crate) fn location_of(table: &iceberg::table::Table) -> PgWireResult<String>
         .map(str::to_string)
         .ok_or_else(|| {
             user_error(
-                "XX000",
+                sqlstate::INTERNAL_ERROR,
                 format!("table {} has no metadata location", table.identifier()),
             )
         })
@@ -128,9 +129,9 @@ pub(crate) fn location_of(table: &iceberg::table::Table) -> PgWireResult<String>
 /// An internal failure (I/O, catalog) while running a model statement.
 pub(crate) fn internal(e: crate::error::Error) -> PgWireError {
     let code = match e.kind() {
-        crate::error::ErrorKind::Retryable => "40001",
-        crate::error::ErrorKind::Fatal | crate::error::ErrorKind::Query => "XX000",
-        _ => "XX000",
+        crate::error::ErrorKind::Retryable => sqlstate::SERIALIZATION_FAILURE,
+        crate::error::ErrorKind::Fatal | crate::error::ErrorKind::Query => sqlstate::INTERNAL_ERROR,
+        _ => sqlstate::INTERNAL_ERROR,
     };
     user_error(code, e.to_string())
 }
@@ -189,7 +190,7 @@ impl SessionModels {
     fn models(&self) -> PgWireResult<&Arc<Models>> {
         self.models.as_ref().ok_or_else(|| {
             user_error(
-                "0A000",
+                sqlstate::FEATURE_NOT_SUPPORTED,
                 "models need a LocalIceberg warehouse to live in, and no pipeline of skippr.yml writes to one: add a LocalIceberg data sink",
             )
         })
@@ -326,12 +327,17 @@ async fn dispatch(
     match statement {
         Statement::Insert(i) => {
             let TableObject::TableName(name) = &i.table else {
-                return Err(user_error("0A000", "INSERT names its table"));
+                return Err(user_error(
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                    "INSERT names its table",
+                ));
             };
-            let source = i
-                .source
-                .as_ref()
-                .ok_or_else(|| user_error("0A000", "INSERT needs VALUES or a query"))?;
+            let source = i.source.as_ref().ok_or_else(|| {
+                user_error(
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                    "INSERT needs VALUES or a query",
+                )
+            })?;
             let columns: Vec<String> = i.columns.iter().map(fold).collect();
             dml::insert(run, client, name, &columns, source).await
         }
@@ -339,7 +345,7 @@ async fn dispatch(
             let (FromTable::WithFromKeyword(from) | FromTable::WithoutKeyword(from)) = &d.from;
             let target = from
                 .first()
-                .ok_or_else(|| user_error("42601", "DELETE needs a table"))?;
+                .ok_or_else(|| user_error(sqlstate::SYNTAX_ERROR, "DELETE needs a table"))?;
             let others = d.using.clone().unwrap_or_default();
             dml::rewrite(run, client, target, &others, d.selection.as_ref(), &[]).await
         }
@@ -354,7 +360,7 @@ async fn dispatch(
             for a in &u.assignments {
                 let AssignmentTarget::ColumnName(name) = &a.target else {
                     return Err(user_error(
-                        "0A000",
+                        sqlstate::FEATURE_NOT_SUPPORTED,
                         "UPDATE ... SET (a, b) = ... is not supported: set each column",
                     ));
                 };

@@ -19,6 +19,7 @@ use pgwire::error::{PgWireError, PgWireResult};
 
 use super::{internal, user_error, Run};
 use crate::catalog::models::RelName;
+use crate::error::sqlstate;
 use crate::query::naming::pg_column_name;
 use crate::server::session::{plan_statement, verify_read_only};
 use crate::server::wire;
@@ -41,7 +42,7 @@ pub async fn plan_query(
     let fields = plan.schema().fields().len();
     if !names.is_empty() && names.len() != fields {
         return Err(user_error(
-            "42601",
+            sqlstate::SYNTAX_ERROR,
             format!(
                 "{} column names were given for a query of {fields} columns",
                 names.len()
@@ -57,7 +58,7 @@ pub async fn plan_query(
             .unwrap_or_else(|| pg_column_name(field.name()));
         if seen.contains(&name) {
             return Err(user_error(
-                "42701",
+                sqlstate::DUPLICATE_COLUMN,
                 format!("column \"{name}\" specified more than once: give the columns distinct names (AS ...)"),
             ));
         }
@@ -105,8 +106,8 @@ pub async fn write_rows(
     let mut writer = ModelWriter::new(table).await.map_err(internal)?;
     let mut rows = std::pin::pin!(rows);
     while let Some(batch) = rows.next().await {
-        let batch =
-            sink::conform(&batch?, &target).map_err(|e| user_error("23502", e.to_string()))?;
+        let batch = sink::conform(&batch?, &target)
+            .map_err(|e| user_error(sqlstate::NOT_NULL_VIOLATION, e.to_string()))?;
         writer.write(batch).await.map_err(internal)?;
     }
     writer.close().await.map_err(internal)
@@ -128,7 +129,7 @@ pub async fn collect(
         bytes += batch.get_array_memory_size();
         if bytes > budget {
             return Err(user_error(
-                "53200",
+                sqlstate::OUT_OF_MEMORY,
                 format!("temporary tables of this session would hold more than {budget} bytes (skippr.query.max_query_memory): build the model as a table instead"),
             ));
         }
@@ -177,7 +178,7 @@ pub fn relation_of(
 ) -> PgWireResult<RelName> {
     super::names::relation(name, run.default_schema).ok_or_else(|| {
         user_error(
-            "42601",
+            sqlstate::SYNTAX_ERROR,
             format!("improper relation name (too many dotted names): {name}"),
         )
     })

@@ -17,6 +17,7 @@ use pgwire::messages::response::{NoticeResponse, TransactionStatus};
 use pgwire::messages::PgWireBackendMessage;
 
 use super::{user_error, SessionModels};
+use crate::error::sqlstate;
 use crate::server::statements::{placeholder_plan, Answer};
 
 /// Answers transaction control for one session.
@@ -58,7 +59,7 @@ impl TransactionHook {
                 TransactionStatus::Transaction => {
                     match warning(
                         client,
-                        "25001",
+                        sqlstate::ACTIVE_SQL_TRANSACTION,
                         "there is already a transaction in progress",
                     )
                     .await
@@ -71,7 +72,13 @@ impl TransactionHook {
             }),
             Statement::Commit { .. } => Some(match status {
                 TransactionStatus::Idle => {
-                    match warning(client, "25P01", "there is no transaction in progress").await {
+                    match warning(
+                        client,
+                        sqlstate::NO_ACTIVE_SQL_TRANSACTION,
+                        "there is no transaction in progress",
+                    )
+                    .await
+                    {
                         Ok(()) => Ok(Response::TransactionEnd(Tag::new("COMMIT"))),
                         Err(e) => Err(e),
                     }
@@ -94,8 +101,12 @@ impl TransactionHook {
                 savepoint: None, ..
             } => {
                 if status == TransactionStatus::Idle {
-                    if let Err(e) =
-                        warning(client, "25P01", "there is no transaction in progress").await
+                    if let Err(e) = warning(
+                        client,
+                        sqlstate::NO_ACTIVE_SQL_TRANSACTION,
+                        "there is no transaction in progress",
+                    )
+                    .await
                     {
                         return Some(Err(e));
                     }
@@ -111,7 +122,7 @@ impl TransactionHook {
 
 fn aborted() -> pgwire::error::PgWireError {
     user_error(
-        "25P02",
+        sqlstate::IN_FAILED_SQL_TRANSACTION,
         "current transaction is aborted, commands ignored until end of transaction block",
     )
 }

@@ -17,6 +17,7 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 
 use super::udf;
 use crate::change::Lsn;
+use crate::error::sqlstate;
 use crate::query::as_of::{as_of_of, AsOf, AS_OF};
 use crate::query::view::{Fence, ViewHandle, LSN_WAIT_MESSAGE};
 use crate::query::Workspace;
@@ -153,7 +154,7 @@ fn literal_text(e: &Expr) -> PgWireResult<Option<String>> {
 fn invalid(message: &str) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
         "ERROR".to_string(),
-        "22023".to_string(),
+        sqlstate::INVALID_PARAMETER_VALUE.to_string(),
         message.to_string(),
     )))
 }

@@ -13,14 +13,17 @@ use std::collections::HashMap;
 
 use arrow::datatypes::DataType;
 use datafusion::sql::sqlparser::ast::{
-    BinaryOperator, CastKind, DataType as SqlType, Distinct, DuplicateTreatment, ExactNumberInfo,
-    Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
-    JoinConstraint, JoinOperator, LimitClause, ObjectName, OrderByExpr, OrderByKind, Query,
-    SelectItem, SetExpr, TableFactor, TableWithJoins, TimezoneInfo, UnaryOperator, Value,
+    BinaryOperator, CastKind, Distinct, DuplicateTreatment, Expr, Function, FunctionArg,
+    FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, JoinConstraint, JoinOperator,
+    LimitClause, ObjectName, OrderByExpr, OrderByKind, Query, SelectItem, SetExpr, TableFactor,
+    TableWithJoins, UnaryOperator, Value,
 };
 
 use super::names::{fold, parts};
-use crate::query::naming::{figure_name, pg_column_name};
+use crate::query::naming::{figure_name, DUPLICATE_MARK};
+use spelling::{
+    cast_type, family, is_int4, pg_type, quote, sql_type, string_literal, typed_string,
+};
 
 /// Postgres's indentation steps (`PRETTYINDENT_STD`, `PRETTYINDENT_JOIN`, `PRETTYINDENT_VAR`).
 const STD: i32 = 8;
@@ -34,15 +37,29 @@ pub type Columns = HashMap<Vec<String>, Vec<(String, DataType)>>;
 /// semicolon `pg_get_viewdef` adds), or `None` when the query is beyond what is followed here.
 /// `default_schema`: relations there are printed without their schema, as Postgres prints
 /// the relations its search path finds.
-pub fn deparse(query: &Query, default_schema: &str, columns: &Columns) -> Option<String> {
+/// `names`: the view's column names where `CREATE VIEW v (a, b)` gave them.
+pub fn deparse(
+    query: &Query,
+    names: &[String],
+    default_schema: &str,
+    columns: &Columns,
+) -> Option<String> {
     let mut p = Printer {
         out: String::new(),
         indent: 0,
         default_schema,
         relations: Vec::new(),
     };
-    p.query(query, columns)?;
+    p.query(query, names, columns)?;
     Some(p.out)
+}
+
+/// Where a constant stands: on its own (a target, a function's argument), or against an
+/// expression of a known type or of one not known here.
+#[derive(Clone, Copy)]
+enum Ctx<'t> {
+    Free,
+    Against(Option<&'t DataType>),
 }
 
 /// One relation of the FROM list: its reference name and columns.
@@ -56,107 +73,6 @@ struct Printer<'a> {
     indent: i32,
     default_schema: &'a str,
     relations: Vec<Relation>,
-}
-
-/// Postgres's `quote_identifier`: bare when lower case, simple and not a keyword.
-fn quote(name: &str) -> String {
-    let simple = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '$');
-    if simple && !KEYWORDS.split_whitespace().any(|k| k == name) {
-        name.to_string()
-    } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
-    }
-}
-
-/// Postgres's keywords that `quote_identifier` quotes (reserved, column-name and type-function
-/// ones).
-const KEYWORDS: &str = "\
-    all analyse analyze and any array as asc asymmetric authorization between bigint binary \
-    bit boolean both case cast char character check coalesce collate collation column \
-    concurrently constraint create cross current_catalog current_date current_role \
-    current_schema current_time current_timestamp current_user dec decimal default \
-    deferrable desc distinct do else end except exists extract false fetch float for \
-    foreign freeze from full grant greatest group grouping having ilike in initially inner \
-    inout int integer intersect interval into is isnull join lateral leading least left \
-    like limit localtime localtimestamp national natural nchar none normalize not notnull \
-    null nullif numeric offset on only or order out outer overlaps overlay placing position \
-    precision primary real references returning right row select session_user setof similar \
-    smallint some substring symmetric system_user table tablesample then time timestamp to \
-    trailing treat trim true union unique user using values varchar variadic verbose when \
-    where window with";
-
-/// Postgres's name for the type a column of `dt` has.
-fn pg_type(dt: &DataType) -> Option<&'static str> {
-    Some(match dt {
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => "text",
-        DataType::Boolean => "boolean",
-        DataType::Int16 => "smallint",
-        DataType::Int32 => "integer",
-        DataType::Int64 => "bigint",
-        DataType::Float32 => "real",
-        DataType::Float64 => "double precision",
-        DataType::Decimal128(..) => "numeric",
-        DataType::Date32 => "date",
-        DataType::Time64(_) => "time without time zone",
-        DataType::Timestamp(_, None) => "timestamp without time zone",
-        DataType::Timestamp(_, Some(_)) => "timestamp with time zone",
-        _ => return None,
-    })
-}
-
-/// Postgres's name for a type written in a cast.
-fn sql_type(t: &SqlType) -> Option<String> {
-    let exact = |name: &str, info: &ExactNumberInfo| match info {
-        ExactNumberInfo::None => name.to_string(),
-        ExactNumberInfo::Precision(p) => format!("{name}({p},0)"),
-        ExactNumberInfo::PrecisionAndScale(p, s) => format!("{name}({p},{s})"),
-    };
-    Some(match t {
-        SqlType::Text | SqlType::String(None) => "text".into(),
-        SqlType::Varchar(None) | SqlType::CharacterVarying(None) => "character varying".into(),
-        SqlType::Varchar(Some(n)) | SqlType::CharacterVarying(Some(n)) => {
-            format!("character varying({n})")
-        }
-        SqlType::Boolean | SqlType::Bool => "boolean".into(),
-        SqlType::SmallInt(None) | SqlType::Int2(None) => "smallint".into(),
-        SqlType::Int(None) | SqlType::Integer(None) | SqlType::Int4(None) => "integer".into(),
-        SqlType::BigInt(None) | SqlType::Int8(None) => "bigint".into(),
-        SqlType::Real | SqlType::Float4 => "real".into(),
-        SqlType::DoublePrecision | SqlType::Float8 | SqlType::Double(_) => {
-            "double precision".into()
-        }
-        SqlType::Numeric(info) | SqlType::Decimal(info) | SqlType::Dec(info) => {
-            exact("numeric", info)
-        }
-        SqlType::Date => "date".into(),
-        SqlType::Timestamp(None, TimezoneInfo::None | TimezoneInfo::WithoutTimeZone) => {
-            "timestamp without time zone".into()
-        }
-        SqlType::Timestamp(None, TimezoneInfo::WithTimeZone | TimezoneInfo::Tz) => {
-            "timestamp with time zone".into()
-        }
-        SqlType::Time(None, TimezoneInfo::None | TimezoneInfo::WithoutTimeZone) => {
-            "time without time zone".into()
-        }
-        SqlType::Uuid => "uuid".into(),
-        SqlType::JSON => "json".into(),
-        SqlType::JSONB => "jsonb".into(),
-        _ => return None,
-    })
-}
-
-fn is_int4(text: &str) -> bool {
-    text.parse::<i32>().is_ok()
-}
-
-fn string_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 impl Printer<'_> {
@@ -173,7 +89,7 @@ impl Printer<'_> {
         self.indent = (self.indent + after).max(0);
     }
 
-    fn query(&mut self, q: &Query, columns: &Columns) -> Option<()> {
+    fn query(&mut self, q: &Query, names: &[String], columns: &Columns) -> Option<()> {
         if q.with.is_some() || q.fetch.is_some() || !q.locks.is_empty() {
             return None;
         }
@@ -199,14 +115,16 @@ impl Printer<'_> {
             match item {
                 SelectItem::UnnamedExpr(e) => targets.push((e.clone(), figure_name(e))),
                 SelectItem::ExprWithAlias { expr, alias } => {
-                    targets.push((expr.clone(), pg_column_name(&fold(alias))));
+                    let alias = fold(alias);
+                    let name = alias.split(DUPLICATE_MARK).next().unwrap_or_default();
+                    targets.push((expr.clone(), name.to_string()));
                 }
                 SelectItem::Wildcard(_) => {
                     for r in &self.relations {
                         for (c, _) in &r.columns {
                             let e = Expr::CompoundIdentifier(vec![
-                                Ident::new(r.refname.clone()),
-                                Ident::new(c.clone()),
+                                Ident::with_quote('"', r.refname.clone()),
+                                Ident::with_quote('"', c.clone()),
                             ]);
                             targets.push((e, c.clone()));
                         }
@@ -214,6 +132,12 @@ impl Printer<'_> {
                 }
                 SelectItem::QualifiedWildcard(..) => return None,
             }
+        }
+        if names.len() > targets.len() {
+            return None;
+        }
+        for (target, name) in targets.iter_mut().zip(names) {
+            target.1 = name.clone();
         }
         self.indent += STD;
         self.out.push(' ');
@@ -385,15 +309,8 @@ impl Printer<'_> {
                     self.out.push_str(&text);
                     self.out.push(')');
                 }
-                JoinConstraint::Using(names) => {
-                    let cols = names
-                        .iter()
-                        .map(|n| Some(quote(&fold(n.0.last()?.as_ident()?))))
-                        .collect::<Option<Vec<_>>>()?;
-                    self.out.push_str(" USING (");
-                    self.out.push_str(&cols.join(", "));
-                    self.out.push(')');
-                }
+                // The merged column of a USING join is not any one relation's.
+                JoinConstraint::Using(_) => return None,
                 JoinConstraint::None if word == " CROSS JOIN " => {}
                 _ => return None,
             }
@@ -433,13 +350,48 @@ impl Printer<'_> {
         self.owner(q.as_deref(), &c).map(|_| c)
     }
 
-    fn column_type(&self, e: &Expr) -> Option<&DataType> {
-        let e = match e {
-            Expr::Nested(inner) => inner,
-            other => other,
-        };
-        let (q, c) = Self::column_parts(e)?;
-        self.owner(q.as_deref(), &c).map(|(_, dt)| dt)
+    /// The type of `e` where it is plain from the query: a column's, a cast's, and the result
+    /// of the aggregates and functions whose result type follows from their argument.
+    fn expr_type(&self, e: &Expr) -> Option<DataType> {
+        match e {
+            Expr::Nested(inner) => self.expr_type(inner),
+            Expr::Identifier(_) | Expr::CompoundIdentifier(_) => {
+                let (q, c) = Self::column_parts(e)?;
+                self.owner(q.as_deref(), &c).map(|(_, dt)| dt.clone())
+            }
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) if is_int4(n) => Some(DataType::Int32),
+                Value::Number(n, _) if !n.contains(['.', 'e', 'E']) => Some(DataType::Int64),
+                Value::Number(..) => Some(DataType::Decimal128(38, 10)),
+                Value::SingleQuotedString(_) => Some(DataType::Utf8),
+                Value::Boolean(_) => Some(DataType::Boolean),
+                _ => None,
+            },
+            Expr::Cast { data_type, .. } => cast_type(data_type),
+            Expr::Function(f) => {
+                let name = parts(&f.name).join(".");
+                let arg = match &f.args {
+                    FunctionArguments::List(l) => match l.args.first() {
+                        Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(a))) => self.expr_type(a),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                match (name.as_str(), arg) {
+                    ("count", _) => Some(DataType::Int64),
+                    ("sum", Some(DataType::Int16 | DataType::Int32)) => Some(DataType::Int64),
+                    ("sum" | "avg", Some(t)) if family(&t) <= 2 && family(&t) > 0 => {
+                        Some(DataType::Decimal128(38, 10))
+                    }
+                    ("sum" | "avg", Some(t)) if family(&t) == 3 => Some(DataType::Float64),
+                    ("min" | "max" | "coalesce" | "nullif" | "greatest" | "least", t) => t,
+                    ("lower" | "upper", _) => Some(DataType::Utf8),
+                    ("length", _) => Some(DataType::Int32),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
     }
 
     /// GROUP BY and ORDER BY items: an output column's number or name stands for its
@@ -461,8 +413,10 @@ impl Printer<'_> {
         };
         let e = target.unwrap_or(e);
         let text = self.expr(e)?;
+        // Postgres's own forms (COALESCE and the like) are not function calls there.
+        let special = text.starts_with(char::is_uppercase);
         Some(match e {
-            Expr::Function(_) => format!("({text})"),
+            Expr::Function(_) | Expr::Cast { .. } if !special => format!("({text})"),
             _ => text,
         })
     }
@@ -484,48 +438,70 @@ impl Printer<'_> {
         Some(text)
     }
 
-    /// A constant, typed as Postgres types it (`typed`: the type of what it is compared with).
-    fn constant(&self, v: &Value, typed: Option<&DataType>) -> Option<String> {
+    /// A constant, printed as Postgres prints the constant it becomes (`ctx`: what it stands
+    /// against); `None` where that is not plain from the query.
+    fn constant(&self, v: &Value, ctx: Ctx<'_>) -> Option<String> {
+        let against = match ctx {
+            Ctx::Free => None,
+            Ctx::Against(t) => Some(t),
+        };
         Some(match v {
             Value::Number(n, _) => {
                 let integral = !n.contains(['.', 'e', 'E']);
-                match typed {
-                    Some(DataType::Decimal128(..)) if integral => format!("({n})::numeric"),
-                    Some(DataType::Float64) => format!("({n})::double precision"),
-                    _ if integral && !is_int4(n) => format!("'{n}'::bigint"),
-                    _ => n.clone(),
+                let own = if !integral || is_int4(n) {
+                    n.clone()
+                } else {
+                    format!("'{n}'::bigint")
+                };
+                match against {
+                    None => own,
+                    Some(None) => return None,
+                    Some(Some(t)) => match family(t) {
+                        1 if integral => own,
+                        2 if integral => format!("({n})::numeric"),
+                        2 => own,
+                        3 => format!("({n})::double precision"),
+                        _ => return None,
+                    },
                 }
             }
-            Value::SingleQuotedString(s) => {
-                let label = typed.and_then(pg_type).unwrap_or("text");
-                match label {
-                    "smallint" | "integer" | "bigint" | "numeric" | "real" | "double precision"
-                        if s.trim().parse::<f64>().is_ok() =>
-                    {
-                        s.trim().to_string()
-                    }
-                    _ => format!("{}::{label}", string_literal(s)),
-                }
-            }
+            Value::SingleQuotedString(s) => match against.flatten() {
+                None => format!("{}::text", string_literal(s)),
+                Some(t) => typed_string(s, t)?,
+            },
             Value::Boolean(b) => b.to_string(),
-            Value::Null => "NULL".into(),
+            Value::Null => match against {
+                None => "NULL::text".into(),
+                Some(t) => format!("NULL::{}", pg_type(t?)?),
+            },
             _ => return None,
         })
     }
 
     fn binary(&self, left: &Expr, op: &str, right: &Expr) -> Option<String> {
+        let (lt, rt) = (self.expr_type(left), self.expr_type(right));
+        // Across families Postgres casts one side; only same-family operators are printed.
+        let constant = |e: &Expr| matches!(e, Expr::Value(_));
+        if let (Some(a), Some(b)) = (&lt, &rt) {
+            if !constant(left) && !constant(right) && family(a) != family(b) {
+                return None;
+            }
+            if constant(left) && constant(right) {
+                return None;
+            }
+        }
         let (l, r) = (
-            self.operand(left, self.column_type(right))?,
-            self.operand(right, self.column_type(left))?,
+            self.operand(left, Ctx::Against(rt.as_ref()))?,
+            self.operand(right, Ctx::Against(lt.as_ref()))?,
         );
         Some(format!("({l} {op} {r})"))
     }
 
-    /// An operand: a constant takes the type of the other side's column.
-    fn operand(&self, e: &Expr, other: Option<&DataType>) -> Option<String> {
+    /// An operand: a constant takes the type of what it stands against.
+    fn operand(&self, e: &Expr, ctx: Ctx<'_>) -> Option<String> {
         match e {
-            Expr::Value(v) => self.constant(&v.value, other),
-            Expr::Nested(inner) => self.operand(inner, other),
+            Expr::Value(v) => self.constant(&v.value, ctx),
+            Expr::Nested(inner) => self.operand(inner, ctx),
             _ => self.expr(e),
         }
     }
@@ -533,9 +509,10 @@ impl Printer<'_> {
     /// `a AND b AND c` as one list, as Postgres holds it.
     fn flatten<'e>(e: &'e Expr, op: &BinaryOperator, out: &mut Vec<&'e Expr>) {
         match e {
+            // Postgres's grammar adds to the list only what stands on the left.
             Expr::BinaryOp { left, op: o, right } if o == op => {
                 Self::flatten(left, op, out);
-                Self::flatten(right, op, out);
+                out.push(right);
             }
             Expr::Nested(inner) if matches!(inner.as_ref(), Expr::BinaryOp { op: o, .. } if o == op) => {
                 Self::flatten(inner, op, out)
@@ -552,7 +529,7 @@ impl Printer<'_> {
                 format!("{}.{}", quote(&r.refname), quote(&c))
             }
             Expr::Nested(inner) => self.expr(inner)?,
-            Expr::Value(v) => self.constant(&v.value, None)?,
+            Expr::Value(v) => self.constant(&v.value, Ctx::Free)?,
             Expr::BinaryOp { left, op, right } => match op {
                 BinaryOperator::And | BinaryOperator::Or => {
                     let mut items = Vec::new();
@@ -609,16 +586,20 @@ impl Printer<'_> {
                 list,
                 negated,
             } => {
-                let typed = self.column_type(expr);
+                let op = if *negated { "<>" } else { "=" };
+                if let [only] = list.as_slice() {
+                    return self.binary(expr, op, only);
+                }
+                // Postgres makes an array of constants only; other lists are OR chains.
+                if !list.iter().all(|i| matches!(i, Expr::Value(_))) {
+                    return None;
+                }
+                let typed = self.expr_type(expr);
                 let items = list
                     .iter()
-                    .map(|i| self.operand(i, typed))
+                    .map(|i| self.operand(i, Ctx::Against(typed.as_ref())))
                     .collect::<Option<Vec<_>>>()?;
-                let (op, any) = if *negated {
-                    ("<>", "ALL")
-                } else {
-                    ("=", "ANY")
-                };
+                let any = if *negated { "ALL" } else { "ANY" };
                 format!(
                     "({} {op} {any} (ARRAY[{}]))",
                     self.expr(expr)?,
@@ -648,8 +629,14 @@ impl Printer<'_> {
             } => {
                 let ty = sql_type(data_type)?;
                 match expr.as_ref() {
+                    // A quoted constant is read as the type it is cast to.
                     Expr::Value(v) => match &v.value {
-                        Value::SingleQuotedString(s) => format!("{}::{ty}", string_literal(s)),
+                        Value::SingleQuotedString(s) => match cast_type(data_type) {
+                            Some(t) if !matches!(t, DataType::Decimal128(..)) => {
+                                typed_string(s, &t)?
+                            }
+                            _ => format!("{}::{ty}", string_literal(s)),
+                        },
                         Value::Number(n, _) => format!("({n})::{ty}"),
                         _ => return None,
                     },
@@ -661,6 +648,9 @@ impl Printer<'_> {
         })
     }
 
+    /// Calls whose arguments Postgres takes as they are: aggregates, a few text functions,
+    /// and its own forms `COALESCE`, `NULLIF`, `GREATEST`, `LEAST` (printed in capitals,
+    /// their constants typed as their first argument). Any other call is left to the caller.
     fn function(&self, f: &Function) -> Option<String> {
         if f.over.is_some()
             || f.null_treatment.is_some()
@@ -670,29 +660,59 @@ impl Printer<'_> {
             return None;
         }
         let name = parts(&f.name).join(".");
-        let mut text = format!("{name}(");
-        match &f.args {
-            FunctionArguments::None => {}
-            FunctionArguments::List(list) => {
-                if !list.clauses.is_empty() {
-                    return None;
-                }
-                match list.duplicate_treatment {
-                    Some(DuplicateTreatment::Distinct) => text.push_str("DISTINCT "),
-                    Some(DuplicateTreatment::All) | None => {}
-                }
-                let args = list
-                    .args
-                    .iter()
-                    .map(|a| match a {
-                        FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => self.operand(e, None),
-                        FunctionArg::Unnamed(FunctionArgExpr::Wildcard) => Some("*".into()),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<_>>>()?;
-                text.push_str(&args.join(", "));
+        let FunctionArguments::List(list) = &f.args else {
+            return None;
+        };
+        if !list.clauses.is_empty() {
+            return None;
+        }
+        let args: Vec<&Expr> = list
+            .args
+            .iter()
+            .map(|a| match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default();
+        let wildcard = matches!(
+            list.args.as_slice(),
+            [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)]
+        );
+        let (printed, ctx) = match name.as_str() {
+            "count" | "sum" | "avg" | "min" | "max" | "bool_and" | "bool_or" | "every" => {
+                (name.clone(), None)
             }
-            FunctionArguments::Subquery(_) => return None,
+            "lower" | "upper" | "length"
+                if args.len() == 1 && self.expr_type(args[0]).is_some_and(|t| family(&t) == 4) =>
+            {
+                (name.clone(), None)
+            }
+            "coalesce" | "nullif" | "greatest" | "least" if !args.is_empty() => {
+                (name.to_uppercase(), Some(self.expr_type(args[0])))
+            }
+            _ => return None,
+        };
+        let mut text = format!("{printed}(");
+        match list.duplicate_treatment {
+            Some(DuplicateTreatment::Distinct) => text.push_str("DISTINCT "),
+            Some(DuplicateTreatment::All) | None => {}
+        }
+        if wildcard && name == "count" {
+            text.push('*');
+        } else {
+            if args.len() != list.args.len() || args.is_empty() {
+                return None;
+            }
+            let ctx = match &ctx {
+                Some(t) => Ctx::Against(t.as_ref()),
+                None => Ctx::Free,
+            };
+            let printed = args
+                .iter()
+                .map(|a| self.operand(a, ctx))
+                .collect::<Option<Vec<_>>>()?;
+            text.push_str(&printed.join(", "));
         }
         text.push(')');
         if let Some(filter) = &f.filter {
@@ -702,5 +722,6 @@ impl Printer<'_> {
     }
 }
 
+mod spelling;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! Tests of the view printer against what Postgres 15 prints for the same views.
 
 use super::*;
+use arrow::datatypes::TimeUnit;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -16,9 +17,18 @@ fn columns() -> Columns {
         ("id".to_string(), DataType::Int32),
         ("placed".to_string(), DataType::Date32),
     ];
+    let evt = vec![
+        ("id".to_string(), DataType::Int64),
+        (
+            "at".to_string(),
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+        ),
+        ("flag".to_string(), DataType::Boolean),
+    ];
     HashMap::from([
         (vec!["analytics".to_string(), "lines".to_string()], lines),
         (vec!["analytics".to_string(), "orders".to_string()], orders),
+        (vec!["analytics".to_string(), "evt".to_string()], evt),
     ])
 }
 
@@ -29,7 +39,7 @@ fn deparsed(sql: &str) -> Option<String> {
     let Some(Statement::Query(q)) = s.pop() else {
         return None;
     };
-    deparse(&q, "analytics", &columns())
+    deparse(&q, &[], "analytics", &columns())
 }
 
 #[test]
@@ -73,7 +83,76 @@ fn aggregates_constants_and_casts_print_as_postgres_prints_them() {
 }
 
 #[test]
+fn constants_take_the_type_of_what_they_meet() {
+    assert_eq!(
+        deparsed("SELECT id AS \"Order Id\", coalesce(placed, '2024-01-01') AS p FROM analytics.orders").as_deref(),
+        Some(" SELECT orders.id AS \"Order Id\",\n    COALESCE(orders.placed, '2024-01-01'::date) AS p\n   FROM orders")
+    );
+    assert_eq!(
+        deparsed("SELECT l.order_id, sum(price) AS total FROM analytics.lines l GROUP BY l.order_id HAVING sum(price) > 100 ORDER BY total DESC").as_deref(),
+        Some(" SELECT l.order_id,\n    sum(l.price) AS total\n   FROM lines l\n  GROUP BY l.order_id\n HAVING (sum(l.price) > (100)::numeric)\n  ORDER BY (sum(l.price)) DESC")
+    );
+    assert_eq!(
+        deparsed("SELECT NULL AS n, '5'::integer AS five, coalesce(price, 0) AS p, lower(sku) AS l FROM analytics.lines").as_deref(),
+        Some(" SELECT NULL::text AS n,\n    5 AS five,\n    COALESCE(lines.price, (0)::numeric) AS p,\n    lower(lines.sku) AS l\n   FROM lines")
+    );
+    assert_eq!(
+        deparsed("SELECT id FROM analytics.evt WHERE at >= '2024-01-01' AND flag = 't' AND id = '7'").as_deref(),
+        Some(" SELECT evt.id\n   FROM evt\n  WHERE ((evt.at >= '2024-01-01 00:00:00'::timestamp without time zone) AND (evt.flag = true) AND (evt.id = '7'::bigint))")
+    );
+}
+
+#[test]
+fn only_the_left_of_and_joins_its_list() {
+    assert_eq!(
+        deparsed("SELECT o.id FROM analytics.orders o WHERE o.id IN (5) AND (o.id > 1 AND (o.id < 9 AND o.id <> 4)) OR o.placed = '2024-02-01'").as_deref(),
+        Some(" SELECT o.id\n   FROM orders o\n  WHERE (((o.id = 5) AND ((o.id > 1) AND ((o.id < 9) AND (o.id <> 4)))) OR (o.placed = '2024-02-01'::date))")
+    );
+}
+
+#[test]
+fn the_views_column_names_are_its_targets_names() {
+    let Ok(mut s) = Parser::parse_sql(
+        &PostgreSqlDialect {},
+        "SELECT id, placed FROM analytics.orders",
+    ) else {
+        panic!("the test query parses");
+    };
+    let Some(Statement::Query(q)) = s.pop() else {
+        panic!("a query");
+    };
+    assert_eq!(
+        deparse(&q, &["a".into(), "b".into()], "analytics", &columns()).as_deref(),
+        Some(" SELECT orders.id AS a,\n    orders.placed AS b\n   FROM orders")
+    );
+}
+
+#[test]
 fn queries_beyond_the_rules_are_left_to_the_caller() {
+    // an integer column against a numeric constant: Postgres casts the column
+    assert_eq!(
+        deparsed("SELECT id FROM analytics.orders WHERE id > 1.5"),
+        None
+    );
+    // a function whose arguments Postgres may cast, and the SQL-standard forms
+    assert_eq!(
+        deparsed("SELECT date_trunc('month', placed) FROM analytics.orders"),
+        None
+    );
+    assert_eq!(
+        deparsed("SELECT current_date AS d FROM analytics.orders"),
+        None
+    );
+    // a USING join's merged column
+    assert_eq!(
+        deparsed("SELECT id FROM analytics.orders JOIN analytics.evt USING (id)"),
+        None
+    );
+    // a list with a column in it is an OR chain in Postgres
+    assert_eq!(
+        deparsed("SELECT id FROM analytics.orders WHERE 3 IN (id, 4)"),
+        None
+    );
     assert_eq!(deparsed("WITH x AS (SELECT 1) SELECT * FROM x"), None);
     assert_eq!(
         deparsed("SELECT CASE WHEN id > 1 THEN 1 END AS c FROM analytics.orders"),
