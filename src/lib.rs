@@ -1,8 +1,8 @@
 //! Skippr: live SQL over data that streams from Postgres into Apache Iceberg.
 //!
 //! The modules follow the data: `config` describes the pipelines, `source` reads Postgres
-//! (snapshot, then changes), `sink` writes Iceberg tables registered in a `catalog`, and
-//! `query` answers SQL over them. `pipeline` runs a source into a sink; `cli` and
+//! (snapshot, then changes), `sink` writes Iceberg tables registered in a `catalog` in the
+//! layout `table` defines for writers and readers alike, and `query` answers SQL over them. `pipeline` runs a source into a sink; `cli` and
 //! `telemetry` serve the binary.
 
 pub mod error;
@@ -16,6 +16,7 @@ pub mod config;
 pub mod query;
 pub mod sink;
 pub mod source;
+pub mod table;
 pub mod wal;
 
 pub mod cli;

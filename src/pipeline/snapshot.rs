@@ -15,7 +15,7 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::config::{CdcMode, Config, PipelineConfig};
 use crate::error::{Context, Error, Result};
-use crate::sink::iceberg::{commit, schema as ice_schema, PROP_PRIMARY_KEY};
+use crate::sink::iceberg::{commit, schema as ice_schema};
 use crate::source::postgres::connect::connect;
 use crate::source::postgres::schema::{check_partition_overlap, describe, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
@@ -284,13 +284,7 @@ fn same_columns(table: &iceberg::table::Table, ts: &TableSchema) -> bool {
     let Some(recorded) = crate::sink::iceberg::evolve::recorded_columns(table) else {
         return false;
     };
-    let key = table
-        .metadata()
-        .properties()
-        .get(PROP_PRIMARY_KEY)
-        .cloned()
-        .unwrap_or_default();
-    key == ts.primary_key.join(",")
+    crate::table::primary_key(table.metadata().properties()) == ts.primary_key
         && recorded.len() == ts.columns.len()
         && recorded.iter().zip(&ts.columns).all(|(r, c)| {
             r.field.is_none() && r.name == c.name && r.oid == c.type_oid && r.typmod == c.typmod

@@ -13,7 +13,7 @@ use iceberg::table::Table;
 use super::view::PipelineView;
 use crate::change::Lsn;
 use crate::error::{Error, Result};
-use crate::sink::iceberg::{
+use crate::table::{
     PG_EPOCH_MICROS, SUMMARY_COMMIT_TIME, SUMMARY_FIRST_COMMIT_TIME, SUMMARY_FIRST_LSN, SUMMARY_LSN,
 };
 use crate::wal::Record;

@@ -28,9 +28,9 @@ use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 use super::committed::{CommittedScan, Hide, ScanCaches, ScanFilter};
 use super::tail::TailSnapshot;
 use crate::error::{Context, Result};
-use crate::sink::iceberg::keys::{Key, KeyEncoder};
-use crate::sink::iceberg::schema as ice_schema;
-use crate::sink::iceberg::{SourceColumn, PROP_COLUMNS};
+use crate::table::keys::{Key, KeyEncoder};
+use crate::table::schema as ice_schema;
+use crate::table::SourceColumn;
 
 /// A replicated table as queries see it: committed snapshot plus WAL tail.
 #[derive(Debug)]
@@ -129,12 +129,8 @@ pub const PG_DECLARED_META: &str = "skippr.pg_declared";
 /// The table's schema with [`PG_TYPE_META`] on its json and jsonb columns and
 /// [`PG_DECLARED_META`] on every column, as the source declared them (`skippr.columns`).
 fn with_pg_types(schema: &SchemaRef, table: &Table) -> SchemaRef {
-    let recorded: Vec<SourceColumn> = table
-        .metadata()
-        .properties()
-        .get(PROP_COLUMNS)
-        .and_then(|c| serde_json::from_str(c).ok())
-        .unwrap_or_default();
+    let recorded: Vec<SourceColumn> =
+        crate::table::source_columns(table.metadata().properties()).unwrap_or_default();
     let mut changed = false;
     let fields: Vec<Field> = schema
         .fields()

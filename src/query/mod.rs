@@ -35,8 +35,7 @@ use crate::change::Lsn;
 use crate::config::{Config, SinkConfig, TableRef};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::apply::whole_row_key;
-use crate::sink::iceberg::schema as ice_schema;
-use crate::sink::iceberg::{evolve, PROP_PRIMARY_KEY};
+use crate::table::schema as ice_schema;
 use crate::wal::WalReader;
 use live::LiveTable;
 use tail::{ReducedCache, TableShape, TailCache, TailSnapshot};
@@ -258,7 +257,7 @@ impl Workspace {
             // Nothing writes it any more: its committed state is the whole of it.
             let table = self.sinks[entry.sink].load_current(&entry.ident).await?;
             let shape = self.shape(&table)?;
-            let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
+            let floor = crate::table::summary::committed_lsn(&table).unwrap_or_default();
             let tail = self.reduced.get_or_reduce(
                 entry.ident.name(),
                 &shape,
@@ -295,7 +294,7 @@ impl Workspace {
         table: Table,
         view: &PipelineView,
     ) -> Result<LiveState> {
-        let floor = crate::sink::iceberg::commit::committed_lsn(&table).unwrap_or_default();
+        let floor = crate::table::summary::committed_lsn(&table).unwrap_or_default();
         let tail = self.reduced.get_or_reduce(
             entry.ident.name(),
             &self.shape(&table)?,
@@ -402,16 +401,10 @@ impl Workspace {
 fn shape_of(table: &Table, source: Option<TableRef>) -> Result<TableShape> {
     let schema = ice_schema::arrow_schema(table)?;
     let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-    let key = table
-        .metadata()
-        .properties()
-        .get(PROP_PRIMARY_KEY)
-        .map(|s| {
-            s.split(',')
-                .filter_map(|k| names.iter().position(|n| n == k))
-                .collect()
-        })
-        .unwrap_or_default();
+    let key = crate::table::primary_key(table.metadata().properties())
+        .iter()
+        .filter_map(|k| names.iter().position(|n| n == k))
+        .collect();
     let source = source.unwrap_or_else(|| TableRef {
         schema: String::new(),
         name: table.identifier().name().to_string(),
@@ -420,7 +413,7 @@ fn shape_of(table: &Table, source: Option<TableRef>) -> Result<TableShape> {
         source,
         row_key: whole_row_key(table, &names),
         key,
-        columns: evolve::recorded_columns(table),
+        columns: crate::table::source_columns(table.metadata().properties()),
         tail_columns: Vec::new(),
         schema,
     })
@@ -614,7 +607,7 @@ pub fn tail_lag_seconds(tail: &TailSnapshot) -> f64 {
 
 /// The committed LSN of a table, as text.
 pub fn committed_lsn_text(table: &Table) -> String {
-    crate::sink::iceberg::commit::committed_lsn(table)
+    crate::table::summary::committed_lsn(table)
         .unwrap_or_default()
         .to_string()
 }

@@ -15,7 +15,7 @@ use datafusion::datasource::{MemTable, TableProvider};
 use datafusion::error::{DataFusionError, Result as DfResult};
 
 use super::{committed_lsn_text, tail_lag_seconds, Workspace};
-use crate::sink::iceberg::maintenance::PROP_LAST_COMPACTION;
+use crate::table::PROP_LAST_COMPACTION;
 
 /// Name of the table-status system table.
 pub const TABLES: &str = "tables";
@@ -131,7 +131,7 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
         lag.push(tail_lag_seconds(&s.tail));
         // The read view's cut: what a live query of the table shows through; the WAL bytes
         // between it and the commit are the lag a query bridges with the tail.
-        let committed = crate::sink::iceberg::commit::committed_lsn(&s.table).unwrap_or_default();
+        let committed = crate::table::summary::committed_lsn(&s.table).unwrap_or_default();
         tail_lsn.push(s.visible_lsn.map(|l| l.max(committed).to_string()));
         lag_bytes.push(
             s.visible_lsn

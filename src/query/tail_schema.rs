@@ -12,7 +12,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use super::tail::{TableShape, WalRead};
 use crate::change::types::{PgType, TypeInfo};
 use crate::change::{RelColumn, Relation};
-use crate::sink::iceberg::SourceColumn;
+use crate::table::SourceColumn;
 use crate::wal::{Op, Record};
 
 /// The Arrow type a column's values are stored as, and its type's name (`pg_type.typname`),

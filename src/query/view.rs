@@ -14,7 +14,7 @@ use super::Workspace;
 use crate::change::Lsn;
 use crate::error::{Error, Result};
 use crate::pipeline::state::PipelineState;
-use crate::sink::iceberg::commit::committed_lsn;
+use crate::table::summary::committed_lsn;
 
 /// The start of the message of a fence that timed out (the gateway answers it with SQLSTATE
 /// 57014, as Postgres answers a statement timeout).
@@ -170,11 +170,11 @@ pub(crate) fn fits(table: &Table, lsn: Lsn, read: &WalRead) -> bool {
 /// The table's newest skipprd snapshot is a copy (or the empty start of a table followed
 /// without one): its LSN is where its stream starts, not a position the WAL passed.
 fn is_copy(table: &Table) -> bool {
-    crate::sink::iceberg::commit::last_skippr_snapshot(table).is_some_and(|s| {
+    crate::table::summary::last_skippr_snapshot(table).is_some_and(|s| {
         s.parent_snapshot_id().is_none()
             || s.summary()
                 .additional_properties
-                .get(crate::sink::iceberg::SUMMARY_PHASE)
+                .get(crate::table::SUMMARY_PHASE)
                 .is_some_and(|p| p == "snapshot")
     })
 }

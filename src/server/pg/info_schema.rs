@@ -21,7 +21,6 @@ use pgwire::api::Type;
 use super::types::{arrow_type_oid, column_types, ColumnTypes};
 
 use crate::query::{Workspace, CATALOG};
-use crate::sink::iceberg::PROP_PRIMARY_KEY;
 
 pub struct InfoSchema {
     inner: InformationSchemaProvider,
@@ -54,15 +53,7 @@ impl InfoSchema {
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             if let Some((_, props)) = meta {
-                let cols: Vec<String> = props
-                    .get(PROP_PRIMARY_KEY)
-                    .map(|k| {
-                        k.split(',')
-                            .filter(|c| !c.is_empty())
-                            .map(str::to_string)
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let cols = crate::table::primary_key(&props);
                 if !cols.is_empty() {
                     out.push((name, cols));
                 }

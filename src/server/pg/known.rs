@@ -9,7 +9,6 @@
 use datafusion::sql::sqlparser::ast::{SetExpr, Statement};
 
 use crate::query::Workspace;
-use crate::sink::iceberg::PROP_PRIMARY_KEY;
 
 /// The value of `<column> = E'...'` (or `'...'`) in `sql`, unescaped.
 fn literal_after(sql: &str, column: &str) -> Option<String> {
@@ -66,8 +65,7 @@ pub async fn rewrite(sql: &str, ws: &Workspace) -> Option<String> {
             let Ok(Some((_, props))) = ws.table_meta(&name).await else {
                 continue;
             };
-            let key = props.get(PROP_PRIMARY_KEY).cloned().unwrap_or_default();
-            for (i, col) in key.split(',').filter(|c| !c.is_empty()).enumerate() {
+            for (i, col) in crate::table::primary_key(&props).iter().enumerate() {
                 rows.push(format!(
                     "({}, {}, {}, {}, {})",
                     quote_literal(&ws.name),

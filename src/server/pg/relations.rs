@@ -375,7 +375,7 @@ impl PgCatalog {
             // The types a `CREATE TABLE` declared where it recorded them, else the types
             // that hold the columns' Iceberg types (a `CREATE TABLE AS`).
             let props = t.metadata().properties();
-            let schema = crate::sink::iceberg::schema::arrow_schema(&t)?;
+            let schema = crate::table::schema::arrow_schema(&t)?;
             types.insert(oid, column_types(&schema, props));
         }
         Ok(())

@@ -11,7 +11,7 @@ use arrow::datatypes::{DataType, Int32Type, Int64Type, Schema};
 use datafusion::error::Result as DfResult;
 use datafusion::sql::sqlparser::ast::DataType as SqlType;
 
-use crate::sink::iceberg::{SourceColumn, PROP_COLUMNS};
+use crate::table::SourceColumn;
 
 /// The declared Postgres type of each column of a table, by attnum - 1: (oid, typmod).
 pub(super) type ColumnTypes = Vec<(i32, i32)>;
@@ -53,10 +53,7 @@ pub(crate) const TYPE_OIDS: &[(&str, i64)] = &[
 /// (`skippr.columns`), or the type of its Iceberg field (columns without a record, such as
 /// dropped ones).
 pub(crate) fn column_types(schema: &Schema, props: &HashMap<String, String>) -> ColumnTypes {
-    let recorded: Vec<SourceColumn> = props
-        .get(PROP_COLUMNS)
-        .and_then(|c| serde_json::from_str(c).ok())
-        .unwrap_or_default();
+    let recorded: Vec<SourceColumn> = crate::table::source_columns(props).unwrap_or_default();
     schema
         .fields()
         .iter()

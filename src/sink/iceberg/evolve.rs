@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 
-use super::{SourceColumn, PROP_COLUMNS};
+use super::SourceColumn;
 use crate::change::types::PgType;
 use crate::change::Relation;
 use crate::config::TableRef;
@@ -18,11 +18,7 @@ use crate::error::{Context, Error, Result};
 
 /// The source columns a table was last known to have.
 pub fn recorded_columns(table: &iceberg::table::Table) -> Option<Vec<SourceColumn>> {
-    table
-        .metadata()
-        .properties()
-        .get(PROP_COLUMNS)
-        .and_then(|v| serde_json::from_str(v).ok())
+    crate::table::source_columns(table.metadata().properties())
 }
 
 /// The columns a relation message describes.

@@ -17,10 +17,7 @@ use crate::catalog::LocalCatalog;
 use crate::error::{Context, Error, Result};
 use crate::storage::{Location, Store};
 
-/// Snapshot summary key of a maintenance commit: what it did (`compaction`).
-pub const SUMMARY_MAINTENANCE: &str = "skippr.maintenance";
-/// Table property: when the last compaction was committed (Unix milliseconds).
-pub const PROP_LAST_COMPACTION: &str = "skippr.last-compaction-ms";
+pub use crate::table::{PROP_LAST_COMPACTION, SUMMARY_MAINTENANCE};
 
 /// Default `maintenance.check_interval`.
 pub const DEFAULT_CHECK_INTERVAL: &str = "1m";

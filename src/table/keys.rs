@@ -1,4 +1,4 @@
-//! Primary keys as comparable bytes, the same whether a key comes from a Parquet file
+//! The table layer, keys: primary keys as comparable bytes, the same whether a key comes from a Parquet file
 //! (typed Arrow values) or from the change stream (Postgres text).
 
 use arrow::array::{

@@ -1,4 +1,4 @@
-//! Iceberg schemas from source table schemas: field per column, the primary key as the
+//! The table layer, schemas: Iceberg schemas from source table schemas: field per column, the primary key as the
 //! identifier fields, and the Arrow schema the writer must produce.
 
 use std::collections::HashMap;
