@@ -468,6 +468,12 @@ struct GroupMeans {
 }
 
 impl GroupMeans {
+    /// Room for `groups` groups.
+    fn grow(&mut self, groups: usize) {
+        self.sums.resize(groups, 0);
+        self.counts.resize(groups, 0);
+    }
+
     fn take(&mut self, emit_to: EmitTo) -> (Vec<i128>, Vec<u64>) {
         (
             emit_to.take_needed(&mut self.sums),
@@ -489,8 +495,7 @@ impl GroupsAccumulator for GroupMeans {
         opt_filter: Option<&BooleanArray>,
         total_num_groups: usize,
     ) -> Result<()> {
-        self.sums.resize(total_num_groups, 0);
-        self.counts.resize(total_num_groups, 0);
+        self.grow(total_num_groups);
         let a = values[0].as_primitive::<Decimal128Type>();
         for (i, g) in group_indices.iter().enumerate() {
             if a.is_valid(i) && passes(opt_filter, i) {
@@ -508,8 +513,7 @@ impl GroupsAccumulator for GroupMeans {
         opt_filter: Option<&BooleanArray>,
         total_num_groups: usize,
     ) -> Result<()> {
-        self.sums.resize(total_num_groups, 0);
-        self.counts.resize(total_num_groups, 0);
+        self.grow(total_num_groups);
         let counts = values[0].as_primitive::<UInt64Type>();
         let sums = values[1].as_primitive::<Decimal128Type>();
         for (i, g) in group_indices.iter().enumerate() {

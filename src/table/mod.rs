@@ -66,6 +66,17 @@ pub struct SourceColumn {
 }
 
 impl SourceColumn {
+    /// A source column as the stream or a discovery describes it, written to its own field.
+    pub fn new(name: &str, oid: u32, typmod: i32, attnum: Option<i16>) -> Self {
+        Self {
+            name: name.to_string(),
+            oid,
+            typmod,
+            field: None,
+            attnum,
+        }
+    }
+
     /// The Iceberg field this column writes to.
     pub fn target(&self) -> &str {
         self.field.as_deref().unwrap_or(&self.name)

@@ -77,13 +77,7 @@ pub async fn create_or_load(
             serde_json::to_string(
                 &ts.columns
                     .iter()
-                    .map(|c| SourceColumn {
-                        name: c.name.clone(),
-                        oid: c.type_oid,
-                        typmod: c.typmod,
-                        field: None,
-                        attnum: Some(c.attnum),
-                    })
+                    .map(|c| SourceColumn::new(&c.name, c.type_oid, c.typmod, Some(c.attnum)))
                     .collect::<Vec<_>>(),
             )?,
         ),

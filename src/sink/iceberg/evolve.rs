@@ -25,13 +25,7 @@ pub fn recorded_columns(table: &iceberg::table::Table) -> Option<Vec<SourceColum
 pub fn relation_columns(r: &Relation) -> Vec<SourceColumn> {
     r.columns
         .iter()
-        .map(|c| SourceColumn {
-            name: c.name.clone(),
-            oid: c.type_oid,
-            typmod: c.typmod,
-            field: None,
-            attnum: c.attnum,
-        })
+        .map(|c| SourceColumn::new(&c.name, c.type_oid, c.typmod, c.attnum))
         .collect()
 }
 

@@ -22,17 +22,10 @@ pub(super) fn family(dt: &DataType) -> u8 {
 
 /// Postgres's `quote_identifier`: bare when lower case, simple and not a keyword.
 pub(super) fn quote(name: &str) -> String {
-    let simple = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if simple && !KEYWORDS.split_whitespace().any(|k| k == name) {
-        name.to_string()
+    if KEYWORDS.split_whitespace().any(|k| k == name) {
+        crate::change::table::quote_ident(name)
     } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
+        crate::server::pg::catalog::ident(name)
     }
 }
 
