@@ -3,6 +3,7 @@
 //! table, and the commit records the LSN it covers, so a restart neither loses nor repeats
 //! a change.
 
+mod commit;
 mod compact;
 mod read;
 mod saved;
@@ -16,23 +17,15 @@ use iceberg::table::Table;
 use super::keyindex::{KeyIndex, Loc, Spill};
 use super::keys::{Key, KeyEncoder};
 use super::maintenance::MaintenanceSettings;
-use super::writer::TableWriter;
 use super::{evolve, PROP_COLUMNS};
-use super::{
-    rowdelta, schema as ice_schema, PG_EPOCH_MICROS, PROP_PRIMARY_KEY, SUMMARY_COMMIT_TIME,
-    SUMMARY_FIRST_COMMIT_TIME, SUMMARY_FIRST_LSN, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
-};
+use super::{rowdelta, schema as ice_schema, PROP_PRIMARY_KEY};
 use crate::catalog::LocalCatalog;
 use crate::change::types::PgType;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
 use crate::error::{Error, Result};
-use crate::telemetry::metrics;
 use crate::wal::{Change, Op};
-
-/// Decoded bytes gathered at a time when a change file is written in key order.
-const SORTED_WRITE_BYTES: usize = 256 * 1024;
 
 /// A row waiting for the next commit, in the table's column order.
 #[derive(Debug, Clone)]
@@ -619,208 +612,6 @@ impl TableSink {
 
     pub fn pending_bytes(&self) -> u64 {
         self.pending_bytes
-    }
-
-    /// Pending rows (in memory) that are still live, in the order they were applied.
-    fn take_live(&mut self) -> Vec<PendingRow> {
-        self.by_key.clear();
-        self.extra_pending.clear();
-        self.pending_bytes = 0;
-        std::mem::take(&mut self.rows)
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-
-    /// A NULL in a required field: the source allowed it when the change was made (its NOT
-    /// NULL was dropped, perhaps set again before the catalog was read), so the field
-    /// becomes optional rather than the change being refused or lost.
-    async fn relax_for(&mut self, live: &[PendingRow], catalog: &LocalCatalog) -> Result<()> {
-        let nulls: Vec<String> = self
-            .arrow
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(i, f)| {
-                !f.is_nullable() && live.iter().any(|r| matches!(r.values[*i], Datum::Null))
-            })
-            .map(|(_, f)| f.name().clone())
-            .collect();
-        if !nulls.is_empty() {
-            let names: Vec<&str> = nulls.iter().map(String::as_str).collect();
-            let relaxed = evolve::make_optional(&self.table, &names)?;
-            self.take_optional(relaxed, catalog).await?;
-        }
-        Ok(())
-    }
-
-    /// Writes live pending rows to one new data file (not committed) and indexes them there.
-    async fn write_live(
-        &mut self,
-        live: Vec<PendingRow>,
-        catalog: &LocalCatalog,
-    ) -> Result<Option<iceberg::spec::DataFile>> {
-        if live.is_empty() {
-            return Ok(None);
-        }
-        self.relax_for(&live, catalog).await?;
-        let batch = self.build_batch(&live).await?;
-        // Written in key order: a lookup then reads one page of each column, and compaction
-        // merges the files instead of sorting them.
-        let sorted = self.key_sort(&batch)?;
-        // Where each pending row landed in the file.
-        let mut at: Vec<u64> = (0..live.len() as u64).collect();
-        if let Some(order) = &sorted {
-            for (pos, row) in order.iter().enumerate() {
-                at[*row as usize] = pos as u64;
-            }
-        }
-        let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
-        let mut w = TableWriter::new(&self.table, name, u64::MAX / 4).await?;
-        match sorted {
-            // Gathered a slice of the order at a time: a sorted copy of a whole transaction
-            // larger than memory would double what it holds.
-            Some(order) => {
-                let row_bytes = batch.get_array_memory_size() / batch.num_rows().max(1);
-                let rows = (SORTED_WRITE_BYTES / row_bytes.max(1)).clamp(64, 8192);
-                for part in order.chunks(rows) {
-                    let part = arrow::array::UInt32Array::from(part.to_vec());
-                    w.write(arrow::compute::take_record_batch(&batch, &part)?)
-                        .await?;
-                }
-            }
-            None => w.write(batch).await?,
-        }
-        let (mut files, _) = w.close().await?;
-        let (Some(file), true) = (files.pop(), files.is_empty()) else {
-            return Err(Error::fatal(
-                "a change batch was written to other than exactly one file",
-            ));
-        };
-        let file_no = self.files.len() as u32;
-        self.files.push(file.file_path().to_string());
-        for (row, pos) in live.into_iter().zip(at) {
-            self.index_insert(row.key, Loc { file: file_no, pos })?;
-        }
-        Ok(Some(file))
-    }
-
-    /// Writes the rows staged in memory to a data file that the next commit adds, so that a
-    /// transaction larger than memory is applied in bounded memory. Nothing becomes visible:
-    /// the file is referenced only by that commit (a crash before it leaves an unreferenced
-    /// file, and the changes are applied again from the WAL).
-    pub async fn spill(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
-        let live = self.take_live();
-        if live.is_empty() && self.deletes.is_empty() {
-            return Ok(());
-        }
-        // Making a field optional commits a schema: only the lease holder may.
-        crate::storage::lease::ensure_held(pipeline)?;
-        let rows = live.len();
-        if let Some(file) = self.write_live(live, catalog).await? {
-            self.staged.push(file);
-        }
-        let deletes = self.deletes.len();
-        if let Some(file) = self.write_deletes().await? {
-            self.staged_deletes.push(file);
-        }
-        tracing::debug!(table = %self.table.identifier(), rows, deletes, files = self.staged.len() + self.staged_deletes.len(), "staged changes spilled to files for the next commit");
-        Ok(())
-    }
-
-    /// Writes the pending position deletes to one new delete file (not committed).
-    async fn write_deletes(&mut self) -> Result<Option<iceberg::spec::DataFile>> {
-        if self.deletes.is_empty() {
-            return Ok(None);
-        }
-        let deletes: Vec<(String, i64)> = self
-            .deletes
-            .iter()
-            .map(|l| (self.files[l.file as usize].clone(), l.pos as i64))
-            .collect();
-        let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
-        let file = rowdelta::write_position_deletes(&self.table, deletes, &name).await?;
-        self.deletes.clear();
-        Ok(Some(file))
-    }
-
-    /// Commits everything applied since the last commit in one Iceberg snapshot.
-    pub async fn commit(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
-        if !self.has_pending() {
-            return Ok(());
-        }
-        // Checked before the schema a NULL may relax, as well as before the data (rowdelta).
-        crate::storage::lease::ensure_held(pipeline)?;
-        let live = self.take_live();
-        let mut data_files = std::mem::take(&mut self.staged);
-        let written = self.write_live(live, catalog).await;
-        let written = match written {
-            Ok(w) => w,
-            Err(e) => {
-                self.staged = data_files;
-                return Err(e);
-            }
-        };
-        data_files.extend(written);
-        // After a TRUNCATE, the deletes are of rows spilled since (older ones were dropped).
-        let mut delete_files = std::mem::take(&mut self.staged_deletes);
-        match self.write_deletes().await {
-            Ok(written) => delete_files.extend(written),
-            Err(e) => {
-                self.staged = data_files;
-                self.staged_deletes = delete_files;
-                return Err(e);
-            }
-        }
-        let mut props = HashMap::from([
-            (SUMMARY_LSN.to_string(), self.pending_lsn.to_string()),
-            (SUMMARY_PHASE.to_string(), "cdc".to_string()),
-            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
-        ]);
-        if let Some(first) = self.first_pending_lsn {
-            props.insert(SUMMARY_FIRST_LSN.to_string(), first.to_string());
-        }
-        for (key, time) in [
-            (SUMMARY_COMMIT_TIME, self.pending_time),
-            (SUMMARY_FIRST_COMMIT_TIME, self.first_pending_time),
-        ] {
-            if let Some(t) = time {
-                props.insert(key.to_string(), (t + PG_EPOCH_MICROS).to_string());
-            }
-        }
-        self.table = rowdelta::commit(
-            catalog,
-            &self.table,
-            data_files,
-            delete_files,
-            self.truncated,
-            props,
-        )
-        .await?;
-        // The index already follows the commit: a TRUNCATE cleared it when it was applied,
-        // and the rows written since are indexed in their new files.
-        tracing::info!(table = %self.table.identifier(), changes = self.pending_changes, lsn = %self.pending_lsn, "changes committed");
-        let table_name = self.table.identifier().name().to_string();
-        let labels = [("pipeline", pipeline), ("table", table_name.as_str())];
-        metrics::add(
-            "skippr_commits_total",
-            "Iceberg commits of changes.",
-            &labels,
-            1.0,
-        );
-        metrics::add(
-            "skippr_committed_changes_total",
-            "Row changes committed to Iceberg.",
-            &labels,
-            self.pending_changes as f64,
-        );
-        self.lsn = self.pending_lsn;
-        self.deletes.clear();
-        self.truncated = false;
-        self.pending_changes = 0;
-        self.first_pending_lsn = None;
-        self.first_pending_time = None;
-        Ok(())
     }
 }
 
