@@ -1,0 +1,125 @@
+//! Config, a Postgres data source: host and port, the tables to copy (and which are
+//! append-only), publication and slot names, snapshot settings and TLS, checked and resolved
+//! into a [`PostgresConfig`].
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::locate::Segment;
+use super::{
+    keys, parse_duration, PostgresConfig, PostgresSource, TableRef, Validator,
+    DEFAULT_PARQUET_TARGET_FILE_SIZE_MB, DEFAULT_RECONNECT_PEER_TIMEOUT,
+    DEFAULT_SNAPSHOT_PARALLELISM,
+};
+
+impl Validator<'_> {
+    pub(super) fn postgres(
+        &mut self,
+        source_name: &str,
+        pg: &PostgresSource,
+        workspace: &str,
+        pipeline: &str,
+        base: &Path,
+    ) -> Option<PostgresConfig> {
+        let at = |field: &str| keys(&["data_sources", source_name, "Postgres", field]);
+        let before = self.problems.len();
+        if pg.host.trim().is_empty() {
+            self.report(at("host"), "must not be empty");
+        }
+        if pg.port == Some(0) {
+            self.report(at("port"), "must be a port number (1-65535)");
+        }
+        if pg.tables.is_empty() {
+            self.report(
+                at("tables"),
+                "list at least one table: `name` or `schema.name`",
+            );
+        }
+        let mut tables = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (i, t) in pg.tables.iter().enumerate() {
+            let mut p = at("tables");
+            p.push(Segment::Index(i));
+            match TableRef::parse(t) {
+                Some(r) => {
+                    if !seen.insert(r.iceberg_name()) {
+                        self.report(p, format!("`{t}` is listed twice (or maps to the same Iceberg table name `{}` as another entry)", r.iceberg_name()));
+                    } else {
+                        tables.push(r);
+                    }
+                }
+                None => self.report(
+                    p,
+                    format!(
+                        "`{t}` is not a table name: write `name` (schema public) or `schema.name`"
+                    ),
+                ),
+            }
+        }
+        let mut append_only = Vec::new();
+        for (i, t) in pg.append_only.iter().enumerate() {
+            let mut p = at("append_only");
+            p.push(Segment::Index(i));
+            match TableRef::parse(t) {
+                Some(r) if tables.contains(&r) => append_only.push(r),
+                _ => self.report(p, format!("`{t}` is not one of the source's `tables`")),
+            }
+        }
+        let default_name = format!("skippr_{workspace}_{pipeline}").to_lowercase();
+        for (field, value) in [("publication", &pg.publication), ("slot", &pg.slot)] {
+            if let Some(v) = value {
+                let ok = !v.is_empty()
+                    && v.len() <= 63
+                    && v.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                if !ok {
+                    self.report(
+                        at(field),
+                        format!("`{v}` is not a valid {field} name: use at most 63 lower-case letters, digits and `_`"),
+                    );
+                }
+            }
+        }
+        let parallelism = pg
+            .snapshot_parallelism
+            .unwrap_or(DEFAULT_SNAPSHOT_PARALLELISM);
+        if !(1..=64).contains(&parallelism) {
+            self.report(at("snapshot_parallelism"), "must be between 1 and 64");
+        }
+        let file_mb = pg
+            .parquet_target_file_size_mb
+            .unwrap_or(DEFAULT_PARQUET_TARGET_FILE_SIZE_MB);
+        if !(1..=4096).contains(&file_mb) {
+            self.report(
+                at("parquet_target_file_size_mb"),
+                "must be between 1 and 4096 (MiB)",
+            );
+        }
+        let sslmode = pg.sslmode.unwrap_or_default();
+        let sslrootcert = self.source_tls(&at, &pg.host, sslmode, pg.sslrootcert.as_deref(), base);
+        if self.problems.len() != before {
+            return None;
+        }
+        Some(PostgresConfig {
+            name: source_name.to_string(),
+            host: pg.host.clone(),
+            port: pg.port(),
+            user: pg.user.clone(),
+            password: pg.password.clone(),
+            database: pg.database.clone(),
+            sslmode,
+            sslrootcert,
+            tables,
+            cdc_mode: pg.cdc_mode(),
+            publication: pg
+                .publication
+                .clone()
+                .unwrap_or_else(|| default_name.clone()),
+            slot: pg.slot.clone().unwrap_or(default_name),
+            snapshot_parallelism: parallelism,
+            parquet_target_file_size: file_mb * 1024 * 1024,
+            append_only,
+            peer_timeout: parse_duration(DEFAULT_RECONNECT_PEER_TIMEOUT).unwrap_or_default(),
+        })
+    }
+}
