@@ -1,7 +1,8 @@
 //! Unit tests of the gateway's pg_catalog: schema oids that stay put, oids remapped by name.
 
+use super::extended::remap_oids;
 use super::*;
-use arrow::datatypes::Int32Type;
+use arrow::datatypes::{Int32Type, Schema};
 
 #[test]
 fn schema_oids_stay_the_same() {
