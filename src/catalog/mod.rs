@@ -134,11 +134,7 @@ impl SinkCatalog {
                 .build_table(ident.clone(), known)
                 .await
                 .with_context(|| format!("loading Iceberg table {ident}"))?;
-            self.loaded
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(ident.clone(), table.clone());
-            return Ok(table);
+            return Ok(self.keep(ident, table));
         }
         let location = match self.metadata_location(ident).await {
             Ok(Some(location)) => {
@@ -162,11 +158,16 @@ impl SinkCatalog {
             .load_table(ident)
             .await
             .with_context(|| format!("loading Iceberg table {ident}"))?;
+        Ok(self.keep(ident, table))
+    }
+
+    /// Keeps a loaded table for the next load of the same metadata.
+    fn keep(&self, ident: &TableIdent, table: Table) -> Table {
         self.loaded
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(ident.clone(), table.clone());
-        Ok(table)
+        table
     }
 
     /// The table loaded before, if its metadata file is `location`.
