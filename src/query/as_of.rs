@@ -10,7 +10,7 @@ use iceberg::spec::{
 };
 use iceberg::table::Table;
 
-use super::view::PipelineView;
+use super::pipeline_view::PipelineView;
 use crate::change::Lsn;
 use crate::error::{Error, Result};
 use crate::table::{

@@ -12,6 +12,7 @@ pub mod live;
 pub mod models;
 pub mod naming;
 pub mod numeric;
+pub mod pipeline_view;
 pub mod system;
 pub mod tail;
 pub mod tail_schema;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use iceberg::table::Table;
 
 use super::as_of::{travel, AsOf};
+pub use super::pipeline_view::PipelineView;
 use super::tail::WalRead;
 use super::Workspace;
 use crate::change::Lsn;
@@ -25,21 +26,6 @@ const FENCE_POLL: Duration = Duration::from_millis(5);
 
 /// How many times a view is read again when a commit raced with it.
 const ATTEMPTS: usize = 16;
-
-/// One pipeline as a statement sees it.
-pub struct PipelineView {
-    pub pipeline: String,
-    /// The source commit LSN the view shows: every transaction of the pipeline's tables
-    /// ending at or before it, and none after.
-    pub lsn: Lsn,
-    /// The WAL as read (decoded segments are shared, so holding a view costs no copy).
-    pub read: WalRead,
-    /// Each table of the pipeline at the Iceberg metadata loaded for this view.
-    pub tables: HashMap<String, Table>,
-    /// Tables whose state at a time-travel LSN is not known exactly, with the reason: a
-    /// statement that reads one fails with it (the other tables still answer).
-    pub refused: HashMap<String, String>,
-}
 
 /// A fence: the view must show at least `min_lsn`, within `timeout`.
 #[derive(Debug, Clone, Copy)]

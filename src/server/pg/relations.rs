@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StringArray};
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -264,34 +264,6 @@ pub(super) async fn attnums(
         }
     }
     Ok(out)
-}
-
-/// `pg_class` with `relpersistence` `t` for the relations of schema oid `temp` (the
-/// session's temporary tables).
-pub(super) fn mark_temporary(batch: RecordBatch, temp: i64) -> DfResult<RecordBatch> {
-    let schema = batch.schema();
-    let (Ok(ns), Ok(p)) = (
-        schema.index_of("relnamespace"),
-        schema.index_of("relpersistence"),
-    ) else {
-        return Ok(batch);
-    };
-    let namespaces = arrow::compute::cast(batch.column(ns), &DataType::Int64)?;
-    let namespaces = namespaces.as_primitive::<Int64Type>();
-    let old = arrow::compute::cast(batch.column(p), &DataType::Utf8)?;
-    let old = old.as_string::<i32>();
-    let marked: StringArray = (0..batch.num_rows())
-        .map(|i| {
-            if namespaces.is_valid(i) && namespaces.value(i) == temp {
-                Some("t")
-            } else {
-                old.is_valid(i).then(|| old.value(i))
-            }
-        })
-        .collect();
-    let mut columns = batch.columns().to_vec();
-    columns[p] = arrow::compute::cast(&marked, schema.field(p).data_type())?;
-    Ok(RecordBatch::try_new(schema, columns)?)
 }
 
 impl Extended {

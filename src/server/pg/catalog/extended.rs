@@ -7,7 +7,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
@@ -20,7 +20,6 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 
 use super::{rows, PgCatalog, PrimaryKey, Value, WorkspaceTables};
-use crate::server::pg::relations;
 use crate::server::pg::types::declared_types;
 
 /// Which catalog table gains rows for the primary keys (or, in a session, for its models).
@@ -175,7 +174,7 @@ impl TableProvider for Extended {
             let temp = self.catalog.namespaces.oid(temp);
             batches = batches
                 .into_iter()
-                .map(|b| relations::mark_temporary(b, temp))
+                .map(|b| mark_temporary(b, temp))
                 .collect::<DfResult<_>>()?;
         }
         if matches!(self.extra, Extra::Class) && !keys.is_empty() {
@@ -413,4 +412,32 @@ fn class_value(col: &str, k: &PrimaryKey) -> Option<Value> {
 
 fn pkey_name(k: &PrimaryKey) -> String {
     format!("{}_pkey", k.table)
+}
+
+/// `pg_class` with `relpersistence` `t` for the relations of schema oid `temp` (the
+/// session's temporary tables).
+fn mark_temporary(batch: RecordBatch, temp: i64) -> DfResult<RecordBatch> {
+    let schema = batch.schema();
+    let (Ok(ns), Ok(p)) = (
+        schema.index_of("relnamespace"),
+        schema.index_of("relpersistence"),
+    ) else {
+        return Ok(batch);
+    };
+    let namespaces = arrow::compute::cast(batch.column(ns), &DataType::Int64)?;
+    let namespaces = namespaces.as_primitive::<Int64Type>();
+    let old = arrow::compute::cast(batch.column(p), &DataType::Utf8)?;
+    let old = old.as_string::<i32>();
+    let marked: StringArray = (0..batch.num_rows())
+        .map(|i| {
+            if namespaces.is_valid(i) && namespaces.value(i) == temp {
+                Some("t")
+            } else {
+                old.is_valid(i).then(|| old.value(i))
+            }
+        })
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns[p] = arrow::compute::cast(&marked, schema.field(p).data_type())?;
+    Ok(RecordBatch::try_new(schema, columns)?)
 }
