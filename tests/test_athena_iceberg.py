@@ -365,7 +365,7 @@ def test_wal_is_in_s3_and_survives_a_restart(skippr: Skippr, moto: Moto) -> None
 
 
 def test_a_transaction_larger_than_memory_goes_through_s3_in_parts(skippr: Skippr, moto: Moto) -> None:
-    """With a 1 MiB transaction budget, a 40 MiB transaction is spilled locally while it
+    """With a 1 MiB transaction budget, an 80 MiB transaction is spilled locally while it
     streams, uploaded to the WAL in S3 as a multipart upload, read back in ranges, applied
     change by change and committed once; the peak memory of the sync stays far below the
     transaction's size."""
@@ -376,7 +376,7 @@ def test_a_transaction_larger_than_memory_goes_through_s3_in_parts(skippr: Skipp
     skippr.sync_once()
     db.execute("INSERT INTO orders (id, customer_id, amount) VALUES (1000000, 1, 1)")
     small = skippr.run("--log-format", "json", "sync", "--pipeline", "app", "--once")
-    rows, width = 10_000, 4_000
+    rows, width = 20_000, 4_000
     with db.connect() as conn:
         with conn.transaction():
             conn.execute(
