@@ -172,6 +172,16 @@ pub struct PipelineConfig {
     /// The local folder where each table's key index is kept between runs (a cache: under
     /// the storage path in mode `local`, under this machine's temporary folder in mode `s3`).
     pub key_index_dir: PathBuf,
+    /// Each table's layout (`pipelines.<name>.tables.<table>`: partition spec and sort
+    /// order); a table not named here is unpartitioned and unsorted.
+    pub layouts: std::collections::BTreeMap<TableRef, crate::table::layout::Layout>,
+}
+
+impl PipelineConfig {
+    /// The layout `skippr.yml` asks for `table` (unpartitioned, unsorted when it names none).
+    pub fn layout(&self, table: &TableRef) -> crate::table::layout::Layout {
+        self.layouts.get(table).cloned().unwrap_or_default()
+    }
 }
 
 /// The loaded, validated configuration.

@@ -223,6 +223,7 @@ impl Validator<'_> {
                         s3 => StateFile::object(s3, &format!("pipelines/{name}.state.json"), name),
                     },
                     key_index_dir: storage_path.join("keyindex").join(name),
+                    layouts: Default::default(),
                 });
             }
         }
