@@ -15,7 +15,7 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::config::{CdcMode, Config, PipelineConfig};
 use crate::error::{Context, Error, Result};
-use crate::sink::iceberg::{commit, schema as ice_schema};
+use crate::sink::iceberg::{commit, evolve, schema as ice_schema};
 use crate::source::postgres::connect::connect;
 use crate::source::postgres::schema::{check_partition_overlap, describe, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
@@ -83,7 +83,9 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
     let mut todo = Vec::new();
     let mut synced_partitioned = Vec::new();
     for ts in schemas {
-        let table = ice_schema::create_or_load(&catalog, &namespace, &ts).await?;
+        let layout = p.layout(&ts.table);
+        let table = ice_schema::create_or_load(&catalog, &namespace, &ts, &layout).await?;
+        let table = evolve::apply_layout(&catalog, &table, &layout).await?;
         let Some(lsn) = commit::committed_lsn(&table) else {
             remove_uncommitted_files(&table)?;
             todo.push(job(ts, table, false)?);
@@ -119,7 +121,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                 } else {
                     // The source's columns changed while nothing followed them: start the
                     // Iceberg table afresh from the source's current shape.
-                    (recreate(&catalog, &namespace, &ts).await?, false)
+                    (recreate(&catalog, &namespace, &ts, &layout).await?, false)
                 };
                 todo.push(job(ts, table, replace)?);
             }
@@ -296,13 +298,14 @@ async fn recreate(
     catalog: &LocalCatalog,
     namespace: &iceberg::NamespaceIdent,
     ts: &TableSchema,
+    layout: &crate::table::layout::Layout,
 ) -> Result<iceberg::table::Table> {
     let ident = iceberg::TableIdent::new(namespace.clone(), ts.table.iceberg_name());
     catalog.forget(&ident);
     iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
         .await
         .with_context(|| format!("dropping Iceberg table {ident} to copy it again"))?;
-    ice_schema::create_or_load(catalog, namespace, ts).await
+    ice_schema::create_or_load(catalog, namespace, ts, layout).await
 }
 
 fn names(todo: &[TableJob]) -> Vec<String> {
@@ -319,22 +322,29 @@ fn remove_uncommitted_files(table: &iceberg::table::Table) -> Result<()> {
     let Some(path) = location.strip_prefix("file://") else {
         return Ok(());
     };
-    let data = Path::new(path).join("data");
-    if data.is_dir() {
-        let mut removed = 0;
+    // Partitioned tables keep each partition's files in a folder of its own.
+    let mut todo = vec![Path::new(path).join("data")];
+    let mut removed = 0;
+    while let Some(dir) = todo.pop() {
+        if !dir.is_dir() {
+            continue;
+        }
         for entry in
-            std::fs::read_dir(&data).with_context(|| format!("listing {}", data.display()))?
+            std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
         {
-            let entry = entry.with_context(|| format!("listing {}", data.display()))?;
-            if entry.path().extension().is_some_and(|e| e == "parquet") {
-                std::fs::remove_file(entry.path())
-                    .with_context(|| format!("removing {}", entry.path().display()))?;
+            let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+            let path = entry.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|e| e == "parquet") {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("removing {}", path.display()))?;
                 removed += 1;
             }
         }
-        if removed > 0 {
-            tracing::info!(table = %table.identifier(), files = removed, "removed files of an interrupted snapshot");
-        }
+    }
+    if removed > 0 {
+        tracing::info!(table = %table.identifier(), files = removed, "removed files of an interrupted snapshot");
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 pub mod keys;
 pub mod layout;
+pub mod partition;
 pub mod schema;
 pub mod summary;
 

@@ -12,7 +12,8 @@ use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use super::{SourceColumn, PROP_COLUMNS, PROP_PRIMARY_KEY, PROP_SOURCE};
 use crate::catalog::LocalCatalog;
 use crate::change::schema::TableSchema;
-use crate::error::{Context, Result};
+use super::layout::Layout;
+use crate::error::{Context, Error, Result};
 
 /// Builds the Iceberg schema of a source table.
 pub fn iceberg_schema(ts: &TableSchema) -> Result<Schema> {
@@ -49,11 +50,14 @@ fn can_identify(t: &Type) -> bool {
     matches!(t, Type::Primitive(p) if !matches!(p, PrimitiveType::Float | PrimitiveType::Double))
 }
 
-/// Loads the Iceberg table for `ts`, creating it from the source schema when missing.
+/// Loads the Iceberg table for `ts`, creating it from the source schema when missing, with
+/// `layout`'s partition spec and sort order (an existing table's layout is changed by
+/// `sink::iceberg::evolve::apply_layout`).
 pub async fn create_or_load(
     catalog: &LocalCatalog,
     namespace: &NamespaceIdent,
     ts: &TableSchema,
+    layout: &Layout,
 ) -> Result<Table> {
     let ident = TableIdent::new(namespace.clone(), ts.table.iceberg_name());
     if catalog
@@ -86,9 +90,24 @@ pub async fn create_or_load(
             "zstd".to_string(),
         ),
     ]);
+    layout.check(&schema, &ts.table.to_string()).map_err(|problems| {
+        Error::config(format!(
+            "the layout skippr.yml gives {} does not fit it: {}",
+            ts.table,
+            problems.join("; ")
+        ))
+    })?;
+    let spec = layout
+        .partition_spec(&schema)
+        .with_context(|| format!("building the partition spec of {}", ts.table))?;
+    let order = layout
+        .sort_order(&schema)
+        .with_context(|| format!("building the sort order of {}", ts.table))?;
     let creation = TableCreation::builder()
         .name(ts.table.iceberg_name())
         .schema(schema)
+        .partition_spec(spec)
+        .sort_order(order)
         .properties(props)
         .build();
     let table = catalog

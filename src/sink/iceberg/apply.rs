@@ -25,6 +25,7 @@ use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
 use crate::error::{Error, Result};
+use crate::table::partition::FilePartitions;
 use crate::wal::{Change, Op};
 
 /// A row waiting for the next commit, in the table's column order.
@@ -52,6 +53,12 @@ pub struct TableSink {
     /// Further copies of a key: only tables keyed by the whole row can have equal rows.
     extra: HashMap<Key, Vec<Loc>>,
     files: Vec<String>,
+    /// Where each data file belongs (spec and partition), read from the manifests when a
+    /// delete first needs it; `None` until then.
+    parts: Option<FilePartitions>,
+    /// The spec of each delete file written for the next commit that is not of the current
+    /// spec (deletes of rows in files of an earlier spec).
+    delete_specs: rowdelta::Specs,
     // Changes since the last commit.
     rows: Vec<Option<PendingRow>>,
     by_key: HashMap<Key, usize>,
@@ -151,6 +158,8 @@ impl TableSink {
             index: KeyIndex::new(index_place.clone()),
             extra: HashMap::new(),
             files: Vec::new(),
+            parts: None,
+            delete_specs: rowdelta::Specs::new(),
             rows: Vec::new(),
             by_key: HashMap::new(),
             extra_pending: HashMap::new(),
@@ -482,6 +491,7 @@ impl TableSink {
                 // files out (they stay as unreferenced files, as after a failed commit).
                 self.staged.clear();
                 self.staged_deletes.clear();
+                self.delete_specs.clear();
                 self.pending_bytes = 0;
             }
             Op::Insert => {

@@ -45,7 +45,15 @@ async fn commit_files(
     replace_all: bool,
     props: HashMap<String, String>,
 ) -> Result<Table> {
-    rowdelta::commit(catalog, table, files, Vec::new(), replace_all, props)
-        .await
-        .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
+    rowdelta::commit(
+        catalog,
+        table,
+        files,
+        Vec::new(),
+        replace_all,
+        props,
+        &rowdelta::Specs::new(),
+    )
+    .await
+    .with_context(|| format!("committing to Iceberg table {}", table.identifier()))
 }

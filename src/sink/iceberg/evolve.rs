@@ -9,8 +9,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use iceberg::table::Table;
 
 use super::SourceColumn;
+use crate::catalog::LocalCatalog;
 use crate::change::types::PgType;
 use crate::change::Relation;
 use crate::config::TableRef;
@@ -366,4 +368,60 @@ fn next_schema(
         .with_identifier_field_ids(identifier)
         .build()
         .with_context(|| format!("building the new schema of {}", table.identifier()))
+}
+
+/// Makes `layout` the table's current partition spec and sort order when they differ (a
+/// change of `partition_by` or `sort_by` in `skippr.yml`): the new spec and order are added
+/// and made the defaults in one metadata commit. Files keep the spec they were written under
+/// (nothing is rewritten); new files use the new one, and compaction moves old files over.
+pub async fn apply_layout(
+    catalog: &LocalCatalog,
+    table: &Table,
+    layout: &crate::table::layout::Layout,
+) -> Result<Table> {
+    let meta = table.metadata();
+    let schema = meta.current_schema();
+    let name = table.identifier().to_string();
+    layout.check(schema, &name).map_err(|problems| {
+        Error::config(format!(
+            "the layout skippr.yml gives Iceberg table {name} does not fit it: {}",
+            problems.join("; ")
+        ))
+    })?;
+    let spec = layout
+        .partition_spec(schema)
+        .with_context(|| format!("building the partition spec of {name}"))?;
+    let order = layout
+        .sort_order(schema)
+        .with_context(|| format!("building the sort order of {name}"))?;
+    let current = meta.default_partition_spec();
+    let same_spec = current.fields().len() == spec.fields().len()
+        && current
+            .fields()
+            .iter()
+            .zip(spec.fields())
+            .all(|(a, b)| a.source_id == b.source_id && a.transform == b.transform);
+    let same_order = meta.default_sort_order().fields == order.fields;
+    if same_spec && same_order {
+        return Ok(table.clone());
+    }
+    let table = super::rowdelta::commit_metadata(catalog, table, &[], |mut b| {
+        if !same_spec {
+            b = b.add_partition_spec(spec)?.set_default_partition_spec(-1)?;
+        }
+        if !same_order {
+            b = b.add_sort_order(order)?.set_default_sort_order(-1)?;
+        }
+        Ok(b)
+    })
+    .await
+    .with_context(|| format!("changing the layout of Iceberg table {name}"))?;
+    tracing::info!(
+        table = %table.identifier(),
+        spec_id = table.metadata().default_partition_spec_id(),
+        sort_order_id = table.metadata().default_sort_order_id(),
+        layout = %layout,
+        "table layout changed"
+    );
+    Ok(table)
 }

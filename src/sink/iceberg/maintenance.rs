@@ -3,12 +3,13 @@
 //! expiry by age and count, and the removal of files no retained snapshot references.
 //! Which files to compact is decided with the key index (see `apply/compact.rs`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use iceberg::spec::{
-    DataContentType, DataFile, ManifestListWriter, ManifestStatus, ManifestWriterBuilder,
-    Operation, Snapshot, SnapshotReference, SnapshotRetention, Summary, MAIN_BRANCH,
+    DataContentType, DataFile, ManifestListWriter, ManifestStatus, ManifestWriter,
+    ManifestWriterBuilder, Operation, Snapshot, SnapshotReference, SnapshotRetention, Summary,
+    MAIN_BRANCH,
 };
 use iceberg::table::Table;
 
@@ -83,6 +84,8 @@ pub struct LiveFile {
     pub snapshot_id: i64,
     pub seq: i64,
     pub file_seq: Option<i64>,
+    /// The partition spec the file is written under (its manifest's).
+    pub spec_id: i32,
 }
 
 /// The live files of the current snapshot and how many manifests hold them.
@@ -112,6 +115,7 @@ pub async fn live_files(table: &Table) -> Result<(Vec<LiveFile>, usize)> {
                     .sequence_number()
                     .unwrap_or(snapshot.sequence_number()),
                 file_seq: entry.file_sequence_number.or(entry.sequence_number()),
+                spec_id: mf.partition_spec_id,
             });
         }
     }
@@ -126,6 +130,8 @@ pub struct Rewrite {
     pub remove_all_deletes: bool,
     pub added: Vec<DataFile>,
     pub added_deletes: Vec<DataFile>,
+    /// The spec of added files not of the current spec (deletes of files of an earlier one).
+    pub specs: rowdelta::Specs,
 }
 
 /// Commits a rewrite of the current snapshot: the same rows in other files. The new snapshot
@@ -149,23 +155,41 @@ pub async fn commit_rewrite(
     let seq = meta.next_sequence_number();
     let location = meta.location();
     let schema = meta.current_schema().clone();
-    let spec = meta.default_partition_spec().as_ref().clone();
 
-    let manifest_writer = |n: u32, deletes: bool| -> Result<_> {
-        let path = format!("{location}/metadata/{commit_id}-m{n}.avro");
+    let mut writers: BTreeMap<(i32, bool), (String, ManifestWriter)> = BTreeMap::new();
+    let mut counter = 0u32;
+    // One manifest per spec and content (data or deletes), each made when first needed.
+    let mut writer = |writers: &mut BTreeMap<(i32, bool), (String, ManifestWriter)>,
+                      spec_id: i32,
+                      deletes: bool|
+     -> Result<()> {
+        if writers.contains_key(&(spec_id, deletes)) {
+            return Ok(());
+        }
+        counter += 1;
+        let path = format!("{location}/metadata/{commit_id}-m{counter}.avro");
+        let spec = meta.partition_spec_by_id(spec_id).ok_or_else(|| {
+            Error::fatal(format!(
+                "a file of partition spec {spec_id}, which table {} does not have",
+                table.identifier()
+            ))
+        })?;
         let out = file_io.new_output(&path)?;
-        let b = ManifestWriterBuilder::new(out, Some(snapshot_id), schema.clone(), spec.clone());
-        Ok((
-            path,
-            if deletes {
-                b.build_v2_deletes()
-            } else {
-                b.build_v2_data()
-            },
-        ))
+        let b = ManifestWriterBuilder::new(
+            out,
+            Some(snapshot_id),
+            schema.clone(),
+            spec.as_ref().clone(),
+        );
+        let w = if deletes {
+            b.build_v2_deletes()
+        } else {
+            b.build_v2_data()
+        };
+        writers.insert((spec_id, deletes), (path, w));
+        Ok(())
     };
-    let (data_path, mut data) = manifest_writer(1, false)?;
-    let (delete_path, mut deletes) = manifest_writer(2, true)?;
+    let current = meta.default_partition_spec_id();
     let (mut n_data, mut n_deletes) = (0u64, 0u64);
     let (mut records, mut pos_deletes, mut size) = (0u64, 0u64, 0u64);
     let (mut removed_data, mut removed_deletes) = (0u64, 0u64);
@@ -176,7 +200,8 @@ pub async fn commit_rewrite(
         } else {
             rewrite.remove_all_deletes
         };
-        let w = if is_data { &mut data } else { &mut deletes };
+        writer(&mut writers, f.spec_id, !is_data)?;
+        let w = manifest(&mut writers, f.spec_id, !is_data)?;
         if gone {
             if is_data {
                 removed_data += 1;
@@ -203,29 +228,28 @@ pub async fn commit_rewrite(
         records += f.record_count();
         size += f.file_size_in_bytes();
         new_files.push(f.file_path().to_string());
-        data.add_file(f, seq)?;
+        writer(&mut writers, current, false)?;
+        manifest(&mut writers, current, false)?.add_file(f, seq)?;
     }
     for f in rewrite.added_deletes {
         n_deletes += 1;
         pos_deletes += f.record_count();
         size += f.file_size_in_bytes();
         new_files.push(f.file_path().to_string());
-        deletes.add_file(f, seq)?;
+        let spec = rewrite.specs.get(f.file_path()).copied().unwrap_or(current);
+        writer(&mut writers, spec, true)?;
+        manifest(&mut writers, spec, true)?.add_file(f, seq)?;
     }
-    let mut manifests = vec![data
-        .write_manifest_file()
-        .await
-        .context("writing a data manifest")?];
-    new_files.push(data_path);
-    // An empty delete manifest is left out (and unreferenced: orphan cleanup removes it).
-    if removed_deletes + added_deletes as u64 + n_deletes > 0 {
-        manifests.push(
-            deletes
-                .write_manifest_file()
-                .await
-                .context("writing a delete manifest")?,
-        );
-        new_files.push(delete_path);
+    let mut manifests = Vec::new();
+    for ((_, deletes), (path, w)) in writers {
+        let manifest = w.write_manifest_file().await.context(if deletes {
+            "writing a delete manifest"
+        } else {
+            "writing a data manifest"
+        })?;
+        // A manifest of removed entries only still records their removal.
+        manifests.push(manifest);
+        new_files.push(path);
     }
     let list_path = format!("{location}/metadata/snap-{snapshot_id}-1-{commit_id}.avro");
     let mut list = ManifestListWriter::v2(
@@ -295,6 +319,18 @@ pub async fn commit_rewrite(
             .set_properties(props)
     })
     .await
+}
+
+/// The manifest writer of one spec and content, made by the rewrite before.
+fn manifest(
+    writers: &mut BTreeMap<(i32, bool), (String, ManifestWriter)>,
+    spec_id: i32,
+    deletes: bool,
+) -> Result<&mut ManifestWriter> {
+    writers
+        .get_mut(&(spec_id, deletes))
+        .map(|(_, w)| w)
+        .ok_or_else(|| Error::fatal("a rewrite lost a manifest writer"))
 }
 
 /// The snapshots that expire now: replaced (their successor committed) longer ago than the

@@ -29,10 +29,13 @@ const POS_DELETE_FILE_PATH_ID: i32 = 2147483546;
 const POS_DELETE_POS_ID: i32 = 2147483545;
 
 /// Writes one position-delete file for `deletes` (data file path, row position).
+/// `partition` is the spec id and partition of the data files the deletes are of (a delete
+/// file is scoped to one partition); `None` for a table that was never partitioned.
 pub async fn write_position_deletes<P: AsRef<str> + Ord>(
     table: &Table,
     mut deletes: Vec<(P, i64)>,
     name: &str,
+    partition: Option<&(i32, Struct)>,
 ) -> Result<DataFile> {
     deletes.sort();
     let schema = Arc::new(ArrowSchema::new(vec![
@@ -76,10 +79,14 @@ pub async fn write_position_deletes<P: AsRef<str> + Ord>(
     b.content(DataContentType::PositionDeletes)
         .file_path(location)
         .file_format(DataFileFormat::Parquet)
-        .partition(Struct::empty())
+        .partition(partition.map(|p| p.1.clone()).unwrap_or_else(Struct::empty))
         .record_count(n)
         .file_size_in_bytes(size)
-        .partition_spec_id(table.metadata().default_partition_spec_id());
+        .partition_spec_id(
+            partition
+                .map(|p| p.0)
+                .unwrap_or_else(|| table.metadata().default_partition_spec_id()),
+        );
     if let (Some(first), Some(last)) = (deletes.first(), deletes.last()) {
         if first.0 == last.0 {
             b.referenced_data_file(Some(first.0.as_ref().to_string()));
@@ -109,6 +116,25 @@ pub async fn write_position_deletes<P: AsRef<str> + Ord>(
         .map_err(|e| Error::fatal(format!("describing a position-delete file: {e}")))
 }
 
+/// The spec id of each file a commit adds where it is not the table's current spec (the
+/// position deletes of data files written under an earlier spec); files not named are of
+/// the current spec.
+pub type Specs = HashMap<String, i32>;
+
+/// The files grouped by the spec they are written under (each group is one manifest).
+pub fn by_spec(
+    files: Vec<DataFile>,
+    specs: &Specs,
+    current: i32,
+) -> std::collections::BTreeMap<i32, Vec<DataFile>> {
+    let mut out: std::collections::BTreeMap<i32, Vec<DataFile>> = Default::default();
+    for f in files {
+        let spec = specs.get(f.file_path()).copied().unwrap_or(current);
+        out.entry(spec).or_default().push(f);
+    }
+    out
+}
+
 /// Totals carried from one snapshot summary to the next.
 const TOTALS: [&str; 6] = [
     "total-records",
@@ -128,9 +154,11 @@ pub async fn commit(
     deletes: Vec<DataFile>,
     replace_all: bool,
     props: HashMap<String, String>,
+    specs: &Specs,
 ) -> Result<Table> {
     let pipeline = props.get(super::SUMMARY_PIPELINE).cloned();
-    let (snapshot, new_files) = new_snapshot(table, data, deletes, replace_all, props).await?;
+    let (snapshot, new_files) =
+        new_snapshot(table, data, deletes, replace_all, props, specs).await?;
     // A process that lost its pipeline's lease (S3 mode) must not make anything current.
     if let Some(pipeline) = &pipeline {
         crate::storage::lease::ensure_held(pipeline)?;
@@ -155,7 +183,8 @@ pub async fn stage(
         .snapshots()
         .map(|s| s.snapshot_id())
         .collect();
-    let (snapshot, new_files) = new_snapshot(table, data, Vec::new(), replace_all, props).await?;
+    let (snapshot, new_files) =
+        new_snapshot(table, data, Vec::new(), replace_all, props, &Specs::new()).await?;
     stage_metadata(table, &new_files, |b| {
         let b = add_current(b, snapshot)?;
         Ok(if older.is_empty() {
@@ -188,6 +217,7 @@ async fn new_snapshot(
     deletes: Vec<DataFile>,
     replace_all: bool,
     props: HashMap<String, String>,
+    specs: &Specs,
 ) -> Result<(Snapshot, Vec<String>)> {
     let meta = table.metadata();
     let file_io = table.file_io();
@@ -197,7 +227,6 @@ async fn new_snapshot(
     let parent = meta.current_snapshot();
     let location = meta.location();
     let schema = meta.current_schema().clone();
-    let spec = meta.default_partition_spec().as_ref().clone();
 
     let mut manifests = Vec::new();
     if !replace_all {
@@ -211,12 +240,20 @@ async fn new_snapshot(
         }
     }
     let mut counter = 0;
-    let mut write_manifest = |files: Vec<DataFile>, deletes: bool| {
+    let mut write_manifest = |files: Vec<DataFile>, spec_id: i32, deletes: bool| {
         counter += 1;
         let path = format!("{location}/metadata/{commit_id}-m{counter}.avro");
         let schema = schema.clone();
-        let spec = spec.clone();
+        let spec = meta
+            .partition_spec_by_id(spec_id)
+            .map(|s| s.as_ref().clone());
         async move {
+            let spec = spec.ok_or_else(|| {
+                iceberg::Error::new(
+                    iceberg::ErrorKind::DataInvalid,
+                    format!("a file of partition spec {spec_id}, which the table does not have"),
+                )
+            })?;
             let out = file_io.new_output(path)?;
             let builder = ManifestWriterBuilder::new(out, Some(snapshot_id), schema, spec);
             let mut w = if deletes {
@@ -244,15 +281,16 @@ async fn new_snapshot(
         .sum();
     let added_pos_deletes: u64 = deletes.iter().map(|f| f.record_count()).sum();
     let (n_data, n_deletes) = (data.len() as u64, deletes.len() as u64);
-    if !data.is_empty() {
-        let manifest = write_manifest(data, false)
+    let current = meta.default_partition_spec_id();
+    for (spec_id, files) in by_spec(data, specs, current) {
+        let manifest = write_manifest(files, spec_id, false)
             .await
             .context("writing a data manifest")?;
         new_files.push(manifest.manifest_path.clone());
         manifests.push(manifest);
     }
-    if !deletes.is_empty() {
-        let manifest = write_manifest(deletes, true)
+    for (spec_id, files) in by_spec(deletes, specs, current) {
+        let manifest = write_manifest(files, spec_id, true)
             .await
             .context("writing a delete manifest")?;
         new_files.push(manifest.manifest_path.clone());

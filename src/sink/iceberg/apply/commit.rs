@@ -13,7 +13,9 @@ use crate::sink::iceberg::{
     evolve, rowdelta, PG_EPOCH_MICROS, SUMMARY_COMMIT_TIME, SUMMARY_FIRST_COMMIT_TIME,
     SUMMARY_FIRST_LSN, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE,
 };
+use crate::table::partition::{self, FilePartition, FilePartitions, Partitioner};
 use crate::telemetry::metrics;
+use iceberg::spec::Struct;
 
 /// Decoded bytes gathered at a time when a change file is written in key order.
 const SORTED_WRITE_BYTES: usize = 256 * 1024;
@@ -52,55 +54,93 @@ impl TableSink {
         Ok(())
     }
 
-    /// Writes live pending rows to one new data file (not committed) and indexes them there.
+    /// Writes live pending rows to new data files (not committed), one per partition of
+    /// the table's current spec, and indexes them there.
     async fn write_live(
         &mut self,
         live: Vec<PendingRow>,
         catalog: &LocalCatalog,
-    ) -> Result<Option<iceberg::spec::DataFile>> {
+    ) -> Result<Vec<iceberg::spec::DataFile>> {
         if live.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         self.relax_for(&live, catalog).await?;
         let batch = self.build_batch(&live).await?;
-        // Written in key order: a lookup then reads one page of each column, and compaction
-        // merges the files instead of sorting them.
-        let sorted = self.key_sort(&batch)?;
-        // Where each pending row landed in the file.
-        let mut at: Vec<u64> = (0..live.len() as u64).collect();
-        if let Some(order) = &sorted {
-            for (pos, row) in order.iter().enumerate() {
-                at[*row as usize] = pos as u64;
+        // Written in the table's order (its sort order, then its key): a lookup then reads
+        // one page of each column, and compaction merges the files instead of sorting them.
+        let order: Vec<u32> = match self.key_sort(&batch)? {
+            Some(order) => order,
+            None => (0..batch.num_rows() as u32).collect(),
+        };
+        // Each row's partition; rows of one partition go to one file, in order.
+        let partitioner = Partitioner::current(self.table.metadata())?;
+        let (groups, of_row): (Vec<Struct>, Vec<u32>) = match &partitioner {
+            None => (vec![Struct::empty()], vec![0; batch.num_rows()]),
+            Some(p) => {
+                let mut groups: Vec<Struct> = Vec::new();
+                let mut at: HashMap<Struct, u32> = HashMap::new();
+                let of_row = p
+                    .values(&batch)?
+                    .into_iter()
+                    .map(|v| {
+                        *at.entry(v.clone()).or_insert_with(|| {
+                            groups.push(v);
+                            groups.len() as u32 - 1
+                        })
+                    })
+                    .collect();
+                (groups, of_row)
             }
+        };
+        // Each group's rows in order, and where each pending row landed in its file.
+        let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); groups.len()];
+        let mut at: Vec<u64> = vec![0; live.len()];
+        for row in order {
+            let g = &mut rows_of[of_row[row as usize] as usize];
+            at[row as usize] = g.len() as u64;
+            g.push(row);
         }
         let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
         let mut w = TableWriter::new(&self.table, name, u64::MAX / 4).await?;
-        match sorted {
-            // Gathered a slice of the order at a time: a sorted copy of a whole transaction
-            // larger than memory would double what it holds.
-            Some(order) => {
-                let row_bytes = batch.get_array_memory_size() / batch.num_rows().max(1);
-                let rows = (SORTED_WRITE_BYTES / row_bytes.max(1)).clamp(64, 8192);
-                for part in order.chunks(rows) {
-                    let part = arrow::array::UInt32Array::from(part.to_vec());
-                    w.write(arrow::compute::take_record_batch(&batch, &part)?)
-                        .await?;
-                }
+        // Gathered a slice of the order at a time: a sorted copy of a whole transaction
+        // larger than memory would double what it holds.
+        let row_bytes = batch.get_array_memory_size() / batch.num_rows().max(1);
+        let chunk = (SORTED_WRITE_BYTES / row_bytes.max(1)).clamp(64, 8192);
+        for (part, rows) in groups.iter().zip(&rows_of) {
+            for piece in rows.chunks(chunk) {
+                let piece = arrow::array::UInt32Array::from(piece.to_vec());
+                w.write_to(
+                    part.clone(),
+                    arrow::compute::take_record_batch(&batch, &piece)?,
+                )
+                .await?;
             }
-            None => w.write(batch).await?,
         }
-        let (mut files, _) = w.close().await?;
-        let (Some(file), true) = (files.pop(), files.is_empty()) else {
-            return Err(Error::fatal(
-                "a change batch was written to other than exactly one file",
-            ));
-        };
-        let file_no = self.files.len() as u32;
-        self.files.push(file.file_path().to_string());
-        for (row, pos) in live.into_iter().zip(at) {
-            self.index_insert(row.key, Loc { file: file_no, pos })?;
+        let (files, _) = w.close().await?;
+        // Each partition's rows are in exactly one file.
+        let mut file_of: Vec<Option<u32>> = vec![None; groups.len()];
+        let spec_id = self.table.metadata().default_partition_spec_id();
+        for file in &files {
+            let g = groups
+                .iter()
+                .position(|p| p == file.partition())
+                .filter(|g| file_of[*g].is_none())
+                .ok_or_else(|| {
+                    Error::fatal("a change batch was written to other than one file a partition")
+                })?;
+            file_of[g] = Some(self.files.len() as u32);
+            self.files.push(file.file_path().to_string());
+            if let Some(parts) = self.parts.as_mut() {
+                parts.insert(file.file_path(), spec_id, file.partition().clone());
+            }
         }
-        Ok(Some(file))
+        for (i, row) in live.into_iter().enumerate() {
+            let file = file_of[of_row[i] as usize].ok_or_else(|| {
+                Error::fatal("a change batch was written to other than one file a partition")
+            })?;
+            self.index_insert(row.key, Loc { file, pos: at[i] })?;
+        }
+        Ok(files)
     }
 
     /// Writes the rows staged in memory to a data file that the next commit adds, so that a
@@ -115,21 +155,20 @@ impl TableSink {
         // Making a field optional commits a schema: only the lease holder may.
         crate::storage::lease::ensure_held(pipeline)?;
         let rows = live.len();
-        if let Some(file) = self.write_live(live, catalog).await? {
-            self.staged.push(file);
-        }
+        let written = self.write_live(live, catalog).await?;
+        self.staged.extend(written);
         let deletes = self.deletes.len();
-        if let Some(file) = self.write_deletes().await? {
-            self.staged_deletes.push(file);
-        }
+        let written = self.write_deletes().await?;
+        self.staged_deletes.extend(written);
         tracing::debug!(table = %self.table.identifier(), rows, deletes, files = self.staged.len() + self.staged_deletes.len(), "staged changes spilled to files for the next commit");
         Ok(())
     }
 
-    /// Writes the pending position deletes to one new delete file (not committed).
-    async fn write_deletes(&mut self) -> Result<Option<iceberg::spec::DataFile>> {
+    /// Writes the pending position deletes to new delete files (not committed), one per
+    /// partition of the data files they delete from.
+    async fn write_deletes(&mut self) -> Result<Vec<iceberg::spec::DataFile>> {
         if self.deletes.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let deletes: Vec<(String, i64)> = self
             .deletes
@@ -137,9 +176,64 @@ impl TableSink {
             .map(|l| (self.files[l.file as usize].clone(), l.pos as i64))
             .collect();
         let name = format!("cdc-{}", uuid::Uuid::now_v7().simple());
-        let file = rowdelta::write_position_deletes(&self.table, deletes, &name).await?;
+        let meta = self.table.metadata();
+        if partition::never_partitioned(meta) {
+            let file = rowdelta::write_position_deletes(&self.table, deletes, &name, None).await?;
+            self.deletes.clear();
+            return Ok(vec![file]);
+        }
+        let current = meta.default_partition_spec_id();
+        let mut groups: Vec<(FilePartition, Vec<(String, i64)>)> = Vec::new();
+        let mut at: HashMap<FilePartition, usize> = HashMap::new();
+        for (path, pos) in deletes {
+            let part = self.partition_of(&path).await?;
+            let g = *at.entry(part.clone()).or_insert_with(|| {
+                groups.push((part, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push((path, pos));
+        }
+        let mut files = Vec::with_capacity(groups.len());
+        for (n, (part, deletes)) in groups.into_iter().enumerate() {
+            let file = rowdelta::write_position_deletes(
+                &self.table,
+                deletes,
+                &format!("{name}-{n}"),
+                Some(&part),
+            )
+            .await?;
+            if part.0 != current {
+                self.delete_specs
+                    .insert(file.file_path().to_string(), part.0);
+            }
+            files.push(file);
+        }
         self.deletes.clear();
-        Ok(Some(file))
+        Ok(files)
+    }
+
+    /// The spec and partition of a data file of the table (read from the manifests the first
+    /// time one is needed).
+    pub(super) async fn partition_of(&mut self, path: &str) -> Result<FilePartition> {
+        if self.parts.as_ref().and_then(|p| p.get(path)).is_none() {
+            let mut parts = FilePartitions::load(&self.table).await?;
+            // Files written for the next commit are not in the manifests yet.
+            let spec_id = self.table.metadata().default_partition_spec_id();
+            for f in &self.staged {
+                parts.insert(f.file_path(), spec_id, f.partition().clone());
+            }
+            self.parts = Some(parts);
+        }
+        self.parts
+            .as_ref()
+            .and_then(|p| p.get(path))
+            .cloned()
+            .ok_or_else(|| {
+                Error::fatal(format!(
+                    "data file {path} of Iceberg table {} is in no manifest of it",
+                    self.table.identifier()
+                ))
+            })
     }
 
     /// Commits everything applied since the last commit in one Iceberg snapshot.
@@ -193,8 +287,10 @@ impl TableSink {
             delete_files,
             self.truncated,
             props,
+            &self.delete_specs,
         )
         .await?;
+        self.delete_specs.clear();
         // The index already follows the commit: a TRUNCATE cleared it when it was applied,
         // and the rows written since are indexed in their new files.
         tracing::info!(table = %self.table.identifier(), changes = self.pending_changes, lsn = %self.pending_lsn, "changes committed");

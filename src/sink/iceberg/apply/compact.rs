@@ -13,7 +13,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
 use arrow::array::RecordBatch;
-use arrow::row::{OwnedRow, RowConverter, SortField};
+use arrow::row::{OwnedRow, RowConverter};
 use iceberg::spec::DataContentType;
 
 use self::merge::{Input, Output};
@@ -22,6 +22,7 @@ use crate::catalog::LocalCatalog;
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::maintenance::{self, LiveFile, MaintenanceSettings, Rewrite};
 use crate::sink::iceberg::rowdelta;
+use crate::table::partition::{self, FilePartition, WriteOrder};
 use crate::telemetry::metrics;
 
 /// A data file with at least this share of its rows deleted is rewritten.
@@ -173,33 +174,28 @@ impl TableSink {
         Ok(())
     }
 
-    /// The order rows are written in: by primary key, compared as Arrow's row format does
-    /// (numbers by value, text by bytes, as Parquet's statistics compare them). None for a
-    /// table without one, or a key type the row format cannot order.
-    pub(super) fn key_converter(&self) -> Result<Option<RowConverter>> {
-        if !self.keyed || self.key_idx.is_empty() {
-            return Ok(None);
-        }
-        let fields = self
-            .key_idx
-            .iter()
-            .map(|i| SortField::new(self.arrow.field(*i).data_type().clone()))
-            .collect();
-        Ok(RowConverter::new(fields).ok())
+    /// The order rows are written in: the table's sort order (`sort_by`), then its primary
+    /// key (see [`WriteOrder`]).
+    pub(super) fn write_order(&self) -> WriteOrder {
+        let key: &[usize] = if self.keyed { &self.key_idx } else { &[] };
+        WriteOrder::of(self.table.metadata(), &self.names, key)
     }
 
-    /// The order of `batch`'s rows by key, or None when they are in order already (or the
-    /// table has no key order).
+    /// A converter whose rows compare in the write order (numbers by value, text by bytes,
+    /// as Parquet's statistics compare them). None for a table without an order, or a
+    /// column type the row format cannot order.
+    pub(super) fn key_converter(&self) -> Result<Option<RowConverter>> {
+        self.write_order().converter(self.arrow.as_ref())
+    }
+
+    /// The order of `batch`'s rows in the write order, or None when they are in order
+    /// already (or the table has no order).
     pub(super) fn key_sort(&self, batch: &RecordBatch) -> Result<Option<Vec<u32>>> {
-        let Some(order) = self.key_converter()? else {
+        let order = self.write_order();
+        let Some(converter) = order.converter(self.arrow.as_ref())? else {
             return Ok(None);
         };
-        let cols: Vec<_> = self
-            .key_idx
-            .iter()
-            .map(|i| batch.column(*i).clone())
-            .collect();
-        let keys = order.convert_columns(&cols)?;
+        let keys = order.rows(&converter, batch)?;
         if (1..keys.num_rows()).all(|i| keys.row(i - 1) <= keys.row(i)) {
             return Ok(None);
         }
@@ -242,6 +238,8 @@ impl TableSink {
         let live_rows = self.live_rows()?;
         let small = self.maintenance.target_file_size / 4 * 3;
         let (mut smalls, mut heavy, mut delete_files) = (0usize, 0usize, 0usize);
+        let current_spec = self.table.metadata().default_partition_spec_id();
+        let mut old_spec = 0usize;
         let mut chosen = Vec::new();
         for f in &live {
             if f.file.content_type() != DataContentType::Data {
@@ -262,7 +260,11 @@ impl TableSink {
             } else {
                 rows.saturating_sub(kept) as f64 / rows as f64
             };
-            if f.file.file_size_in_bytes() < small {
+            if f.spec_id != current_spec {
+                // Written under an earlier spec: rewritten into the current one.
+                old_spec += 1;
+                chosen.push((no, f.clone()));
+            } else if f.file.file_size_in_bytes() < small {
                 smalls += 1;
                 chosen.push((no, f.clone()));
             } else if deleted_share >= DELETED_SHARE {
@@ -271,7 +273,11 @@ impl TableSink {
             }
         }
         let min = self.maintenance.compaction_min_files;
-        let due = smalls >= min || delete_files >= min || heavy > 0 || manifests >= 4 * min;
+        let due = smalls >= min
+            || delete_files >= min
+            || heavy > 0
+            || old_spec > 0
+            || manifests >= 4 * min;
         Ok(due.then_some(Plan { chosen, live }))
     }
 
@@ -318,97 +324,116 @@ impl TableSink {
         }
         let widest = inputs.iter().map(|i| i.row_bytes).max().unwrap_or(1);
         let mut out = Output::new(
+            self,
             prefix.clone(),
             rows_per_file,
             (OUTPUT_BYTES / widest.max(1)).clamp(64, OUTPUT_ROWS),
-        );
+        )?;
         // Most files read at the same time (each holds a batch and a row group's column chunks).
         let mut max_open = 1usize;
-        match &order {
-            // Without a primary key there is no order to keep: the files are concatenated.
-            None => {
-                for input in inputs.iter_mut() {
-                    while input.advance(self, None).await? {
-                        if let Some(batch) = input.batch.take() {
-                            let n = batch.num_rows();
-                            out.put(self, input.no, input.written, batch).await?;
-                            input.written += n as u64;
-                        }
-                    }
-                }
-            }
-            Some(order) => {
-                // Files not read yet, by lower bound (files without one first).
-                let mut waiting: Vec<usize> = (0..inputs.len()).collect();
-                waiting.sort_by(|a, b| match (&inputs[*a].lower, &inputs[*b].lower) {
-                    (None, None) => Ordering::Equal,
-                    (None, Some(_)) => Ordering::Less,
-                    (Some(_), None) => Ordering::Greater,
-                    (Some(x), Some(y)) => x.cmp(y),
-                });
-                let mut waiting = VecDeque::from(waiting);
-                let mut heap: BinaryHeap<Reverse<(OwnedRow, usize)>> = BinaryHeap::new();
-                let mut open = 0usize;
-                loop {
-                    // Start reading every file that may hold a key at or below the smallest
-                    // key in hand.
-                    while let Some(&j) = waiting.front() {
-                        let due = match (&inputs[j].lower, heap.peek()) {
-                            (None, _) | (_, None) => true,
-                            (Some(lower), Some(Reverse((top, _)))) => lower <= top,
-                        };
-                        if !due {
-                            break;
-                        }
-                        waiting.pop_front();
-                        if inputs[j].advance(self, Some(order)).await? {
-                            if let Some(key) = inputs[j].key() {
-                                heap.push(Reverse((key, j)));
-                                open += 1;
-                                max_open = max_open.max(open);
-                            }
-                        }
-                    }
-                    let Some(Reverse((_, i))) = heap.pop() else {
-                        break;
-                    };
-                    // The run of this file's rows up to the next file's smallest key, or the
-                    // lower bound of the next file not read yet.
-                    let open_next = heap.peek().map(|Reverse((k, _))| k.clone());
-                    let waiting_next = waiting.front().and_then(|j| inputs[*j].lower.clone());
-                    let next = match (open_next, waiting_next) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    let input = &mut inputs[i];
-                    let Some(batch) = input.batch.clone() else {
-                        continue;
-                    };
-                    let end = match (&next, input.keys.as_ref()) {
-                        (Some(next), Some(keys)) => {
-                            let mut end = input.at + 1;
-                            while end < batch.num_rows() && keys.row(end) <= next.row() {
-                                end += 1;
-                            }
-                            end
-                        }
-                        _ => batch.num_rows(),
-                    };
-                    let n = end - input.at;
-                    out.put(self, input.no, input.written, batch.slice(input.at, n))
-                        .await?;
-                    input.written += n as u64;
-                    input.at = end;
-                    if input.at == batch.num_rows() && !input.advance(self, Some(order)).await? {
-                        open = open.saturating_sub(1);
-                        continue;
-                    }
-                    if let Some(key) = input.key() {
-                        heap.push(Reverse((key, i)));
-                    }
-                }
+        // Files are merged a partition at a time (the partition they were written under):
+        // only that partition's outputs are open, and files of one partition of the current
+        // spec are merged with each other only.
+        let mut groups: Vec<(FilePartition, Vec<Input>)> = Vec::new();
+        for input in inputs {
+            let part = (input.spec_id, input.partition.clone());
+            match groups.iter_mut().find(|(p, _)| *p == part) {
+                Some((_, g)) => g.push(input),
+                None => groups.push((part, vec![input])),
             }
         }
+        let mut done: Vec<Input> = Vec::new();
+        for (_, mut inputs) in groups {
+            match &order {
+                // Without a primary key there is no order to keep: the files are concatenated.
+                None => {
+                    for input in inputs.iter_mut() {
+                        while input.advance(self, None).await? {
+                            if let Some(batch) = input.batch.take() {
+                                let n = batch.num_rows();
+                                out.put(self, input.no, input.written, batch).await?;
+                                input.written += n as u64;
+                            }
+                        }
+                    }
+                }
+                Some(order) => {
+                    // Files not read yet, by lower bound (files without one first).
+                    let mut waiting: Vec<usize> = (0..inputs.len()).collect();
+                    waiting.sort_by(|a, b| match (&inputs[*a].lower, &inputs[*b].lower) {
+                        (None, None) => Ordering::Equal,
+                        (None, Some(_)) => Ordering::Less,
+                        (Some(_), None) => Ordering::Greater,
+                        (Some(x), Some(y)) => x.cmp(y),
+                    });
+                    let mut waiting = VecDeque::from(waiting);
+                    let mut heap: BinaryHeap<Reverse<(OwnedRow, usize)>> = BinaryHeap::new();
+                    let mut open = 0usize;
+                    loop {
+                        // Start reading every file that may hold a key at or below the smallest
+                        // key in hand.
+                        while let Some(&j) = waiting.front() {
+                            let due = match (&inputs[j].lower, heap.peek()) {
+                                (None, _) | (_, None) => true,
+                                (Some(lower), Some(Reverse((top, _)))) => lower <= top,
+                            };
+                            if !due {
+                                break;
+                            }
+                            waiting.pop_front();
+                            if inputs[j].advance(self, Some(order)).await? {
+                                if let Some(key) = inputs[j].key() {
+                                    heap.push(Reverse((key, j)));
+                                    open += 1;
+                                    max_open = max_open.max(open);
+                                }
+                            }
+                        }
+                        let Some(Reverse((_, i))) = heap.pop() else {
+                            break;
+                        };
+                        // The run of this file's rows up to the next file's smallest key, or the
+                        // lower bound of the next file not read yet.
+                        let open_next = heap.peek().map(|Reverse((k, _))| k.clone());
+                        let waiting_next = waiting.front().and_then(|j| inputs[*j].lower.clone());
+                        let next = match (open_next, waiting_next) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        let input = &mut inputs[i];
+                        let Some(batch) = input.batch.clone() else {
+                            continue;
+                        };
+                        let end = match (&next, input.keys.as_ref()) {
+                            (Some(next), Some(keys)) => {
+                                let mut end = input.at + 1;
+                                while end < batch.num_rows() && keys.row(end) <= next.row() {
+                                    end += 1;
+                                }
+                                end
+                            }
+                            _ => batch.num_rows(),
+                        };
+                        let n = end - input.at;
+                        out.put(self, input.no, input.written, batch.slice(input.at, n))
+                            .await?;
+                        input.written += n as u64;
+                        input.at = end;
+                        if input.at == batch.num_rows() && !input.advance(self, Some(order)).await?
+                        {
+                            open = open.saturating_sub(1);
+                            continue;
+                        }
+                        if let Some(key) = input.key() {
+                            heap.push(Reverse((key, i)));
+                        }
+                    }
+                }
+            }
+            out.finish().await?;
+            done.extend(inputs);
+        }
+        let inputs = done;
         for input in &inputs {
             input.finished()?;
         }
@@ -438,6 +463,7 @@ impl TableSink {
             .map(|f| f.file.file_path().to_string())
             .collect();
         let mut added_deletes = Vec::new();
+        let mut delete_specs = rowdelta::Specs::new();
         if !delete_paths.is_empty() {
             let mut deleted = HashSet::new();
             self.read_deletes(&delete_paths, &mut deleted).await?;
@@ -453,12 +479,46 @@ impl TableSink {
                 }
             }
             if !still.is_empty() {
-                added_deletes
-                    .push(rowdelta::write_position_deletes(&self.table, still, &prefix).await?);
+                if partition::never_partitioned(self.table.metadata()) {
+                    added_deletes.push(
+                        rowdelta::write_position_deletes(&self.table, still, &prefix, None).await?,
+                    );
+                } else {
+                    // One delete file per partition of the data files they delete from.
+                    let current = self.table.metadata().default_partition_spec_id();
+                    type Deletes = Vec<(Arc<str>, i64)>;
+                    let mut by_part: Vec<(FilePartition, Deletes)> = Vec::new();
+                    for (path, pos) in still {
+                        let part = self.partition_of(&path).await?;
+                        match by_part.iter_mut().find(|(p, _)| *p == part) {
+                            Some((_, v)) => v.push((path, pos)),
+                            None => by_part.push((part, vec![(path, pos)])),
+                        }
+                    }
+                    for (n, (part, deletes)) in by_part.into_iter().enumerate() {
+                        let file = rowdelta::write_position_deletes(
+                            &self.table,
+                            deletes,
+                            &format!("{prefix}-{n}"),
+                            Some(&part),
+                        )
+                        .await?;
+                        if part.0 != current {
+                            delete_specs.insert(file.file_path().to_string(), part.0);
+                        }
+                        added_deletes.push(file);
+                    }
+                }
             }
         }
         let (n_in, n_out, deletes_in) = (plan.chosen.len(), outputs.len(), delete_paths.len());
         let out_paths: Vec<String> = outputs.iter().map(|f| f.file_path().to_string()).collect();
+        let current = self.table.metadata().default_partition_spec_id();
+        if let Some(parts) = self.parts.as_mut() {
+            for f in &outputs {
+                parts.insert(f.file_path(), current, f.partition().clone());
+            }
+        }
         self.table = maintenance::commit_rewrite(
             catalog,
             &self.table,
@@ -468,6 +528,7 @@ impl TableSink {
                 remove_all_deletes: true,
                 added: outputs,
                 added_deletes,
+                specs: delete_specs,
             },
             pipeline,
         )

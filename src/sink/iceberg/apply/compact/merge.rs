@@ -12,7 +12,7 @@ use arrow::row::{OwnedRow, RowConverter, Rows};
 use futures::StreamExt;
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileMetadata;
-use iceberg::spec::DataFile;
+use iceberg::spec::{DataFile, Struct};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder};
@@ -24,6 +24,7 @@ use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::maintenance::LiveFile;
 use crate::sink::iceberg::writer::TableWriter;
 use crate::storage::iceberg_io::uncached;
+use crate::table::partition::Partitioner;
 
 /// One file being rewritten: its live rows in file order, a batch at a time.
 pub(super) struct Input {
@@ -52,6 +53,9 @@ pub(super) struct Input {
     pub(super) lower: Option<OwnedRow>,
     /// Decoded bytes of an average row.
     pub(super) row_bytes: usize,
+    /// The spec and partition the file was written under.
+    pub(super) spec_id: i32,
+    pub(super) partition: Struct,
 }
 
 impl Input {
@@ -99,6 +103,8 @@ impl Input {
             written: 0,
             lower,
             row_bytes: per_row,
+            spec_id: file.spec_id,
+            partition: file.file.partition().clone(),
         })
     }
 
@@ -144,12 +150,7 @@ impl Input {
                 continue;
             }
             if let Some(order) = order {
-                let cols: Vec<_> = sink
-                    .key_idx
-                    .iter()
-                    .map(|i| live.column(*i).clone())
-                    .collect();
-                self.keys = Some(order.convert_columns(&cols)?);
+                self.keys = Some(sink.write_order().rows(order, &live)?);
             }
             self.batch = Some(live);
             return Ok(true);
@@ -204,8 +205,19 @@ fn lower_bound(
             .get(PARQUET_FIELD_ID_META_KEY)
             .and_then(|v| v.parse().ok())
     };
-    let mut cols = Vec::with_capacity(sink.key_idx.len());
-    for i in &sink.key_idx {
+    let write_order = sink.write_order();
+    // Per-column minimums bound the rows only in ascending order with nulls last (keys have
+    // no nulls).
+    let bounded = write_order
+        .columns
+        .iter()
+        .enumerate()
+        .all(|(n, (_, o))| !o.descending && (!o.nulls_first || n >= write_order.sorted_by));
+    if !bounded {
+        return None;
+    }
+    let mut cols = Vec::with_capacity(write_order.columns.len());
+    for (i, _) in &write_order.columns {
         let field = sink.arrow.field(*i);
         let want = id(field)?;
         let in_file = schema.fields().iter().find(|f| id(f) == Some(want))?;
@@ -230,112 +242,180 @@ fn lower_bound(
     rows.iter().min().map(|r| r.owned())
 }
 
-/// The rewritten files being written, each cut at `rows_per_file`, and where each rewritten
-/// file's live rows went.
+/// The rewritten files of one partition: the one being written (with its output number and
+/// rows so far) and rows for it not yet handed to it (runs of a merge can be one row).
+#[derive(Default)]
+struct PartOutput {
+    writer: Option<(TableWriter, u64, usize)>,
+    parts: Vec<RecordBatch>,
+    buffered: usize,
+}
+
+/// The rewritten files being written, one partition of the current spec each and each cut
+/// at `rows_per_file`, and where each rewritten file's live rows went.
 pub(super) struct Output {
     prefix: String,
     rows_per_file: u64,
-    /// Rows buffered before they are handed to the writer.
+    /// Rows buffered before they are handed to a writer.
     buffer_rows: usize,
-    writer: Option<(TableWriter, u64)>,
-    /// Rows for the current writer not yet handed to it (runs of a merge can be one row).
-    parts: Vec<RecordBatch>,
-    buffered: usize,
-    files: Vec<DataFile>,
-    written_files: usize,
+    partitioner: Option<Partitioner>,
+    open: HashMap<Struct, PartOutput>,
+    /// Output files started so far (their numbers are 0..started).
+    started: usize,
+    files: Vec<(usize, DataFile)>,
     segments: HashMap<u32, Vec<Segment>>,
 }
 
 impl Output {
-    pub(super) fn new(prefix: String, rows_per_file: u64, buffer_rows: usize) -> Self {
-        Self {
+    pub(super) fn new(
+        sink: &TableSink,
+        prefix: String,
+        rows_per_file: u64,
+        buffer_rows: usize,
+    ) -> Result<Self> {
+        Ok(Self {
             prefix,
             rows_per_file,
             buffer_rows,
-            writer: None,
-            parts: Vec::new(),
-            buffered: 0,
+            partitioner: Partitioner::current(sink.table.metadata())?,
+            open: HashMap::new(),
+            started: 0,
             files: Vec::new(),
-            written_files: 0,
             segments: HashMap::new(),
-        }
+        })
     }
 
-    /// Appends `rows`, the live rows of file `no` from its `k`-th one on.
+    /// Appends `rows`, the live rows of file `no` from its `k`-th one on, each to the file
+    /// of its partition.
     pub(super) async fn put(
         &mut self,
         sink: &TableSink,
         no: u32,
+        k: u64,
+        rows: RecordBatch,
+    ) -> Result<()> {
+        let runs = match &self.partitioner {
+            None => vec![(Struct::empty(), 0..rows.num_rows())],
+            Some(p) => p.runs(&rows)?,
+        };
+        for (part, range) in runs {
+            let n = range.len();
+            self.put_run(
+                sink,
+                no,
+                k + range.start as u64,
+                part,
+                rows.slice(range.start, n),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn put_run(
+        &mut self,
+        sink: &TableSink,
+        no: u32,
         mut k: u64,
+        part: Struct,
         mut rows: RecordBatch,
     ) -> Result<()> {
         while rows.num_rows() > 0 {
-            if self.writer.is_none() {
-                let name = format!("{}-{}", self.prefix, self.written_files);
+            let out = self.open.entry(part.clone()).or_default();
+            if out.writer.is_none() {
+                let name = format!("{}-{}", self.prefix, self.started);
                 let w =
                     TableWriter::bounded(&sink.table, name, u64::MAX / 4, Some(ROW_GROUP_BYTES))
                         .await?;
-                self.writer = Some((w, 0));
+                out.writer = Some((w, 0, self.started));
+                self.started += 1;
             }
-            let Some((_, in_file)) = self.writer.as_mut() else {
+            let Some((_, in_file, id)) = out.writer.as_mut() else {
                 break;
             };
-            let take = ((self.rows_per_file - *in_file) as usize).min(rows.num_rows());
+            let (id, at) = (*id, *in_file);
+            let take = ((self.rows_per_file - at) as usize).min(rows.num_rows());
             let segs = self.segments.entry(no).or_default();
             // A run that continues where the last one of the same file left off extends it.
             let continues = segs
                 .last()
-                .is_some_and(|s| s.out == self.written_files && s.pos + (k - s.k) == *in_file);
+                .is_some_and(|s| s.out == id && s.pos + (k - s.k) == at);
             if !continues {
                 segs.push(Segment {
                     k,
-                    out: self.written_files,
-                    pos: *in_file,
+                    out: id,
+                    pos: at,
                 });
             }
             *in_file += take as u64;
             let full = *in_file >= self.rows_per_file;
-            self.parts.push(rows.slice(0, take));
-            self.buffered += take;
+            out.parts.push(rows.slice(0, take));
+            out.buffered += take;
             rows = rows.slice(take, rows.num_rows() - take);
             k += take as u64;
             if full {
-                self.flush().await?;
-                if let Some((w, _)) = self.writer.take() {
-                    self.files.extend(w.close().await?.0);
-                    self.written_files += 1;
+                Self::flush(out, &part).await?;
+                if let Some((w, _, id)) = out.writer.take() {
+                    self.files
+                        .extend(w.close().await?.0.into_iter().map(|f| (id, f)));
                 }
-            } else if self.buffered >= self.buffer_rows {
-                self.flush().await?;
+            } else if out.buffered >= self.buffer_rows {
+                Self::flush(out, &part).await?;
             }
         }
         Ok(())
     }
 
-    async fn flush(&mut self) -> Result<()> {
-        if self.parts.is_empty() {
+    async fn flush(out: &mut PartOutput, part: &Struct) -> Result<()> {
+        if out.parts.is_empty() {
             return Ok(());
         }
-        let mut parts = std::mem::take(&mut self.parts);
-        self.buffered = 0;
+        let mut parts = std::mem::take(&mut out.parts);
+        out.buffered = 0;
         let batch = match parts.len() {
             1 => parts.remove(0),
             _ => concat_batches(&parts[0].schema(), &parts)?,
         };
-        if let Some((w, _)) = self.writer.as_mut() {
-            w.write(batch).await?;
+        if let Some((w, _, _)) = out.writer.as_mut() {
+            w.write_to(part.clone(), batch).await?;
         }
         Ok(())
     }
 
+    /// Closes the files being written (the rows put next start new ones): the end of one
+    /// partition's files, so that only the partitions being merged hold a writer.
+    pub(super) async fn finish(&mut self) -> Result<()> {
+        for (part, mut out) in std::mem::take(&mut self.open) {
+            Self::flush(&mut out, &part).await?;
+            if let Some((w, _, id)) = out.writer.take() {
+                self.files
+                    .extend(w.close().await?.0.into_iter().map(|f| (id, f)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every file written, in output number order, and where each input's rows went.
     pub(super) async fn close(
         mut self,
         _sink: &TableSink,
     ) -> Result<(Vec<DataFile>, HashMap<u32, Vec<Segment>>)> {
-        self.flush().await?;
-        if let Some((w, _)) = self.writer.take() {
-            self.files.extend(w.close().await?.0);
+        self.finish().await?;
+        self.files.sort_by_key(|(id, _)| *id);
+        if self.files.len() != self.started
+            || self.files.iter().enumerate().any(|(i, (id, _))| i != *id)
+        {
+            return Err(Error::fatal(
+                "compaction wrote other than one file for each output it started",
+            ));
         }
-        Ok((self.files, self.segments))
+        // A file's runs reach different outputs in the order of their rows.
+        for segs in self.segments.values_mut() {
+            segs.sort_by_key(|s| s.k);
+        }
+        Ok((
+            self.files.into_iter().map(|(_, f)| f).collect(),
+            self.segments,
+        ))
     }
 }

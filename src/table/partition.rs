@@ -1,0 +1,234 @@
+//! The table layer, partitions and write order: which partition of a table's current spec
+//! each row belongs to, and the order rows are written in inside a file (the table's sort
+//! order, then its primary key), for every writer (snapshot, changes, compaction).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::compute::SortOptions;
+use arrow::row::{RowConverter, Rows, SortField};
+use iceberg::arrow::{arrow_struct_to_literal, PartitionValueCalculator};
+use iceberg::spec::{
+    Literal, NullOrder, PartitionKey, PartitionSpecRef, SchemaRef, SortDirection, Struct,
+    StructType, TableMetadata,
+};
+
+use crate::error::{Error, Result};
+
+/// The partitions of the rows written to a table under its current (default) spec.
+pub struct Partitioner {
+    spec: PartitionSpecRef,
+    schema: SchemaRef,
+    calculator: PartitionValueCalculator,
+    partition_type: StructType,
+}
+
+impl Partitioner {
+    /// The table's current spec, or `None` when it is unpartitioned.
+    pub fn current(meta: &TableMetadata) -> Result<Option<Self>> {
+        let spec = meta.default_partition_spec().clone();
+        if spec.is_unpartitioned() {
+            return Ok(None);
+        }
+        let schema = meta.current_schema().clone();
+        let calculator = PartitionValueCalculator::try_new(&spec, &schema)?;
+        let partition_type = spec.partition_type(&schema)?;
+        Ok(Some(Self {
+            spec,
+            schema,
+            calculator,
+            partition_type,
+        }))
+    }
+
+    /// The key a writer of partition `data` is built with.
+    pub fn key(&self, data: Struct) -> PartitionKey {
+        PartitionKey::new(self.spec.as_ref().clone(), self.schema.clone(), data)
+    }
+
+    /// The spec id of the partitions given out.
+    pub fn spec_id(&self) -> i32 {
+        self.spec.spec_id()
+    }
+
+    /// Each row's partition.
+    pub fn values(&self, batch: &RecordBatch) -> Result<Vec<Struct>> {
+        let array = self.calculator.calculate(batch)?;
+        arrow_struct_to_literal(&array, &self.partition_type)?
+            .into_iter()
+            .map(|v| match v {
+                Some(Literal::Struct(s)) => Ok(s),
+                _ => Err(Error::fatal(
+                    "a row's partition value is not a struct of the partition type",
+                )),
+            })
+            .collect()
+    }
+
+    /// The rows of `batch` grouped by partition: groups in the order of their first row,
+    /// the rows of each group in batch order.
+    pub fn split(&self, batch: &RecordBatch) -> Result<Vec<(Struct, Vec<u32>)>> {
+        let mut groups: Vec<(Struct, Vec<u32>)> = Vec::new();
+        let mut at: HashMap<Struct, usize> = HashMap::new();
+        for (row, value) in self.values(batch)?.into_iter().enumerate() {
+            let i = *at.entry(value.clone()).or_insert_with(|| {
+                groups.push((value, Vec::new()));
+                groups.len() - 1
+            });
+            groups[i].1.push(row as u32);
+        }
+        Ok(groups)
+    }
+
+    /// The runs of consecutive rows of one partition, in batch order.
+    pub fn runs(&self, batch: &RecordBatch) -> Result<Vec<(Struct, Range<usize>)>> {
+        let mut runs: Vec<(Struct, Range<usize>)> = Vec::new();
+        for (row, value) in self.values(batch)?.into_iter().enumerate() {
+            match runs.last_mut() {
+                Some((last, range)) if *last == value => range.end = row + 1,
+                _ => runs.push((value, row..row + 1)),
+            }
+        }
+        Ok(runs)
+    }
+}
+
+/// The order rows are written in inside a file: the table's sort order (`sort_by`), then
+/// its primary key, as columns of the written batches with their direction and nulls.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOrder {
+    /// (column index in the table's Arrow schema, how it sorts).
+    pub columns: Vec<(usize, SortOptions)>,
+    /// How many of the leading columns come from `sort_by` (0: key order only).
+    pub sorted_by: usize,
+}
+
+impl WriteOrder {
+    /// The table's current sort order followed by `key` (columns of the Arrow schema, each
+    /// once), over the table's columns by name.
+    pub fn of(meta: &TableMetadata, names: &[String], key: &[usize]) -> Self {
+        let schema = meta.current_schema();
+        let mut columns: Vec<(usize, SortOptions)> = Vec::new();
+        for f in meta.default_sort_order().fields.iter() {
+            let Some(name) = schema.name_by_field_id(f.source_id) else {
+                continue;
+            };
+            let Some(i) = names.iter().position(|n| n == name) else {
+                continue;
+            };
+            if columns.iter().any(|(c, _)| *c == i) {
+                continue;
+            }
+            columns.push((
+                i,
+                SortOptions {
+                    descending: f.direction == SortDirection::Descending,
+                    nulls_first: f.null_order == NullOrder::First,
+                },
+            ));
+        }
+        let sorted_by = columns.len();
+        for k in key {
+            if !columns.iter().any(|(c, _)| c == k) {
+                columns.push((*k, SortOptions::default()));
+            }
+        }
+        Self { columns, sorted_by }
+    }
+
+    /// Whether rows are ordered at all.
+    pub fn is_empty(&self) -> bool {
+        self.columns.is_empty()
+    }
+
+    /// A converter whose rows compare in this order, for the batches of `schema`.
+    pub fn converter(&self, schema: &arrow::datatypes::Schema) -> Result<Option<RowConverter>> {
+        if self.columns.is_empty() {
+            return Ok(None);
+        }
+        let fields = self
+            .columns
+            .iter()
+            .map(|(i, o)| SortField::new_with_options(schema.field(*i).data_type().clone(), *o))
+            .collect();
+        match RowConverter::new(fields) {
+            Ok(c) => Ok(Some(c)),
+            // A column type the row format cannot order: the rows keep the order they have.
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The rows of `batch` in this order (as comparable rows).
+    pub fn rows(&self, converter: &RowConverter, batch: &RecordBatch) -> Result<Rows> {
+        let cols: Vec<ArrayRef> = self
+            .columns
+            .iter()
+            .map(|(i, _)| batch.column(*i).clone())
+            .collect();
+        Ok(converter.convert_columns(&cols)?)
+    }
+
+    /// The positions of `batch`'s rows in this order, or `None` when it has none.
+    pub fn sort(&self, batch: &RecordBatch) -> Result<Option<UInt32Array>> {
+        let Some(converter) = self.converter(batch.schema().as_ref())? else {
+            return Ok(None);
+        };
+        let rows = self.rows(&converter, batch)?;
+        let mut order: Vec<u32> = (0..batch.num_rows() as u32).collect();
+        order.sort_by(|a, b| rows.row(*a as usize).cmp(&rows.row(*b as usize)));
+        Ok(Some(UInt32Array::from(order)))
+    }
+}
+
+/// Where one data file belongs: the id of the spec it is written under and its partition.
+pub type FilePartition = (i32, Struct);
+
+/// Where each data file of a table belongs: its spec id and partition values, from the
+/// manifests of the current snapshot (files written since are added as they are written).
+#[derive(Debug, Default, Clone)]
+pub struct FilePartitions {
+    of: HashMap<Arc<str>, FilePartition>,
+}
+
+impl FilePartitions {
+    /// Records where `path` belongs.
+    pub fn insert(&mut self, path: &str, spec_id: i32, partition: Struct) {
+        self.of.insert(Arc::from(path), (spec_id, partition));
+    }
+
+    pub fn get(&self, path: &str) -> Option<&FilePartition> {
+        self.of.get(path)
+    }
+
+    /// Forgets every file (the table was replaced).
+    pub fn clear(&mut self) {
+        self.of.clear();
+    }
+
+    /// Reads the data files of the table's current snapshot from its manifests.
+    pub async fn load(table: &iceberg::table::Table) -> Result<Self> {
+        let mut out = Self::default();
+        let Some(snapshot) = table.metadata().current_snapshot() else {
+            return Ok(out);
+        };
+        let list = table.manifest_list_reader(snapshot).load().await?;
+        for m in list.entries() {
+            let manifest = m.load_manifest(table.file_io()).await?;
+            for e in manifest.entries() {
+                if e.is_alive() {
+                    let f = e.data_file();
+                    out.insert(f.file_path(), m.partition_spec_id, f.partition().clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether every spec the table has ever had is unpartitioned (then every file is of the one
+/// unpartitioned partition and nothing needs to know where files belong).
+pub fn never_partitioned(meta: &TableMetadata) -> bool {
+    meta.partition_specs_iter().all(|s| s.is_unpartitioned())
+}
