@@ -140,9 +140,10 @@ pub enum Command {
         resnapshot: bool,
     },
 
-    /// Create or update skippr.yml: add a data source, a data sink or a schema sink to a pipeline.
+    /// Create or update skippr.yml: add a data source, a data sink or a schema sink to a
+    /// pipeline, or set how its tables are partitioned and sorted.
     #[command(
-        after_help = "Example:\n  skipprd --workspace analytics --storage-mode local connect data-source postgres \\\n    --pipeline orders --name app_db --host db.internal --user skippr_reader \\\n    --password '${APP_DB_PASSWORD}' --database app --tables orders --tables customers"
+        after_help = "Example:\n  skipprd --workspace analytics --storage-mode local connect data-source postgres \\\n    --pipeline orders --name app_db --host db.internal --user skippr_reader \\\n    --password '${APP_DB_PASSWORD}' --database app --tables orders --tables customers\n  skipprd connect pipeline --pipeline orders --partition-by 'orders=day(created_at)'"
     )]
     Connect {
         #[command(subcommand)]
@@ -213,6 +214,47 @@ pub enum ConnectCommand {
         #[command(subcommand)]
         kind: SinkKind,
     },
+    /// Set how a pipeline's tables are laid out in files: their partitions and the order of
+    /// rows inside each file (`pipelines.<p>.tables.<table>.partition_by` and `sort_by`).
+    #[command(
+        after_help = "Example:\n  skipprd connect pipeline --pipeline app \\\n    --partition-by 'orders=day(created_at)' --partition-by 'orders=bucket(16, customer_id)' \\\n    --sort-by 'orders=created_at'\n\nThe entries given for a table replace its list; `--partition-by 'orders='` clears it.\n`skipprd discover` then shows the layout each table gets, and refuses an entry that does\nnot fit the table's columns."
+    )]
+    Pipeline(PipelineArgs),
+}
+
+/// `TABLE=ENTRY`: a table of the pipeline and one entry of its list.
+fn table_entry(s: &str) -> Result<(String, String), String> {
+    if s.starts_with("--") {
+        return Err(format!(
+            "`{s}` is the next flag, not a value: give the flag its TABLE=ENTRY value"
+        ));
+    }
+    match s.split_once('=') {
+        Some((table, entry)) if !table.trim().is_empty() => {
+            Ok((table.trim().to_string(), entry.trim().to_string()))
+        }
+        _ => Err(format!(
+            "`{s}` is not TABLE=ENTRY: write e.g. 'orders=day(created_at)' (quoted for the shell)"
+        )),
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PipelineArgs {
+    /// Pipeline whose tables these are.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
+    pub pipeline: String,
+    /// One partition of a table, as TABLE=ENTRY; repeat for more, coarsest first. ENTRY is a
+    /// column (its values as they are), `year(c)`, `month(c)`, `day(c)`, `hour(c)`,
+    /// `bucket(N, c)` or `truncate(W, c)`, e.g. 'orders=day(created_at)'. The entries given
+    /// for a table replace its list; 'orders=' clears it.
+    #[arg(long = "partition-by", value_parser = table_entry, value_name = "TABLE=ENTRY")]
+    pub partition_by: Vec<(String, String)>,
+    /// The order of rows inside each data file of a table, as TABLE=ENTRY; repeat for more.
+    /// ENTRY is `column [asc|desc] [nulls first|last]`, e.g. 'orders=created_at desc'. The
+    /// entries given for a table replace its list; 'orders=' clears it.
+    #[arg(long = "sort-by", value_parser = table_entry, value_name = "TABLE=ENTRY")]
+    pub sort_by: Vec<(String, String)>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -423,6 +465,50 @@ mod tests {
         let err = Cli::try_parse_from(args).expect_err("`--host` without a value must fail");
         let msg = err.to_string();
         assert!(msg.contains("--host"), "{msg}");
+    }
+
+    #[test]
+    fn layout_flags_take_table_entry_pairs_in_order() {
+        let cli = Cli::try_parse_from([
+            "skipprd",
+            "connect",
+            "pipeline",
+            "--pipeline",
+            "app",
+            "--partition-by",
+            "orders=day(created_at)",
+            "--partition-by",
+            "orders=bucket(16, customer_id)",
+            "--sort-by",
+            "sales.refunds=id desc",
+        ])
+        .expect("parses");
+        let Command::Connect {
+            what: ConnectCommand::Pipeline(args),
+        } = cli.command
+        else {
+            panic!("not connect pipeline");
+        };
+        let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
+        assert_eq!(
+            args.partition_by,
+            vec![
+                pair("orders", "day(created_at)"),
+                pair("orders", "bucket(16, customer_id)")
+            ]
+        );
+        assert_eq!(args.sort_by, vec![pair("sales.refunds", "id desc")]);
+        let err = Cli::try_parse_from([
+            "skipprd",
+            "connect",
+            "pipeline",
+            "--pipeline",
+            "app",
+            "--partition-by",
+            "day(created_at)",
+        ])
+        .expect_err("an entry without its table must fail");
+        assert!(err.to_string().contains("TABLE=ENTRY"), "{err}");
     }
 
     #[test]

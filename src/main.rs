@@ -238,6 +238,7 @@ async fn discover(
     match source::postgres::discover::discover(p, &config.workspace).await {
         Ok(mut report) => {
             report.checks.splice(0..0, sink_checks);
+            layout_checks(p, &mut report);
             (report, None)
         }
         Err(e) => (
@@ -247,9 +248,31 @@ async fn discover(
                 cdc_mode: p.source.cdc_mode.as_str().to_string(),
                 tables: Vec::new(),
                 checks: sink_checks,
+                schemas: Vec::new(),
             },
             Some(e),
         ),
+    }
+}
+
+/// `discover`: the layout each table gets, and a failed check for each `partition_by` or
+/// `sort_by` entry of skippr.yml that does not fit its table's columns.
+fn layout_checks(p: &PipelineConfig, report: &mut source::postgres::discover::Report) {
+    use source::postgres::discover::Check;
+    for t in &mut report.tables {
+        let table = config::TableRef {
+            schema: t.schema.clone(),
+            name: t.name.clone(),
+        };
+        t.layout = Some(p.layout(&table).to_string());
+    }
+    for problem in skippr::pipeline::layout::check(p, &report.schemas) {
+        report.checks.push(Check {
+            name: format!("layout of {}", problem.table),
+            ok: false,
+            detail: problem.detail,
+            fix: Some(problem.fix),
+        });
     }
 }
 
@@ -393,6 +416,18 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
                 name,
                 kind,
                 fields,
+            }
+        }
+        ConnectCommand::Pipeline(a) => {
+            if a.partition_by.is_empty() && a.sort_by.is_empty() {
+                return Err(Error::config(
+                    "connect pipeline needs --partition-by TABLE=ENTRY or --sort-by TABLE=ENTRY (see `skipprd connect pipeline --help`)",
+                ));
+            }
+            Connect::Pipeline {
+                pipeline: a.pipeline.clone(),
+                partition_by: a.partition_by.clone(),
+                sort_by: a.sort_by.clone(),
             }
         }
     })

@@ -29,6 +29,13 @@ pub enum Connect {
         kind: &'static str,
         fields: Mapping,
     },
+    /// Per-table settings of a pipeline: (table, entry) pairs in the order given. The
+    /// entries of one table replace its list; an empty entry (`orders=`) clears it.
+    Pipeline {
+        pipeline: String,
+        partition_by: Vec<(String, String)>,
+        sort_by: Vec<(String, String)>,
+    },
 }
 
 fn key(s: &str) -> Value {
@@ -171,6 +178,168 @@ fn storage(skippr: &mut Mapping, mode: Option<&str>, path: Option<&str>) -> Resu
     Ok(())
 }
 
+/// The tables the pipeline's data source lists, when the file already says: (source name,
+/// its `tables:`).
+fn source_tables(doc: &Mapping, pipeline: &str) -> Option<(String, Vec<String>)> {
+    let reference = doc
+        .get("pipelines")?
+        .get(pipeline)?
+        .get("data_source")?
+        .as_str()?;
+    let name = reference.strip_prefix("data_sources.")?;
+    let tables = doc
+        .get("data_sources")?
+        .get(name)?
+        .get("Postgres")?
+        .get("tables")?
+        .as_sequence()?;
+    let tables = tables
+        .iter()
+        .map(|t| t.as_str().map(str::to_string))
+        .collect::<Option<Vec<_>>>()?;
+    Some((name.to_string(), tables))
+}
+
+/// Sets `pipelines.<p>.tables.<table>.<field>` from `--partition-by` or `--sort-by`
+/// (`field`): every table given gets the entries given for it, in order, checked as
+/// `validate` checks them; an empty entry clears the list. Other tables and keys are kept.
+fn table_settings(
+    doc: &mut Mapping,
+    pipeline: &str,
+    field: &str,
+    given: &[(String, String)],
+) -> Result<()> {
+    use crate::table::layout::{PartitionEntry, SortEntry};
+    let flag = format!("--{}", field.replace('_', "-"));
+    let listed = source_tables(doc, pipeline);
+    let mut tables: Vec<(&str, Vec<String>)> = Vec::new();
+    for (table, entry) in given {
+        let Some(r) = super::TableRef::parse(table) else {
+            return Err(Error::config(format!(
+                "{flag} '{table}={entry}': `{table}` is not a table name: write `name` or `schema.name`, as the source's `tables:` lists it"
+            )));
+        };
+        if let Some((source, listed)) = &listed {
+            if !listed
+                .iter()
+                .any(|t| super::TableRef::parse(t).as_ref() == Some(&r))
+            {
+                return Err(Error::config(format!(
+                    "{flag} '{table}={entry}': `{table}` is not one of the tables data source `{source}` follows ({}): add it with `connect data-source ... --tables {table}`, or correct the name",
+                    listed.join(", ")
+                )));
+            }
+        }
+        let checked = if entry.trim().is_empty() {
+            Ok(())
+        } else if field == "partition_by" {
+            PartitionEntry::parse(entry).map(|_| ())
+        } else {
+            SortEntry::parse(entry).map(|_| ())
+        };
+        checked.map_err(|e| Error::config(format!("{flag} '{table}={entry}': {e}")))?;
+        let at = match tables.iter().position(|(t, _)| *t == table.as_str()) {
+            Some(i) => i,
+            None => {
+                tables.push((table.as_str(), Vec::new()));
+                tables.len() - 1
+            }
+        };
+        if !entry.trim().is_empty() {
+            tables[at].1.push(entry.trim().to_string());
+        }
+    }
+    if tables.is_empty() {
+        return Ok(());
+    }
+    let pipelines = section(doc, "pipelines")?;
+    let p = pipelines
+        .entry(key(pipeline))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    let p = p.as_mapping_mut().ok_or_else(|| {
+        Error::config(format!(
+            "pipelines.{pipeline} is not a mapping; fix it by hand first"
+        ))
+    })?;
+    let settings = p
+        .entry(key("tables"))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    if settings.is_null() {
+        *settings = Value::Mapping(Mapping::new());
+    }
+    let settings = settings.as_mapping_mut().ok_or_else(|| {
+        Error::config(format!(
+            "pipelines.{pipeline}.tables is not a mapping; fix it by hand first"
+        ))
+    })?;
+    for (table, entries) in tables {
+        let t = settings
+            .entry(key(table))
+            .or_insert_with(|| Value::Mapping(Mapping::new()));
+        if t.is_null() {
+            *t = Value::Mapping(Mapping::new());
+        }
+        let t = t.as_mapping_mut().ok_or_else(|| {
+            Error::config(format!(
+                "pipelines.{pipeline}.tables.{table} is not a mapping; fix it by hand first"
+            ))
+        })?;
+        if entries.is_empty() {
+            t.remove(field);
+        } else {
+            t.insert(
+                key(field),
+                Value::Sequence(entries.into_iter().map(Value::String).collect()),
+            );
+        }
+        if t.is_empty() {
+            settings.remove(table);
+        }
+    }
+    if settings.is_empty() {
+        p.remove("tables");
+    }
+    Ok(())
+}
+
+/// Writes every `partition_by` and `sort_by` entry whole: an unquoted entry of a flow list
+/// that YAML split at its commas (`bucket(16, customer_id)`) is joined back, so it is
+/// written as one (quoted) entry. A table written without settings gets an empty mapping.
+fn rejoin_layouts(doc: &mut Mapping) {
+    let Some(Value::Mapping(pipelines)) = doc.get_mut("pipelines") else {
+        return;
+    };
+    for (_, p) in pipelines.iter_mut() {
+        let Some(Value::Mapping(tables)) = p.get_mut("tables") else {
+            continue;
+        };
+        for (_, t) in tables.iter_mut() {
+            if t.is_null() {
+                *t = Value::Mapping(Mapping::new());
+            }
+            let Value::Mapping(t) = t else {
+                continue;
+            };
+            for field in ["partition_by", "sort_by"] {
+                let Some(Value::Sequence(items)) = t.get_mut(field) else {
+                    continue;
+                };
+                let Some(texts) = items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    continue;
+                };
+                *items = super::layouts::rejoin(&texts)
+                    .into_iter()
+                    .map(|(_, e)| Value::String(e))
+                    .collect();
+            }
+        }
+    }
+}
+
 /// Applies global settings and one `connect` to the file at `path` (created if missing).
 pub fn apply(
     path: &Path,
@@ -254,6 +423,15 @@ pub fn apply(
                 &format!("data_sinks.{name}"),
             )?;
         }
+        Some(Connect::Pipeline {
+            pipeline,
+            partition_by,
+            sort_by,
+        }) => {
+            valid_name("pipeline", &pipeline)?;
+            table_settings(&mut doc, &pipeline, "partition_by", &partition_by)?;
+            table_settings(&mut doc, &pipeline, "sort_by", &sort_by)?;
+        }
         Some(Connect::SchemaSink {
             pipeline,
             name,
@@ -315,6 +493,7 @@ pub fn apply(
         }
     }
 
+    rejoin_layouts(&mut doc);
     let text = to_canonical_yaml(&Value::Mapping(doc));
     let tmp = path.with_extension("yml.tmp");
     std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;

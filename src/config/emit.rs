@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 54] = [
+const KEY_ORDER: [&str; 56] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -48,6 +48,8 @@ const KEY_ORDER: [&str; 54] = [
     "min_snapshots_to_keep",
     "orphan_file_age",
     "compaction_min_files",
+    "partition_by",
+    "sort_by",
     "Postgres",
     "LocalIceberg",
     "AthenaIceberg",
@@ -145,6 +147,14 @@ fn is_scalar(v: &Value) -> bool {
 fn emit_value(out: &mut String, key: &str, v: &Value, indent: usize) {
     let pad = " ".repeat(indent);
     match v {
+        // `pipelines.<p>.tables` is keyed by table names, which keep the file's order (a
+        // table may be called `key` or `users`).
+        Value::Mapping(m) if key == "tables" => {
+            out.push_str(&format!("{pad}{key}:\n"));
+            for (k, v) in m {
+                emit_value(out, &scalar(k, false), v, indent + 2);
+            }
+        }
         Value::Mapping(m) => {
             out.push_str(&format!("{pad}{key}:\n"));
             emit_mapping(out, m, indent + 2);

@@ -6,6 +6,7 @@
 
 pub mod connect;
 pub mod emit;
+pub mod layouts;
 mod lease;
 pub mod locate;
 mod maintenance;
@@ -175,6 +176,9 @@ pub struct PipelineConfig {
     /// Each table's layout (`pipelines.<name>.tables.<table>`: partition spec and sort
     /// order); a table not named here is unpartitioned and unsorted.
     pub layouts: std::collections::BTreeMap<TableRef, crate::table::layout::Layout>,
+    /// Where each table of `layouts` is written in `skippr.yml`, entry by entry, for the
+    /// messages of `discover` and `sync` when an entry does not fit the table's columns.
+    pub layout_origins: std::collections::BTreeMap<TableRef, layouts::LayoutOrigin>,
 }
 
 impl PipelineConfig {

@@ -228,6 +228,88 @@ pub struct PipelineDef {
     /// orphan cleanup); on by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<MaintenanceDef>,
+    /// Settings of single tables, keyed by the table as the source lists it (`orders` or
+    /// `schema.orders`), in the file's order: how each is laid out in files. A table not
+    /// named here is one unsorted partition.
+    #[serde(default, skip_serializing_if = "PipelineTables::is_empty")]
+    pub tables: PipelineTables,
+}
+
+/// `pipelines.<name>.tables`: each table's settings, in the order the file gives them
+/// (a YAML mapping from table name to [`PipelineTableDef`]; a table with no settings may be
+/// written with none: `orders:`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PipelineTables(pub Vec<(String, PipelineTableDef)>);
+
+impl PipelineTables {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// (table as written, its settings), in the file's order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &PipelineTableDef)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl Serialize for PipelineTables {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for PipelineTables {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Tables;
+        impl<'de> serde::de::Visitor<'de> for Tables {
+            type Value = PipelineTables;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a mapping from table name to its settings (partition_by, sort_by)")
+            }
+
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(PipelineTables::default())
+            }
+
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(PipelineTables::default())
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(table) = map.next_key::<String>()? {
+                    let settings: Option<PipelineTableDef> = map.next_value()?;
+                    out.push((table, settings.unwrap_or_default()));
+                }
+                Ok(PipelineTables(out))
+            }
+        }
+        deserializer.deserialize_any(Tables)
+    }
+}
+
+/// `pipelines.<name>.tables.<table>`: how one table of the pipeline is laid out in files.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineTableDef {
+    /// The table's partitions, coarsest first: a column (its values as they are),
+    /// `year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(N, c)` or `truncate(W, c)`; each data
+    /// file holds the rows of one partition (default: one partition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition_by: Vec<String>,
+    /// The order of the rows inside each data file: `column [asc|desc] [nulls first|last]`
+    /// (default: unsorted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sort_by: Vec<String>,
 }
 
 /// `pipelines.<name>.maintenance`: how the pipeline keeps its tables compact.

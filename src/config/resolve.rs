@@ -128,7 +128,7 @@ impl Validator<'_> {
                 "data_sinks",
                 &file.data_sinks,
             );
-            let source = source.and_then(|(sname, s)| {
+            let pg_source = source.and_then(|(sname, s)| {
                 s.postgres
                     .as_ref()
                     .and_then(|pg| self.postgres(sname, pg, &workspace, name, base))
@@ -186,6 +186,12 @@ impl Validator<'_> {
                 "a larger key index lives on local disk",
             );
             let maintenance = self.maintenance(name, def.maintenance.as_ref());
+            let listed = source.and_then(|(sname, s)| {
+                s.postgres
+                    .as_ref()
+                    .map(|pg| (sname.as_str(), pg.tables.as_slice()))
+            });
+            let (layouts, layout_origins) = self.layouts(name, def, listed);
             if let (
                 Some(source),
                 Some(sink),
@@ -194,7 +200,7 @@ impl Validator<'_> {
                 Some(index_budget),
                 Some(mut m),
             ) = (
-                source,
+                pg_source,
                 sink_cfg,
                 commit_interval,
                 budget,
@@ -223,7 +229,8 @@ impl Validator<'_> {
                         s3 => StateFile::object(s3, &format!("pipelines/{name}.state.json"), name),
                     },
                     key_index_dir: storage_path.join("keyindex").join(name),
-                    layouts: Default::default(),
+                    layouts,
+                    layout_origins,
                 });
             }
         }

@@ -235,3 +235,305 @@ fn memory_budgets_default_and_are_validated() {
         assert!(load(&with("lots")).is_err(), "{key}");
     }
 }
+
+/// GOOD with `tables:` under the pipeline (its first line is line 9).
+fn with_tables(tables: &str) -> String {
+    GOOD.replace(
+        "    data_sink: data_sinks.lake\n",
+        &format!("    data_sink: data_sinks.lake\n    tables:\n{tables}"),
+    )
+}
+
+#[test]
+fn table_layouts_resolve_in_file_order() {
+    let text = with_tables(
+        "      sales.customers:\n        sort_by: [name desc nulls last]\n      orders:\n        partition_by: [day(created_at), bucket(16, customer_id)]\n        sort_by: [created_at]\n",
+    );
+    let c = load(&text).unwrap();
+    let p = c.pipeline("app").unwrap();
+    let orders = p.layout(&TableRef::parse("orders").unwrap());
+    assert_eq!(
+        orders.to_string(),
+        "partitioned by day(created_at), bucket(16, customer_id); sorted by created_at"
+    );
+    let customers = p.layout(&TableRef::parse("sales.customers").unwrap());
+    // Descending puts nulls last unless told otherwise: that needs no words.
+    assert_eq!(customers.to_string(), "unpartitioned; sorted by name desc");
+    // Every entry knows its line (the flow list's second entry was split by YAML at its
+    // comma, and is still one entry at the place it starts).
+    let origin = &p.layout_origins[&TableRef::parse("orders").unwrap()];
+    let lines: Vec<_> = origin
+        .partition_by
+        .iter()
+        .map(|l| l.position.unwrap().line)
+        .collect();
+    assert_eq!(lines, vec![13, 13]);
+    assert_eq!(
+        origin.partition_by[1].to_string(),
+        format!(
+            "/tmp/cfg/skippr.yml:13:{}: pipelines.app.tables.orders.partition_by[1]",
+            "        partition_by: [day(created_at), ".len() + 1
+        )
+    );
+    // The file's order is kept in the model.
+    let file: SkipprFile = serde_yaml::from_str(&text.replace("${APP_DB_PASSWORD}", "x")).unwrap();
+    let names: Vec<_> = file.pipelines["app"]
+        .tables
+        .iter()
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(names, vec!["sales.customers", "orders"]);
+    // A table not named is one unsorted partition.
+    let other = TableRef::parse("elsewhere").unwrap();
+    assert!(p.layout(&other).is_plain());
+}
+
+#[test]
+fn block_lists_and_empty_settings_are_read() {
+    let text = with_tables(
+        "      public.orders:\n        partition_by:\n          - bucket(16, customer_id)\n          - truncate(4, \"Note\")\n      sales.customers:\n",
+    );
+    let p = load(&text).unwrap().pipeline("app").unwrap().clone();
+    assert_eq!(
+        p.layout(&TableRef::parse("orders").unwrap()).to_string(),
+        "partitioned by bucket(16, customer_id), truncate(4, Note)"
+    );
+    assert_eq!(
+        p.layout(&TableRef::parse("sales.customers").unwrap())
+            .to_string(),
+        "unpartitioned"
+    );
+}
+
+#[test]
+fn a_malformed_entry_names_its_line() {
+    let p = one_error(&with_tables(
+        "      orders:\n        partition_by: [day(created_at), days_since(created_at)]\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.orders.partition_by[1]");
+    assert_eq!(p.position.unwrap().line, 11);
+    assert!(
+        p.message.contains("`days_since` is not a transform"),
+        "{}",
+        p.message
+    );
+    assert!(p.message.contains("bucket(N, c)"), "{}", p.message);
+    assert!(p.to_string().starts_with("/tmp/cfg/skippr.yml:11:"), "{p}");
+
+    let p = one_error(&with_tables(
+        "      orders:\n        sort_by:\n          - created_at\n          - created_at sideways\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.orders.sort_by[1]");
+    assert_eq!(p.position.unwrap().line, 13);
+    assert!(
+        p.message.contains("[asc|desc] [nulls first|last]"),
+        "{}",
+        p.message
+    );
+
+    let p = one_error(&with_tables(
+        "      orders:\n        partition_by: [bucket(0, id)]\n",
+    ));
+    assert!(p.message.contains("above 0"), "{}", p.message);
+
+    let p = one_error(&with_tables(
+        "      orders:\n        partition_by: [id, id]\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.orders.partition_by");
+    assert!(p.message.contains("given twice"), "{}", p.message);
+}
+
+#[test]
+fn an_unknown_key_or_wrong_type_names_its_line() {
+    let p = one_error(&with_tables("      orders:\n        partition: [id]\n"));
+    assert_eq!(p.path, "pipelines.app.tables.orders.partition");
+    assert_eq!(p.position.unwrap().line, 11);
+    assert!(p.message.contains("partition_by"), "{}", p.message);
+    let p = one_error(&with_tables("      orders:\n        partition_by: id\n"));
+    assert_eq!(p.path, "pipelines.app.tables.orders.partition_by");
+    assert!(p.message.contains("wrong type"), "{}", p.message);
+    let p = one_error(&GOOD.replace(
+        "    data_sink: data_sinks.lake\n",
+        "    data_sink: data_sinks.lake\n    tables: [orders]\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables");
+    assert!(
+        p.message.contains("mapping from table name"),
+        "{}",
+        p.message
+    );
+}
+
+#[test]
+fn a_table_the_source_does_not_list_is_refused() {
+    let p = one_error(&with_tables(
+        "      orders:\n        sort_by: [id]\n      invoices:\n        sort_by: [id]\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.invoices");
+    assert_eq!(p.position.unwrap().line, 12);
+    assert!(
+        p.message.contains("orders, sales.customers"),
+        "{}",
+        p.message
+    );
+    assert!(
+        p.message.contains("data_sources.app_db.Postgres.tables"),
+        "{}",
+        p.message
+    );
+
+    let p = one_error(&with_tables(
+        "      orders:\n        sort_by: [id]\n      public.orders:\n        sort_by: [id]\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.public.orders");
+    assert!(
+        p.message.contains("same table as `orders`"),
+        "{}",
+        p.message
+    );
+
+    let p = one_error(&with_tables("      a.b.c:\n        sort_by: [id]\n"));
+    assert!(p.message.contains("is not a table name"), "{}", p.message);
+}
+
+#[test]
+fn rejoin_joins_what_a_flow_list_split() {
+    let items = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        layouts::rejoin(&items(&[
+            "day(c)",
+            "bucket(16",
+            "customer_id)",
+            "truncate(4",
+            " x)"
+        ])),
+        vec![
+            (0, "day(c)".to_string()),
+            (1, "bucket(16, customer_id)".to_string()),
+            (3, "truncate(4, x)".to_string())
+        ]
+    );
+    // An entry left open stays as written: the parser names the missing parenthesis.
+    assert_eq!(
+        layouts::rejoin(&items(&["a", "bucket(16"])),
+        vec![(0, "a".to_string()), (1, "bucket(16".to_string())]
+    );
+}
+
+#[test]
+fn layouts_round_trip_through_the_canonical_writer() {
+    let text = with_tables(
+        "      users:\n        partition_by: [day(created_at), bucket(16, customer_id)]\n        sort_by: [created_at desc]\n      orders:\n        sort_by: [id]\n",
+    )
+    .replace("tables: [orders, sales.customers]", "tables: [orders, users]");
+    // What `connect` writes: entries whole (quoted where YAML needs it), tables in the
+    // file's order (not sorted as known keys such as `users` would be).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skippr.yml");
+    std::fs::write(&path, &text).unwrap();
+    let written = connect::apply(&path, None, None, None, None).unwrap();
+    assert!(
+        written.contains(
+            "    tables:\n      users:\n        partition_by: ['day(created_at)', 'bucket(16, customer_id)']\n        sort_by: ['created_at desc']\n      orders:\n        sort_by: [id]\n"
+        ),
+        "{written}"
+    );
+    let before = Config::from_str(&path, &text, &env).unwrap();
+    let after = Config::from_str(&path, &written, &env).unwrap();
+    assert_eq!(before.pipelines[0].layouts, after.pipelines[0].layouts);
+    // And writing it again changes nothing.
+    assert_eq!(
+        emit::to_canonical_yaml(&serde_yaml::from_str(&written).unwrap()),
+        written
+    );
+}
+
+#[test]
+fn connect_pipeline_writes_layouts_and_refuses_bad_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skippr.yml");
+    std::fs::write(&path, GOOD).unwrap();
+    let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
+    let set = |partition_by: Vec<(String, String)>, sort_by: Vec<(String, String)>| {
+        connect::apply(
+            &path,
+            None,
+            None,
+            None,
+            Some(connect::Connect::Pipeline {
+                pipeline: "app".into(),
+                partition_by,
+                sort_by,
+            }),
+        )
+    };
+    let written = set(
+        vec![
+            pair("orders", "day(created_at)"),
+            pair("orders", "bucket(16, customer_id)"),
+        ],
+        vec![pair("orders", "created_at")],
+    )
+    .unwrap();
+    assert!(
+        written.contains("    data_sink: data_sinks.lake\n    tables:\n      orders:\n        partition_by: ['day(created_at)', 'bucket(16, customer_id)']\n        sort_by: [created_at]\n\n"),
+        "{written}"
+    );
+    let c = Config::from_str(&path, &written, &env).unwrap();
+    assert_eq!(
+        c.pipelines[0]
+            .layout(&TableRef::parse("orders").unwrap())
+            .to_string(),
+        "partitioned by day(created_at), bucket(16, customer_id); sorted by created_at"
+    );
+    // The same command again changes nothing; an empty entry clears a list, and a table
+    // left with no settings goes.
+    assert_eq!(
+        set(
+            vec![
+                pair("orders", "day(created_at)"),
+                pair("orders", "bucket(16, customer_id)"),
+            ],
+            vec![pair("orders", "created_at")],
+        )
+        .unwrap(),
+        written
+    );
+    let cleared = set(vec![pair("orders", "")], vec![]).unwrap();
+    assert!(
+        cleared.contains("      orders:\n        sort_by: [created_at]\n"),
+        "{cleared}"
+    );
+    let cleared = set(vec![], vec![pair("orders", "")]).unwrap();
+    assert!(!cleared.contains("tables:\n      orders"), "{cleared}");
+    assert_eq!(
+        cleared,
+        emit::to_canonical_yaml(&serde_yaml::from_str(GOOD).unwrap())
+    );
+
+    for (partition_by, sort_by, message) in [
+        (
+            vec![pair("orders", "days(created_at")],
+            vec![],
+            "closing parenthesis",
+        ),
+        (
+            vec![pair("orders", "week(created_at)")],
+            vec![],
+            "`week` is not a transform",
+        ),
+        (vec![], vec![pair("orders", "id up")], "[asc|desc]"),
+        (
+            vec![pair("invoices", "id")],
+            vec![],
+            "orders, sales.customers",
+        ),
+        (vec![pair("a.b.c", "id")], vec![], "not a table name"),
+    ] {
+        let e = set(partition_by, sort_by).unwrap_err().to_string();
+        assert!(e.contains(message), "{e}");
+        assert!(e.contains("--"), "{e}");
+    }
+    // Nothing was written by the refused calls.
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), cleared);
+}

@@ -9,6 +9,7 @@ pub mod cdc;
 mod checks;
 #[cfg(test)]
 mod doubles;
+pub mod layout;
 mod lock;
 pub mod seams;
 pub mod shutdown;
@@ -47,6 +48,8 @@ pub async fn sync(
     resnapshot: bool,
     shutdown: watch::Receiver<bool>,
 ) -> Result<SyncReport> {
+    // A layout that does not fit its table is refused before anything is written.
+    layout::require_fit(p).await?;
     let _lock = PipelineLock::acquire(config, &p.name)?;
     let _lease = state::hold_lease(config, &p.name).await?;
     if resnapshot {

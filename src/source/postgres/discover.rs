@@ -41,6 +41,10 @@ pub struct TableReport {
     pub primary_key: Vec<String>,
     pub replica_identity: String,
     pub row_estimate: i64,
+    /// The layout the table gets (`partitioned by day(created_at); sorted by created_at`,
+    /// or `unpartitioned`), from `pipelines.<name>.tables`; filled by the caller.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
 }
 
 /// Everything `discover` found.
@@ -51,6 +55,9 @@ pub struct Report {
     pub cdc_mode: String,
     pub tables: Vec<TableReport>,
     pub checks: Vec<Check>,
+    /// The shape of each table read, for the checks the caller adds (not printed).
+    #[serde(skip)]
+    pub schemas: Vec<TableSchema>,
 }
 
 impl Report {
@@ -132,6 +139,7 @@ pub async fn discover(p: &PipelineConfig, workspace: &str) -> Result<Report> {
         cdc_mode: cfg.cdc_mode.as_str().to_string(),
         tables,
         checks,
+        schemas,
     })
 }
 
@@ -154,6 +162,7 @@ fn table_report(ts: &TableSchema, workspace: &str) -> TableReport {
         primary_key: ts.primary_key.clone(),
         replica_identity: ts.replica_identity.clone(),
         row_estimate: ts.row_estimate,
+        layout: None,
     }
 }
 
@@ -509,6 +518,19 @@ pub fn render_text(r: &Report) -> String {
         out.push_str(&line(headers.to_vec()));
         for row in &rows {
             out.push_str(&line(row.iter().map(String::as_str).collect()));
+        }
+    }
+    if r.tables.iter().any(|t| t.layout.is_some()) {
+        out.push_str("\nLayout\n");
+        for t in &r.tables {
+            if let Some(layout) = &t.layout {
+                let name = if t.schema == "public" {
+                    t.name.clone()
+                } else {
+                    format!("{}.{}", t.schema, t.name)
+                };
+                out.push_str(&format!("  {name}: {layout}\n"));
+            }
         }
     }
     out.push_str("\nChecks\n");
