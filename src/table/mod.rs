@@ -50,6 +50,19 @@ pub const PROP_COLUMNS: &str = "skippr.columns";
 pub const SUMMARY_MAINTENANCE: &str = "skippr.maintenance";
 /// Table property: when the last compaction was committed (Unix milliseconds).
 pub const PROP_LAST_COMPACTION: &str = "skippr.last-compaction-ms";
+/// Table property: the data sequence number from which on files are written in the table's
+/// current sort order (files of earlier sequence numbers follow the order they were written
+/// under); absent: every file follows it.
+pub const PROP_SORT_ORDER_SINCE: &str = "skippr.sort-order-since";
+
+/// Whether a data file of data sequence number `file_seq` is in the table's current sort order.
+pub fn in_current_order(props: &HashMap<String, String>, file_seq: Option<i64>) -> bool {
+    let since = props
+        .get(PROP_SORT_ORDER_SINCE)
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(0);
+    file_seq.unwrap_or(0) >= since
+}
 
 /// One entry of [`PROP_COLUMNS`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

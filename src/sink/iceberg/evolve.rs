@@ -405,12 +405,20 @@ pub async fn apply_layout(
     if same_spec && same_order {
         return Ok(table.clone());
     }
+    // Files from the next commit on follow the new order; compaction sorts older ones.
+    let since = meta.next_sequence_number().to_string();
     let table = super::rowdelta::commit_metadata(catalog, table, &[], |mut b| {
         if !same_spec {
             b = b.add_partition_spec(spec)?.set_default_partition_spec(-1)?;
         }
         if !same_order {
-            b = b.add_sort_order(order)?.set_default_sort_order(-1)?;
+            b = b
+                .add_sort_order(order)?
+                .set_default_sort_order(-1)?
+                .set_properties(HashMap::from([(
+                    crate::table::PROP_SORT_ORDER_SINCE.to_string(),
+                    since,
+                )]))?;
         }
         Ok(b)
     })

@@ -33,6 +33,8 @@ const ROW_GROUP_BYTES: usize = 4 * 1024 * 1024;
 /// The batches read from all the files a compaction merges hold about this many decoded
 /// bytes together (at least 64 KiB a file).
 const MERGE_BYTES: usize = 16 * 1024 * 1024;
+/// A file written under an earlier sort order is sorted this many decoded bytes at a time.
+const SORT_PIECE_BYTES: usize = 64 * 1024 * 1024;
 /// Rows handed to the Parquet writer at once, at most...
 const OUTPUT_ROWS: usize = 8192;
 /// ... and about this many decoded bytes of them, however wide the rows (buffered slices keep
@@ -343,7 +345,16 @@ impl TableSink {
             }
         }
         let mut done: Vec<Input> = Vec::new();
-        for (_, mut inputs) in groups {
+        for (_, inputs) in groups {
+            // Files written under an earlier sort order are sorted a piece at a time (each
+            // piece its own files); the others are merged.
+            let (mut inputs, unordered): (Vec<Input>, Vec<Input>) = inputs
+                .into_iter()
+                .partition(|i| i.ordered || order.is_none());
+            for mut input in unordered {
+                self.sort_pieces(&mut input, &mut out).await?;
+                done.push(input);
+            }
             match &order {
                 // Without a primary key there is no order to keep: the files are concatenated.
                 None => {
@@ -544,6 +555,44 @@ impl TableSink {
             "compacted"
         );
         Ok(())
+    }
+
+    /// Writes the live rows of a file that is not in the table's current order, sorted a
+    /// piece of about [`SORT_PIECE_BYTES`] at a time; each piece goes to files of its own.
+    async fn sort_pieces(&self, input: &mut Input, out: &mut Output) -> Result<()> {
+        let mut piece: Vec<RecordBatch> = Vec::new();
+        let mut bytes = 0usize;
+        loop {
+            let more = input.advance(self, None).await?;
+            if let Some(batch) = input.batch.take() {
+                bytes += batch.get_array_memory_size();
+                piece.push(batch);
+            }
+            if (!more || bytes >= SORT_PIECE_BYTES) && !piece.is_empty() {
+                let batches = std::mem::take(&mut piece);
+                bytes = 0;
+                let all = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+                drop(batches);
+                let first = input.written;
+                let n = all.num_rows() as u64;
+                let order: Vec<u32> = match self.key_sort(&all)? {
+                    Some(order) => order,
+                    None => (0..n as u32).collect(),
+                };
+                let ks: Vec<u64> = order.iter().map(|i| first + *i as u64).collect();
+                let sorted = arrow::compute::take_record_batch(
+                    &all,
+                    &arrow::array::UInt32Array::from(order),
+                )?;
+                drop(all);
+                out.put_each(self, input.no, &ks, sorted).await?;
+                out.finish().await?;
+                input.written += n;
+            }
+            if !more {
+                return Ok(());
+            }
+        }
     }
 
     /// Points the index at the files after a compaction: rows of rewritten files at their

@@ -53,6 +53,9 @@ pub(super) struct Input {
     pub(super) lower: Option<OwnedRow>,
     /// Decoded bytes of an average row.
     pub(super) row_bytes: usize,
+    /// Whether the file is in the table's current write order (else it was written under
+    /// an earlier sort order, and is sorted before it is written again).
+    pub(super) ordered: bool,
     /// The spec and partition the file was written under.
     pub(super) spec_id: i32,
     pub(super) partition: Struct,
@@ -103,6 +106,10 @@ impl Input {
             written: 0,
             lower,
             row_bytes: per_row,
+            ordered: crate::table::in_current_order(
+                sink.table.metadata().properties(),
+                file.file_seq,
+            ),
             spec_id: file.spec_id,
             partition: file.file.partition().clone(),
         })
@@ -242,6 +249,12 @@ fn lower_bound(
     rows.iter().min().map(|r| r.owned())
 }
 
+/// Which live rows of an input a run of rows is: from the `k`-th on, or each its own.
+enum Ks<'a> {
+    From(u64),
+    Each(&'a [u64]),
+}
+
 /// The rewritten files of one partition: the one being written (with its output number and
 /// rows so far) and rows for it not yet handed to it (runs of a merge can be one row).
 #[derive(Default)]
@@ -285,6 +298,28 @@ impl Output {
         })
     }
 
+    /// Appends `rows`, live rows of file `no` in another order: the `i`-th of them is the
+    /// file's `ks[i]`-th live row. Each goes to the file of its partition.
+    pub(super) async fn put_each(
+        &mut self,
+        sink: &TableSink,
+        no: u32,
+        ks: &[u64],
+        rows: RecordBatch,
+    ) -> Result<()> {
+        let runs = match &self.partitioner {
+            None => vec![(Struct::empty(), 0..rows.num_rows())],
+            Some(p) => p.runs(&rows)?,
+        };
+        for (part, range) in runs {
+            let n = range.len();
+            let each = Ks::Each(&ks[range.clone()]);
+            self.put_run(sink, no, each, part, rows.slice(range.start, n))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Appends `rows`, the live rows of file `no` from its `k`-th one on, each to the file
     /// of its partition.
     pub(super) async fn put(
@@ -303,7 +338,7 @@ impl Output {
             self.put_run(
                 sink,
                 no,
-                k + range.start as u64,
+                Ks::From(k + range.start as u64),
                 part,
                 rows.slice(range.start, n),
             )
@@ -316,7 +351,7 @@ impl Output {
         &mut self,
         sink: &TableSink,
         no: u32,
-        mut k: u64,
+        mut ks: Ks<'_>,
         part: Struct,
         mut rows: RecordBatch,
     ) -> Result<()> {
@@ -337,22 +372,31 @@ impl Output {
             let take = ((self.rows_per_file - at) as usize).min(rows.num_rows());
             let segs = self.segments.entry(no).or_default();
             // A run that continues where the last one of the same file left off extends it.
-            let continues = segs
-                .last()
-                .is_some_and(|s| s.out == id && s.pos + (k - s.k) == at);
-            if !continues {
-                segs.push(Segment {
-                    k,
-                    out: id,
-                    pos: at,
+            let mut place = |k: u64, pos: u64| {
+                let continues = segs.last().is_some_and(|s| {
+                    s.out == id && k.checked_sub(s.k).is_some_and(|d| s.pos + d == pos)
                 });
+                if !continues {
+                    segs.push(Segment { k, out: id, pos });
+                }
+            };
+            match &mut ks {
+                Ks::From(k) => {
+                    place(*k, at);
+                    *k += take as u64;
+                }
+                Ks::Each(each) => {
+                    for (i, k) in each[..take].iter().enumerate() {
+                        place(*k, at + i as u64);
+                    }
+                    *each = &each[take..];
+                }
             }
             *in_file += take as u64;
             let full = *in_file >= self.rows_per_file;
             out.parts.push(rows.slice(0, take));
             out.buffered += take;
             rows = rows.slice(take, rows.num_rows() - take);
-            k += take as u64;
             if full {
                 Self::flush(out, &part).await?;
                 if let Some((w, _, id)) = out.writer.take() {
