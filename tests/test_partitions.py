@@ -13,6 +13,7 @@ partition's files.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from typing import Any
 
@@ -173,6 +174,11 @@ def test_a_partitioned_sorted_table_through_snapshot_cdc_spec_change_and_compact
     assert [(f.name, str(f.transform)) for f in table.spec().fields] == [("created_at_month", "month")], table.spec()
     assert table.spec().spec_id != spec.spec_id
     assert len(table.specs()) >= 2
+    listed = skippr.run("query", "SELECT partition_spec_id, partition_by, sort_by FROM skippr.tables"
+                        " WHERE table_name = 'events'", "--format", "json")
+    assert [json.loads(line) for line in listed.stdout.splitlines()] == [{"partition_spec_id": table.spec().spec_id,
+                                          "partition_by": "month(created_at)",
+                                          "sort_by": "created_at desc"}], listed.stdout
     assert_equal(skippr)
 
     # Compaction (due at the next check) rewrites every file of the old spec into the new one.

@@ -6,7 +6,8 @@ use std::any::Any;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+    ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
@@ -66,6 +67,9 @@ pub fn tables_schema() -> SchemaRef {
         ),
         Field::new("tail_lsn", DataType::Utf8, true),
         Field::new("lag_bytes", DataType::Int64, true),
+        Field::new("partition_spec_id", DataType::Int32, false),
+        Field::new("partition_by", DataType::Utf8, true),
+        Field::new("sort_by", DataType::Utf8, true),
     ]))
 }
 
@@ -85,8 +89,13 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
     let mut pipeline_error = Vec::new();
     let (mut data_files, mut delete_files, mut snapshots, mut compacted) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut spec_ids, mut partition_by, mut sort_by) = (Vec::new(), Vec::new(), Vec::new());
     for s in &states {
         let meta = s.table.metadata();
+        let layout = crate::table::layout::Layout::of_table(meta);
+        spec_ids.push(meta.default_partition_spec_id());
+        partition_by.push(Some(layout.partition_text()).filter(|t| !t.is_empty()));
+        sort_by.push(Some(layout.sort_text()).filter(|t| !t.is_empty()));
         let total = |k: &str| {
             meta.current_snapshot()
                 .and_then(|snap| snap.summary().additional_properties.get(k))
@@ -157,6 +166,9 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
         Arc::new(TimestampMicrosecondArray::from(compacted).with_timezone("+00:00")),
         Arc::new(StringArray::from(tail_lsn)),
         Arc::new(Int64Array::from(lag_bytes)),
+        Arc::new(Int32Array::from(spec_ids)),
+        Arc::new(StringArray::from(partition_by)),
+        Arc::new(StringArray::from(sort_by)),
     ];
     Ok(RecordBatch::try_new(tables_schema(), arrays)?)
 }

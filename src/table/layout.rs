@@ -238,6 +238,51 @@ impl Layout {
         }
     }
 
+    /// The layout a table has now: its current spec and sort order, over its columns.
+    pub fn of_table(meta: &iceberg::spec::TableMetadata) -> Self {
+        let schema = meta.current_schema();
+        let name = |id: i32| schema.name_by_field_id(id).map(str::to_string);
+        let partition_by = meta
+            .default_partition_spec()
+            .fields()
+            .iter()
+            .filter_map(|f| {
+                Some(PartitionEntry {
+                    column: name(f.source_id)?,
+                    transform: f.transform,
+                })
+            })
+            .collect();
+        let sort_by = meta
+            .default_sort_order()
+            .fields
+            .iter()
+            .filter_map(|f| {
+                Some(SortEntry {
+                    column: name(f.source_id)?,
+                    descending: f.direction == SortDirection::Descending,
+                    nulls_first: f.null_order == NullOrder::First,
+                })
+            })
+            .collect();
+        Self {
+            partition_by,
+            sort_by,
+        }
+    }
+
+    /// `partition_by` as `skippr.yml` writes it, entries joined by `, ` (empty: none).
+    pub fn partition_text(&self) -> String {
+        let parts: Vec<String> = self.partition_by.iter().map(|p| p.to_string()).collect();
+        parts.join(", ")
+    }
+
+    /// `sort_by` as `skippr.yml` writes it, entries joined by `, ` (empty: none).
+    pub fn sort_text(&self) -> String {
+        let sorts: Vec<String> = self.sort_by.iter().map(|s| s.to_string()).collect();
+        sorts.join(", ")
+    }
+
     /// Whether the table is one partition, unsorted.
     pub fn is_plain(&self) -> bool {
         self.partition_by.is_empty() && self.sort_by.is_empty()
