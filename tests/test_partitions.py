@@ -45,7 +45,10 @@ def setup_events(db: Database) -> None:
 def write_config(skippr: Skippr, tables: dict[str, Any], compact: bool = False) -> None:
     """Compaction only when asked: before that, the commits' own files are what is checked."""
     maintenance = MAINTENANCE if compact else {"enabled": False}
-    skippr.write_config(["events"], extra_pipeline={"tables": tables, "maintenance": maintenance})
+    skippr.write_config(["events"], extra_pipeline={
+        "tables": tables, "maintenance": maintenance,
+        # A transaction past 1 MiB is spilled and written in parts (see the large one below).
+        "transaction_memory_budget_mb": 1})
 
 
 def sync(skippr: Skippr) -> None:
@@ -163,6 +166,20 @@ def test_a_partitioned_sorted_table_through_snapshot_cdc_spec_change_and_compact
     assert_equal(skippr)
     files = skippr.table("events").inspect.files().to_pylist()
     assert any(f["content"] == 1 for f in files), "no position deletes after updates and deletes"
+
+    # A transaction larger than memory: spilled, written in parts, each part's files one
+    # partition each, committed once.
+    with db.connect() as conn:
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO events SELECT g, %s::timestamptz + (g %% %s) * interval '1 day', 3, g,"
+                " repeat(md5(g::text), 16) FROM generate_series(110001, 118000) g", (START, DAYS))
+            conn.execute("UPDATE events SET created_at = created_at - interval '2 days', note = 'big'"
+                         " WHERE id BETWEEN 110001 AND 118000 AND id % 10 = 0")
+            conn.execute("DELETE FROM events WHERE id BETWEEN 110001 AND 118000 AND id % 9 = 0")
+    big = skippr.run("--log-format", "json", "sync", "--once")
+    assert "spilling" in big.stderr, describe_run(big, "the large transaction did not spill")
+    assert_equal(skippr)
 
     # A change of spec mid-stream: a new spec id, old files keep theirs, new ones use it.
     write_config(skippr, MONTHLY)

@@ -202,9 +202,14 @@ impl FilePartitions {
         self.of.get(path)
     }
 
-    /// Forgets every file (the table was replaced).
-    pub fn clear(&mut self) {
-        self.of.clear();
+    /// Forgets a file (removed from the table).
+    pub fn remove(&mut self, path: &str) {
+        self.of.remove(path);
+    }
+
+    /// Adds every file `other` knows.
+    pub fn extend(&mut self, other: FilePartitions) {
+        self.of.extend(other.of);
     }
 
     /// Reads the data files of the table's current snapshot from its manifests.

@@ -53,9 +53,11 @@ pub struct TableSink {
     /// Further copies of a key: only tables keyed by the whole row can have equal rows.
     extra: HashMap<Key, Vec<Loc>>,
     files: Vec<String>,
-    /// Where each data file belongs (spec and partition), read from the manifests when a
-    /// delete first needs it; `None` until then.
-    parts: Option<FilePartitions>,
+    /// Where each data file belongs (spec and partition): every file written since the
+    /// table was loaded, and the committed ones once read from the manifests (when a delete
+    /// first needs one, see `parts_loaded`).
+    parts: FilePartitions,
+    parts_loaded: bool,
     /// The spec of each delete file written for the next commit that is not of the current
     /// spec (deletes of rows in files of an earlier spec).
     delete_specs: rowdelta::Specs,
@@ -158,7 +160,8 @@ impl TableSink {
             index: KeyIndex::new(index_place.clone()),
             extra: HashMap::new(),
             files: Vec::new(),
-            parts: None,
+            parts: FilePartitions::default(),
+            parts_loaded: false,
             delete_specs: rowdelta::Specs::new(),
             rows: Vec::new(),
             by_key: HashMap::new(),

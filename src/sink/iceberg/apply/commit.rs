@@ -130,9 +130,8 @@ impl TableSink {
                 })?;
             file_of[g] = Some(self.files.len() as u32);
             self.files.push(file.file_path().to_string());
-            if let Some(parts) = self.parts.as_mut() {
-                parts.insert(file.file_path(), spec_id, file.partition().clone());
-            }
+            self.parts
+                .insert(file.file_path(), spec_id, file.partition().clone());
         }
         for (i, row) in live.into_iter().enumerate() {
             let file = file_of[of_row[i] as usize].ok_or_else(|| {
@@ -215,25 +214,17 @@ impl TableSink {
     /// The spec and partition of a data file of the table (read from the manifests the first
     /// time one is needed).
     pub(super) async fn partition_of(&mut self, path: &str) -> Result<FilePartition> {
-        if self.parts.as_ref().and_then(|p| p.get(path)).is_none() {
-            let mut parts = FilePartitions::load(&self.table).await?;
-            // Files written for the next commit are not in the manifests yet.
-            let spec_id = self.table.metadata().default_partition_spec_id();
-            for f in &self.staged {
-                parts.insert(f.file_path(), spec_id, f.partition().clone());
-            }
-            self.parts = Some(parts);
+        if self.parts.get(path).is_none() && !self.parts_loaded {
+            let committed = FilePartitions::load(&self.table).await?;
+            self.parts.extend(committed);
+            self.parts_loaded = true;
         }
-        self.parts
-            .as_ref()
-            .and_then(|p| p.get(path))
-            .cloned()
-            .ok_or_else(|| {
-                Error::fatal(format!(
-                    "data file {path} of Iceberg table {} is in no manifest of it",
-                    self.table.identifier()
-                ))
-            })
+        self.parts.get(path).cloned().ok_or_else(|| {
+            Error::fatal(format!(
+                "data file {path} of Iceberg table {} is in no manifest of it",
+                self.table.identifier()
+            ))
+        })
     }
 
     /// Commits everything applied since the last commit in one Iceberg snapshot.

@@ -96,6 +96,8 @@ impl TableSink {
                 .await
                 .with_context(|| format!("reloading Iceberg table {}", self.table.identifier()))?;
             self.build_index().await?;
+            // What is known of the files is read from the manifests again when needed.
+            self.parts_loaded = false;
         }
         Ok(())
     }
@@ -525,10 +527,13 @@ impl TableSink {
         let (n_in, n_out, deletes_in) = (plan.chosen.len(), outputs.len(), delete_paths.len());
         let out_paths: Vec<String> = outputs.iter().map(|f| f.file_path().to_string()).collect();
         let current = self.table.metadata().default_partition_spec_id();
-        if let Some(parts) = self.parts.as_mut() {
-            for f in &outputs {
-                parts.insert(f.file_path(), current, f.partition().clone());
-            }
+        for f in &outputs {
+            self.parts
+                .insert(f.file_path(), current, f.partition().clone());
+        }
+        // The rewritten files leave the table (and what is known of them).
+        for (_, f) in &plan.chosen {
+            self.parts.remove(f.file.file_path());
         }
         self.table = maintenance::commit_rewrite(
             catalog,
