@@ -31,6 +31,7 @@ from skippr import (
     MaintenanceSettings,
     MetricsSettings,
     Pipeline,
+    PipelineTable,
     QuerySettings,
     QueryTls,
     QueryUser,
@@ -639,6 +640,19 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("maintenance files", lambda: MaintenanceSettings(compaction_min_files=1), "MaintenanceSettings.compaction_min_files", "between 2 and 1000000"),
     ("maintenance switch", lambda: MaintenanceSettings(enabled="yes"), "MaintenanceSettings.enabled", "expected true or false"),  # type: ignore[arg-type]
     ("maintenance type", lambda: Pipeline("data_sources.a", "data_sinks.b", maintenance={"enabled": False}), "Pipeline.maintenance", "expected MaintenanceSettings"),  # type: ignore[arg-type]
+    ("unknown transform", lambda: PipelineTable(partition_by=["day(created_at)", "week(created_at)"]), "PipelineTable.partition_by[1]", "`week(created_at)`: `week` is not a transform: use a column name, year(c), month(c), day(c), hour(c), bucket(N, c) or truncate(W, c)"),
+    ("unclosed transform", lambda: PipelineTable(partition_by=["bucket(16, id"]), "PipelineTable.partition_by[0]", "is missing its closing parenthesis"),
+    ("bucket width", lambda: PipelineTable(partition_by=["bucket(0, id)"]), "PipelineTable.partition_by[0]", "the number of buckets must be a whole number above 0, not `0`"),
+    ("bucket arity", lambda: PipelineTable(partition_by=["bucket(id)"]), "PipelineTable.partition_by[0]", "bucket() takes a width and a column, as bucket(N, c)"),
+    ("partition twice", lambda: PipelineTable(partition_by=["day(created_at)", "days(created_at)"]), "PipelineTable.partition_by", "`day(created_at)` is given twice in `partition_by`"),
+    ("bad sort", lambda: PipelineTable(sort_by=["created_at sideways"]), "PipelineTable.sort_by[0]", "a sort entry is `column [asc|desc] [nulls first|last]`"),
+    ("sort twice", lambda: PipelineTable(sort_by=["id", "ID desc"]), "PipelineTable.sort_by", "`id` is given twice in `sort_by`"),
+    ("entries as str", lambda: PipelineTable(partition_by="day(created_at)"), "PipelineTable.partition_by", "expected a list of entries, found a string"),  # type: ignore[arg-type]
+    ("tables type", lambda: Pipeline("data_sources.a", "data_sinks.b", tables=["orders"]), "Pipeline.tables", "expected a mapping of table name to PipelineTable"),  # type: ignore[arg-type]
+    ("table settings type", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"orders": {"sort_by": ["id"]}}), "Pipeline.tables.orders", "expected a PipelineTable"),  # type: ignore[dict-item]
+    ("table name", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"a.b.c": PipelineTable()}), "Pipeline.tables.a.b.c", "is not a table name"),
+    ("table twice", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"orders": PipelineTable(), "public.orders": PipelineTable()}), "Pipeline.tables.public.orders", "the same table as `orders`"),
+    ("table not followed", lambda: with_source_and_sink().pipeline("p", Pipeline("data_sources.db", "data_sinks.lake", tables={"invoices": PipelineTable(sort_by=["id"])})), "pipelines.p.tables.invoices", "`invoices` is not one of the tables data source `db` follows (orders)"),
     ("source type", lambda: Config().data_source("db", athena()), "data_sources.db", "expected a DataSourcePostgres, found a DataSinkAthenaIceberg"),
     ("sink type", lambda: Config().data_sink("lake", pg()), "data_sinks.lake", "expected a DataSinkAthenaIceberg or DataSinkLocalIceberg"),
     ("pipeline type", lambda: with_source_and_sink().pipeline("p", "db"), "pipelines.p", "expected a Pipeline"),  # type: ignore[arg-type]
@@ -720,6 +734,9 @@ BAD_FILES: list[tuple[str, str, int, str, str]] = [
     ("two connectors", replaced(22, "    LocalIceberg: {warehouse: w}\n    AthenaIceberg:"), 21, "data_sinks.lake", "exactly one connector key"),
     ("no connector", replaced(22, "    Iceberg:"), 22, "data_sinks.lake.Iceberg", "unknown key `Iceberg`; allowed: LocalIceberg, AthenaIceberg, schema_sink"),
     ("duplicate key", replaced(14, "      host: again"), 14, "data_sources.app_db.Postgres.host", "duplicate key `host`"),
+    ("bad transform", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        partition_by: [day(created_at), bucket(16, customer_id), weekly(x)]"), 11, "pipelines.orders.tables.orders.partition_by[3]", "`weekly` is not a transform"),
+    ("unknown table", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      invoices:\n        sort_by: [id]"), 10, "pipelines.orders.tables.invoices", "not one of the tables data source `app_db` follows (orders, customers)"),
+    ("unknown table key", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        partition: [id]"), 11, "pipelines.orders.tables.orders.partition", "unknown key `partition`; allowed: partition_by, sort_by"),
     ("unknown section", "skippr: {workspace: w}\nsources: {}\n", 2, "sources", "unknown key `sources`; allowed: skippr, pipelines"),
     ("no skippr", "pipelines: {}\n", 1, "", "missing required key `skippr`"),
     ("not a mapping", "- skippr\n", 1, "", "wrong type: found a list"),
@@ -851,3 +868,64 @@ def test_lease_settings_round_trip_and_validate(tmp_path: Path) -> None:
     path.write_text(text.replace("expire_after: 4s", "expire_after: 1s"))
     proc = run_binary(["--config", str(path), "validate"], cwd=tmp_path)
     assert proc.returncode == 2 and "at least twice renew_every" in proc.stderr, describe(proc)
+
+
+LAYOUT_YAML = """\
+    tables:
+      orders:
+        partition_by: ['day(created_at)', 'bucket(16, customer_id)']
+        sort_by: ['created_at desc']
+      customers:
+        sort_by: [id]
+"""
+
+
+def layout_config() -> Config:
+    cfg = Config().workspace("analytics")
+    src = cfg.data_source("app_db", DataSourcePostgres(host="127.0.0.1", user="u", database="app", tables=["orders", "customers"]))
+    lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./warehouse"))
+    cfg.pipeline("app", Pipeline(data_source=src, data_sink=lake, tables={
+        "orders": PipelineTable(partition_by=["day(created_at)", "bucket(16, customer_id)"], sort_by=["created_at desc"]),
+        "customers": PipelineTable(sort_by=["id"]),
+    }))
+    return cfg
+
+
+def test_table_layouts_write_the_same_bytes_as_connect_and_validate(tmp_path: Path) -> None:
+    """`Pipeline(tables={...: PipelineTable(...)})` writes `pipelines.<p>.tables`, in the order
+    given, byte for byte what `skipprd connect pipeline --partition-by/--sort-by` writes; the
+    issue's form (a flow list YAML splits at the commas inside `bucket(16, customer_id)`)
+    reads back the same; skipprd validates it."""
+    cfg = layout_config()
+    text = cfg.to_yaml()
+    assert "    data_sink: data_sinks.lake\n" + LAYOUT_YAML + "\n" in text, text
+    assert Config.from_yaml(text) == cfg
+    issue_form = text.replace("['day(created_at)', 'bucket(16, customer_id)']", "[day(created_at), bucket(16, customer_id)]")
+    assert issue_form != text
+    loaded = Config.from_yaml(issue_form)
+    assert loaded == cfg
+    tables = loaded.pipelines["app"].tables
+    assert tables is not None and list(tables) == ["orders", "customers"]
+    assert tables["orders"].partition_by == ("day(created_at)", "bucket(16, customer_id)")
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    for args in (
+        ["--workspace", "analytics", "connect", "data-source", "postgres", "--pipeline", "app", "--name", "app_db",
+         "--host", "127.0.0.1", "--user", "u", "--database", "app", "--tables", "orders", "--tables", "customers"],
+        ["connect", "data-sink", "localiceberg", "--pipeline", "app", "--name", "lake", "--warehouse", "./warehouse"],
+        ["connect", "pipeline", "--pipeline", "app", "--partition-by", "orders=day(created_at)",
+         "--partition-by", "orders=bucket(16, customer_id)", "--sort-by", "orders=created_at desc",
+         "--sort-by", "customers=id"],
+    ):
+        proc = run_binary(["--config", str(config), *args], cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    # connect keeps what Python wrote (and joins a split flow list back when it rewrites it).
+    config.write_text(issue_form)
+    proc = run_binary(["--config", str(config), "connect", "data-sink", "localiceberg", "--pipeline", "app",
+                       "--name", "lake", "--warehouse", "./warehouse"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text

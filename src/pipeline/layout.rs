@@ -154,10 +154,26 @@ fn unknown_column_fix(column: &str, schema: &Schema, table: &str, at: Option<&Lo
             f.name,
             f.name
         ),
-        None => format!(
-            "{}: name one of the columns of {table} (`skipprd discover` lists them), or remove the entry",
-            place(at)
-        ),
+        None => {
+            // A column the name is part of (`customer` for `customer_id`), or the other way.
+            let lower = column.to_lowercase();
+            let near: Vec<String> = fields(schema)
+                .filter(|f| {
+                    let name = f.name.to_lowercase();
+                    name.contains(&lower) || lower.contains(&name)
+                })
+                .map(|f| format!("`{}`", f.name))
+                .collect();
+            let hint = if near.is_empty() {
+                String::new()
+            } else {
+                format!(" (perhaps {})", join_or(&near))
+            };
+            format!(
+                "{}: name one of the columns of {table}{hint} (`skipprd discover` lists them), or remove the entry",
+                place(at)
+            )
+        }
     }
 }
 

@@ -24,6 +24,7 @@ from ._model import (
     MaintenanceSettings,
     ReconnectSettings,
     Pipeline,
+    PipelineTable,
     QuerySettings,
     QueryTls,
     QueryUser,
@@ -34,7 +35,9 @@ from ._model import (
     describe,
     has_reference,
     is_simple_name,
+    parse_table,
     reference_name,
+    rejoin,
 )
 from ._yaml import Document, Node, Scalar, parse, render
 
@@ -238,6 +241,29 @@ class Config:
                 f"{_defined('data_sinks', list(self._data_sinks))}; add it with cfg.data_sink first",
                 f"pipelines.{name}.data_sink",
             )
+        unlisted = self._unlisted_table(pipeline)
+        if unlisted is not None:
+            raise ConfigError(unlisted[1], f"pipelines.{name}.tables.{unlisted[0]}")
+
+    def _unlisted_table(self, pipeline: Pipeline) -> Optional[Tuple[str, str]]:
+        """The first table of ``pipeline.tables`` its data source does not follow, and the
+        message saying so (None when every one is listed, or the list is only known once
+        skipprd fills a ``${VAR}`` in it)."""
+        source = self._data_sources.get(pipeline.data_source.name)
+        if source is None or pipeline.tables is None:
+            return None
+        if any(has_reference(t) for t in source.tables):
+            return None
+        listed = {parse_table(t) for t in source.tables}
+        for table in pipeline.tables:
+            if parse_table(table) not in listed:
+                name = pipeline.data_source.name
+                return table, (
+                    f"`{table}` is not one of the tables data source `{name}` follows "
+                    f"({', '.join(source.tables)}): add it to data_sources.{name}.Postgres.tables, "
+                    "or correct the name here"
+                )
+        return None
 
     @staticmethod
     def _check_new(table: Mapping[str, Any], section: str, name: str, value: Any) -> None:
@@ -384,6 +410,8 @@ class Config:
                 maintenance = _fields(p.maintenance, MaintenanceSettings._fields)
                 if maintenance:
                     entry["maintenance"] = maintenance
+            if p.tables is not None:
+                entry["tables"] = {t: _fields(s, PipelineTable._fields) for t, s in p.tables.items()}
             pipelines[name] = entry
         sources: Dict[str, Node] = {
             name: {"Postgres": _fields(src, src._fields)} for name, src in self._data_sources.items()
@@ -682,7 +710,7 @@ class _Reader:
             self.keys(
                 at, entry,
                 ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb",
-                 "key_index_memory_budget_mb", "maintenance"),
+                 "key_index_memory_budget_mb", "maintenance", "tables"),
                 ("data_source", "data_sink"),
             )
             source = self.reference(at + ("data_source",), entry["data_source"], "data_sources", list(cfg._data_sources))
@@ -693,9 +721,45 @@ class _Reader:
                  "commit_interval": entry.get("commit_interval"),
                  "transaction_memory_budget_mb": entry.get("transaction_memory_budget_mb"),
                  "key_index_memory_budget_mb": entry.get("key_index_memory_budget_mb"),
-                 "maintenance": self.maintenance(at + ("maintenance",), entry)},
+                 "maintenance": self.maintenance(at + ("maintenance",), entry),
+                 "tables": self.tables(at + ("tables",), entry)},
             )
+            unlisted = cfg._unlisted_table(cfg._pipelines[name])
+            if unlisted is not None:
+                raise self.fail(at + ("tables", unlisted[0]), unlisted[1])
         return cfg
+
+    def tables(self, at: Tuple[Segment, ...], entry: Dict[str, Any]) -> Optional[Dict[str, PipelineTable]]:
+        """``pipelines.<p>.tables``, if present: each table's :class:`PipelineTable`, with the
+        entries of a flow list that YAML split at their commas joined back."""
+        if entry.get("tables") is None:
+            return None
+        tables = self.mapping(at, entry["tables"], "a mapping from table name to its settings (partition_by, sort_by)")
+        out: Dict[str, PipelineTable] = {}
+        for table, value in tables.items():
+            at_t = at + (table,)
+            settings = self.mapping(at_t, value, "the table's settings (partition_by, sort_by)")
+            self.keys(at_t, settings, PipelineTable._fields)
+            kwargs: Dict[str, Any] = {}
+            starts: Dict[str, List[int]] = {}
+            for field in PipelineTable._fields:
+                items = settings.get(field)
+                if isinstance(items, list):
+                    joined = rejoin(items)
+                    starts[field] = [i for i, _ in joined]
+                    items = [e for _, e in joined]
+                kwargs[field] = items
+            try:
+                out[table] = PipelineTable(**kwargs)
+            except ConfigError as e:
+                segs = list(e.segments)
+                if len(segs) == 2 and isinstance(segs[0], str) and isinstance(segs[1], int):
+                    # Name the item the entry starts at in the file.
+                    first = starts.get(segs[0], [])
+                    if segs[1] < len(first):
+                        segs[1] = first[segs[1]]
+                raise self.fail(at_t + tuple(segs), e.message) from None
+        return out
 
     def maintenance(self, at: Tuple[Segment, ...], entry: Dict[str, Any]) -> Optional[MaintenanceSettings]:
         """``pipelines.<p>.maintenance``, if present."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Union
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from ._errors import ConfigError, Segment, field_error
 
@@ -829,6 +830,202 @@ class DataSinkDef(_Value):
         self._set("schema_sink", schema_sink)
 
 
+#: The transforms ``partition_by`` takes, for messages (as skipprd words them).
+_TRANSFORMS = "a column name, year(c), month(c), day(c), hour(c), bucket(N, c) or truncate(W, c)"
+_TIME_TRANSFORMS = {
+    "year": "year", "years": "year", "month": "month", "months": "month", "day": "day",
+    "days": "day", "date": "day", "hour": "hour", "hours": "hour", "date_hour": "hour",
+    "identity": "identity",
+}
+_WIDTH = re.compile(r"\+?[0-9]+\Z")
+
+
+def _layout_column(text: str) -> Optional[str]:
+    """A column as ``partition_by`` and ``sort_by`` name it: bare (folded to lower case, as
+    Postgres folds it) or in double quotes (kept as written); None when it is neither."""
+    t = text.strip()
+    if len(t) >= 2 and t.startswith('"') and t.endswith('"'):
+        inner = t[1:-1]
+        return inner if inner and '"' not in inner else None
+    if t and (t[0].isalpha() or t[0] == "_") and all(c.isalnum() or c in "_$" for c in t):
+        return t.lower()
+    return None
+
+
+def _width(text: str, what: str, entry: str) -> int:
+    t = text.strip()
+    if _WIDTH.match(t) and 0 < int(t) < 2**32:
+        return int(t)
+    raise ValueError(f"`{entry}`: {what} must be a whole number above 0, not `{t}`")
+
+
+def partition_entry(entry: str) -> Tuple[str, str]:
+    """Reads one ``partition_by`` entry as skipprd does: (partition field name, the entry as
+    skipprd prints it). Raises ValueError naming what is wrong."""
+    e = entry.strip()
+    open_at = e.find("(")
+    if open_at < 0:
+        column = _layout_column(e)
+        if column is None:
+            raise ValueError(f"`{e}` is not a column name or a transform: use {_TRANSFORMS}")
+        return column, column
+    if not e.endswith(")"):
+        raise ValueError(f"`{e}` is missing its closing parenthesis")
+    name = e[:open_at].strip().lower()
+    args = e[open_at + 1:-1].split(",")
+    if name in _TIME_TRANSFORMS:
+        if len(args) != 1:
+            raise ValueError(f"`{e}`: {name}() takes one column")
+        column = _layout_column(args[0])
+        if column is None:
+            raise ValueError(f"`{e}`: `{args[0].strip()}` is not a column name")
+        transform = _TIME_TRANSFORMS[name]
+        if transform == "identity":
+            return column, column
+        return f"{column}_{transform}", f"{transform}({column})"
+    if name in ("bucket", "truncate"):
+        if len(args) != 2:
+            letter = "N" if name == "bucket" else "W"
+            raise ValueError(f"`{e}`: {name}() takes a width and a column, as {name}({letter}, c)")
+        column = _layout_column(args[1])
+        if column is None:
+            raise ValueError(f"`{e}`: `{args[1].strip()}` is not a column name")
+        n = _width(args[0], "the number of buckets" if name == "bucket" else "the width", e)
+        suffix = "bucket" if name == "bucket" else "trunc"
+        return f"{column}_{suffix}", f"{name}({n}, {column})"
+    raise ValueError(f"`{e}`: `{name}` is not a transform: use {_TRANSFORMS}")
+
+
+def sort_entry(entry: str) -> str:
+    """Reads one ``sort_by`` entry as skipprd does (``column [asc|desc] [nulls first|last]``)
+    and returns its column. Raises ValueError naming what is wrong."""
+    e = entry.strip()
+    words = e.split()
+    if not words:
+        raise ValueError("an empty `sort_by` entry: name a column")
+    column = _layout_column(words[0])
+    if column is None:
+        raise ValueError(f"`{e}`: `{words[0]}` is not a column name")
+    rest = [w.lower() for w in words[1:]]
+    if rest[:1] in (["asc"], ["desc"]):
+        rest = rest[1:]
+    if rest not in ([], ["nulls", "first"], ["nulls", "last"]):
+        raise ValueError(f"`{e}`: a sort entry is `column [asc|desc] [nulls first|last]`")
+    return column
+
+
+def rejoin(items: Sequence[Any]) -> List[Tuple[int, Any]]:
+    """The entries of a ``partition_by`` or ``sort_by`` list, each with the index of the item
+    it starts at. YAML splits an unquoted entry of a flow list at its commas
+    (``[day(created_at), bucket(16, customer_id)]`` reads as three items); items that leave a
+    parenthesis open are joined back with the items that close it, as skipprd does."""
+    out: List[Tuple[int, Any]] = []
+    open_parens = 0
+    for i, item in enumerate(items):
+        if open_parens > 0 and isinstance(item, str) and out and isinstance(out[-1][1], str):
+            out[-1] = (out[-1][0], f"{out[-1][1]}, {item.strip()}")
+        else:
+            out.append((i, item))
+        last = out[-1][1]
+        open_parens = last.count("(") - last.count(")") if isinstance(last, str) else 0
+    return out
+
+
+class PipelineTable(_Value):
+    """How one table of a pipeline is laid out in files (``pipelines.<p>.tables.<table>``).
+
+    ``partition_by`` lists the table's partitions, coarsest first: a column (its values as
+    they are), ``"year(c)"``, ``"month(c)"``, ``"day(c)"``, ``"hour(c)"``, ``"bucket(N, c)"``
+    or ``"truncate(W, c)"``; each data file holds the rows of one partition. ``sort_by`` is
+    the order of the rows inside each file: ``"column [asc|desc] [nulls first|last]"``.
+    A bare column name is folded to lower case; write ``'"Name"'`` for a mixed-case one.
+    ``skipprd discover`` checks the entries against the table's columns.
+    """
+
+    _fields = ("partition_by", "sort_by")
+    __slots__ = _fields
+    #: ``None`` when not given (an empty list is not written).
+    partition_by: Optional[Tuple[str, ...]]
+    sort_by: Optional[Tuple[str, ...]]
+
+    def __init__(
+        self, partition_by: Optional[Sequence[str]] = None, sort_by: Optional[Sequence[str]] = None
+    ) -> None:
+        c = _Check("PipelineTable")
+        seen: Dict[str, str] = {}
+        parts = self._entries(c, "partition_by", partition_by)
+        for i, e in enumerate(parts or ()):
+            try:
+                field, shown = partition_entry(e)
+            except ValueError as err:
+                c.fail(["partition_by", i], str(err))
+            if field in seen:
+                c.fail(["partition_by"], f"`{shown}` is given twice in `partition_by`: give each entry once")
+            seen[field] = shown
+        self._set("partition_by", parts)
+        columns: Dict[str, int] = {}
+        sorts = self._entries(c, "sort_by", sort_by)
+        for i, e in enumerate(sorts or ()):
+            try:
+                column = sort_entry(e)
+            except ValueError as err:
+                c.fail(["sort_by", i], str(err))
+            if column in columns:
+                c.fail(["sort_by"], f"`{column}` is given twice in `sort_by`: give each entry once")
+            columns[column] = i
+        self._set("sort_by", sorts)
+
+    @staticmethod
+    def _entries(c: _Check, field: str, value: object) -> Optional[Tuple[str, ...]]:
+        if value is None:
+            return None
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            c.fail([field], f"expected a list of entries, found {describe(value)}"
+                   + (f"; give a list, e.g. [{value!r}]" if isinstance(value, str) else ""))
+        out = []
+        for i, e in enumerate(value):
+            if not isinstance(e, str):
+                c.fail([field, i], f"expected an entry (a string), found {describe(e)}")
+            c._string([field, i], e)
+            out.append(e.strip())
+        return tuple(out) if out else None
+
+
+def _pipeline_tables(value: object) -> Optional["MappingProxyType[str, PipelineTable]"]:
+    """``Pipeline(tables=...)``: table name -> :class:`PipelineTable`, in the order given."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise field_error(
+            "Pipeline", ["tables"],
+            f"expected a mapping of table name to PipelineTable, found {describe(value)}",
+        )
+    out: Dict[str, PipelineTable] = {}
+    seen: Dict[Tuple[str, str], str] = {}
+    for name, settings in value.items():
+        if not isinstance(name, str):
+            raise field_error("Pipeline", ["tables"], f"expected table names as strings, found {describe(name)}")
+        ref = parse_table(name)
+        if ref is None:
+            raise field_error(
+                "Pipeline", ["tables", name],
+                f"`{name}` is not a table name: write it as the source's `tables:` lists it, "
+                "`name` (schema public) or `schema.name`",
+            )
+        if ref in seen:
+            raise field_error(
+                "Pipeline", ["tables", name],
+                f"`{name}` is the same table as `{seen[ref]}` above: give each table's settings once",
+            )
+        seen[ref] = name
+        if not isinstance(settings, PipelineTable):
+            raise field_error(
+                "Pipeline", ["tables", name], f"expected a PipelineTable, found {describe(settings)}"
+            )
+        out[name] = settings
+    return MappingProxyType(out) if out else None
+
+
 class Pipeline(_Value):
     """One data source flowing into one data sink.
 
@@ -840,16 +1037,18 @@ class Pipeline(_Value):
     256); a larger transaction spills to disk. ``key_index_memory_budget_mb`` is the memory
     the key index of each table may take, in MiB (1 to 1048576; skipprd's default is 256);
     a larger index lives in a file on local disk. ``maintenance`` is a
-    :class:`MaintenanceSettings` (skipprd maintains the tables by default).
+    :class:`MaintenanceSettings` (skipprd maintains the tables by default). ``tables`` maps
+    a table, named as the source lists it (``"orders"``, ``"sales.refunds"``), to its
+    :class:`PipelineTable` (partitions and sort order); it is read-only, in the order given.
     """
 
     __slots__ = (
         "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
-        "maintenance",
+        "maintenance", "tables",
     )
     _fields = (
         "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
-        "maintenance",
+        "maintenance", "tables",
     )
     data_source: DataSourceRef
     data_sink: DataSinkRef
@@ -857,6 +1056,7 @@ class Pipeline(_Value):
     transaction_memory_budget_mb: Optional[int]
     key_index_memory_budget_mb: Optional[int]
     maintenance: Optional[MaintenanceSettings]
+    tables: Optional["MappingProxyType[str, PipelineTable]"]
 
     def __init__(
         self,
@@ -866,6 +1066,7 @@ class Pipeline(_Value):
         transaction_memory_budget_mb: Optional[int] = None,
         key_index_memory_budget_mb: Optional[int] = None,
         maintenance: Optional[MaintenanceSettings] = None,
+        tables: Optional[Mapping[str, PipelineTable]] = None,
     ) -> None:
         source = reference_name(
             "Pipeline", "data_source", data_source, "data_sources", DataSourceRef,
@@ -898,6 +1099,13 @@ class Pipeline(_Value):
                 "Pipeline", ["maintenance"], f"expected MaintenanceSettings, found {describe(maintenance)}"
             )
         self._set("maintenance", maintenance)
+        self._set("tables", _pipeline_tables(tables))
+
+    def _key(self) -> Tuple[Any, ...]:
+        # The tables mapping compares (and hashes) as its items, in order.
+        return tuple(
+            tuple(v.items()) if isinstance(v, MappingProxyType) else v for v in super()._key()
+        )
 
     def __repr__(self) -> str:
         parts = [f"data_source={self.data_source.reference!r}", f"data_sink={self.data_sink.reference!r}"]
@@ -909,6 +1117,8 @@ class Pipeline(_Value):
             parts.append(f"key_index_memory_budget_mb={self.key_index_memory_budget_mb!r}")
         if self.maintenance is not None:
             parts.append(f"maintenance={self.maintenance!r}")
+        if self.tables is not None:
+            parts.append(f"tables={dict(self.tables)!r}")
         return f"Pipeline({', '.join(parts)})"
 
 
@@ -935,6 +1145,7 @@ __all__ = [
     "LocalStorage",
     "S3Storage",
     "Pipeline",
+    "PipelineTable",
     "SchemaSinkRef",
     "SinkConnector",
     "Text",
