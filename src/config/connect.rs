@@ -249,7 +249,13 @@ fn table_settings(
             tables[at].1.push(entry.trim().to_string());
         }
     }
-    if tables.is_empty() {
+    let exists = doc
+        .get("pipelines")
+        .and_then(|p| p.get(pipeline))
+        .and_then(|p| p.get("tables"))
+        .is_some();
+    if tables.iter().all(|(_, entries)| entries.is_empty()) && !exists {
+        // Only clearing, and nothing to clear.
         return Ok(());
     }
     let pipelines = section(doc, "pipelines")?;

@@ -144,20 +144,23 @@ fn is_scalar(v: &Value) -> bool {
     !matches!(v, Value::Mapping(_) | Value::Sequence(_) | Value::Tagged(_))
 }
 
-fn emit_value(out: &mut String, key: &str, v: &Value, indent: usize) {
+/// Writes `key: v` at `indent`; `at` holds the keys above `key`.
+fn emit_value(out: &mut String, at: &[&str], key: &str, v: &Value, indent: usize) {
     let pad = " ".repeat(indent);
+    let mut here = at.to_vec();
+    here.push(key);
     match v {
-        // `pipelines.<p>.tables` is keyed by table names, which keep the file's order (a
-        // table may be called `key` or `users`).
-        Value::Mapping(m) if key == "tables" => {
-            out.push_str(&format!("{pad}{key}:\n"));
-            for (k, v) in m {
-                emit_value(out, &scalar(k, false), v, indent + 2);
-            }
-        }
         Value::Mapping(m) => {
             out.push_str(&format!("{pad}{key}:\n"));
-            emit_mapping(out, m, indent + 2);
+            // `pipelines.<p>.tables` is keyed by table names, which keep the file's order (a
+            // table may be called `key` or `users`).
+            if matches!(at, ["pipelines", _]) && key == "tables" {
+                for (k, v) in m {
+                    emit_value(out, &here, &scalar(k, false), v, indent + 2);
+                }
+            } else {
+                emit_mapping(out, m, indent + 2, &here);
+            }
         }
         Value::Sequence(items) if items.iter().all(is_scalar) => {
             let parts: Vec<String> = items.iter().map(|i| scalar(i, true)).collect();
@@ -169,7 +172,7 @@ fn emit_value(out: &mut String, key: &str, v: &Value, indent: usize) {
                 match item {
                     Value::Mapping(m) => {
                         let mut inner = String::new();
-                        emit_mapping(&mut inner, m, indent + 4);
+                        emit_mapping(&mut inner, m, indent + 4, &here);
                         let trimmed = inner.trim_start();
                         out.push_str(&format!("{pad}  - {trimmed}"));
                     }
@@ -181,9 +184,9 @@ fn emit_value(out: &mut String, key: &str, v: &Value, indent: usize) {
     }
 }
 
-fn emit_mapping(out: &mut String, m: &Mapping, indent: usize) {
+fn emit_mapping(out: &mut String, m: &Mapping, indent: usize, at: &[&str]) {
     for (k, v) in sorted(m) {
-        emit_value(out, &scalar(k, false), v, indent);
+        emit_value(out, at, &scalar(k, false), v, indent);
     }
 }
 
@@ -208,7 +211,7 @@ pub fn to_canonical_yaml(doc: &Value) -> String {
             continue;
         }
         let mut block = String::new();
-        emit_value(&mut block, &name, v, 0);
+        emit_value(&mut block, &[], &name, v, 0);
         blocks.push(block);
     }
     blocks.join("\n")

@@ -510,6 +510,8 @@ fn connect_pipeline_writes_layouts_and_refuses_bad_entries() {
         cleared,
         emit::to_canonical_yaml(&serde_yaml::from_str(GOOD).unwrap())
     );
+    // Clearing what is not there changes nothing (and makes no pipeline).
+    assert_eq!(set(vec![pair("orders", "")], vec![]).unwrap(), cleared);
 
     for (partition_by, sort_by, message) in [
         (
@@ -536,4 +538,17 @@ fn connect_pipeline_writes_layouts_and_refuses_bad_entries() {
     }
     // Nothing was written by the refused calls.
     assert_eq!(std::fs::read_to_string(&path).unwrap(), cleared);
+}
+
+#[test]
+fn only_a_pipelines_tables_keep_their_order_when_written() {
+    // A pipeline may itself be called `tables`: its keys still take the canonical order.
+    let doc: serde_yaml::Value = serde_yaml::from_str(
+        "skippr: {workspace: w}\npipelines:\n  tables:\n    data_sink: data_sinks.lake\n    data_source: data_sources.db\n    tables: {users: {sort_by: [id]}, key: {sort_by: [id]}}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        emit::to_canonical_yaml(&doc),
+        "skippr:\n  workspace: w\n\npipelines:\n  tables:\n    data_source: data_sources.db\n    data_sink: data_sinks.lake\n    tables:\n      users:\n        sort_by: [id]\n      key:\n        sort_by: [id]\n"
+    );
 }
