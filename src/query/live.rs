@@ -23,9 +23,8 @@ use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 use iceberg::table::Table;
-use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 
-use super::committed::{CommittedScan, Hide, ScanCaches, ScanFilter};
+use super::committed::{iceberg_predicate, CommittedScan, Hide, ScanCaches, ScanFilter};
 use super::tail::TailSnapshot;
 use crate::error::{Context, Result};
 use crate::table::keys::{Key, KeyEncoder};
@@ -344,7 +343,7 @@ impl TableProvider for LiveTable {
 
 /// The pushed-down filters in the forms the committed reader skips data with; `None` when
 /// none of them can be evaluated on the table's columns alone.
-fn scan_filter(
+pub(super) fn scan_filter(
     state: &dyn Session,
     schema: &SchemaRef,
     key_cols: &[usize],
@@ -388,7 +387,7 @@ fn scan_filter(
         iceberg: if extended {
             None
         } else {
-            convert_filters_to_predicate(&exprs)
+            iceberg_predicate(&exprs, schema)
         },
         columns,
         predicate,
@@ -397,8 +396,20 @@ fn scan_filter(
 }
 
 /// The values a single integer key column must take by one of the filters (`k = 5`,
-/// `5 = k`, `k IN (1, 2)`), sorted and without duplicates; `None` when no filter pins it.
+/// `5 = k`, `k IN (1, 2)`, and `k = 1 OR k = 2 OR k = 3`, the form DataFusion's
+/// simplifier gives a short IN list), sorted and without duplicates; `None` when no filter
+/// pins it.
 fn key_values(filters: &[Expr], key: &str) -> Option<Vec<i64>> {
+    filters.iter().find_map(|f| {
+        let mut v = pinned(f, key)?;
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    })
+}
+
+/// The key values `f` pins the key column `key` to, when it does.
+fn pinned(f: &Expr, key: &str) -> Option<Vec<i64>> {
     use datafusion::common::ScalarValue;
     use datafusion::logical_expr::{BinaryExpr, Operator};
     let int = |e: &Expr| match e {
@@ -411,33 +422,34 @@ fn key_values(filters: &[Expr], key: &str) -> Option<Vec<i64>> {
         _ => None,
     };
     let is_key = |e: &Expr| matches!(e, Expr::Column(c) if c.name == key);
-    for f in filters {
-        let values = match f {
-            Expr::BinaryExpr(BinaryExpr {
-                left,
-                op: Operator::Eq,
-                right,
-            }) => {
-                if is_key(left) {
-                    int(right).map(|v| vec![v])
-                } else if is_key(right) {
-                    int(left).map(|v| vec![v])
-                } else {
-                    None
-                }
+    match f {
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Eq,
+            right,
+        }) => {
+            if is_key(left) {
+                int(right).map(|v| vec![v])
+            } else if is_key(right) {
+                int(left).map(|v| vec![v])
+            } else {
+                None
             }
-            Expr::InList(list) if !list.negated && is_key(&list.expr) => {
-                list.list.iter().map(int).collect::<Option<Vec<i64>>>()
-            }
-            _ => None,
-        };
-        if let Some(mut v) = values {
-            v.sort_unstable();
-            v.dedup();
-            return Some(v);
         }
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Or,
+            right,
+        }) => {
+            let mut v = pinned(left, key)?;
+            v.extend(pinned(right, key)?);
+            Some(v)
+        }
+        Expr::InList(list) if !list.negated && is_key(&list.expr) => {
+            list.list.iter().map(int).collect::<Option<Vec<i64>>>()
+        }
+        _ => None,
     }
-    None
 }
 
 /// Applies the pushed-down filters to the tail's rows (DataFusion filters again above the
@@ -620,5 +632,13 @@ mod tests {
             None
         );
         assert_eq!(key_values(&[col("n").eq(lit(1i64))], "id"), None);
+        // A short IN list, as DataFusion's simplifier rewrites it.
+        let f = [col("id")
+            .eq(lit(9i64))
+            .or(col("id").eq(lit(2i64)))
+            .or(col("id").eq(lit(9i64)))];
+        assert_eq!(key_values(&f, "id"), Some(vec![2, 9]));
+        let f = [col("id").eq(lit(9i64)).or(col("n").eq(lit(2i64)))];
+        assert_eq!(key_values(&f, "id"), None);
     }
 }

@@ -4,6 +4,7 @@
 //! keys are cached).
 
 mod cache;
+mod predicate;
 mod prune;
 mod read;
 mod stats;
@@ -43,6 +44,7 @@ use super::live::HiddenSet;
 
 use cache::footer;
 pub use cache::ScanCaches;
+pub use predicate::iceberg_predicate;
 use prune::row_groups;
 use read::FileReader;
 use stats::statistics;
