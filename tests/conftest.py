@@ -1,5 +1,6 @@
-"""End-to-end test fixtures: a real Postgres cluster, the real `skipprd` binary, and two
-independent Iceberg readers (PyIceberg and DuckDB) to check what the binary wrote.
+"""End-to-end test fixtures: a real Postgres cluster, the real `skipprd` binary, and
+independent Iceberg readers (PyIceberg and DuckDB; Spark through the `spark` fixture) to check
+what the binary wrote.
 
 Layout of what a test gets:
 
@@ -11,6 +12,8 @@ Layout of what a test gets:
 * ``skippr``  (function) binds the three: writes ``skippr.yml``, runs the binary with
                           ``--config <workdir>/skippr.yml``, reads the Iceberg tables back and
                           compares them with Postgres row by row.
+* ``spark``   (session)  one shared local Spark 3.5 session with the Iceberg 1.10 runtime
+                          (tests/spark.py), started by the first test that asks for it.
 
 The binary is ``$SKIPPRD_BIN`` or ``<repo>/target/debug/skipprd`` (``tests/run`` builds it).
 """
@@ -579,6 +582,19 @@ def read_duckdb(warehouse: Path, namespace: str, table: str, order_by: Sequence[
         return duckdb_rows(con, f"SELECT * FROM iceberg_scan('{t.metadata_location}'){order}")
     finally:
         con.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] Spark 3.5 session with the Iceberg 1.10 runtime for the whole run (about
+    10 s to its first answer and 400 MB): a `spark.SparkReader` (see tests/spark.py)."""
+    from spark import start_spark
+
+    reader = start_spark()
+    try:
+        yield reader
+    finally:
+        reader.stop()
 
 
 # --------------------------------------------------------------------------------------------
