@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::error::{DataFusionError, Result as DfResult};
-use iceberg::spec::{DataContentType, Manifest, ManifestStatus, PrimitiveLiteral};
+use iceberg::spec::{DataContentType, Manifest, ManifestStatus, PrimitiveLiteral, Struct};
 use iceberg::table::Table;
 
 /// Memory the kept listings may take (a statement reads the current snapshot's; time travel
@@ -25,6 +25,17 @@ pub(super) struct Listed {
     pub deletes: Vec<(String, u64)>,
     /// The manifest's column metrics, by field id.
     pub columns: Arc<FileColumns>,
+    /// The partition spec the file was written with, and its partition's values in it.
+    pub spec_id: i32,
+    pub partition: Struct,
+}
+
+/// The live files of one snapshot.
+#[derive(Debug, Default)]
+pub(super) struct Listing {
+    pub files: Vec<Listed>,
+    /// Position delete files live in the snapshot (each applies to some of `files`).
+    pub delete_files: usize,
 }
 
 /// What a data file's manifest entry says of its columns, by field id: the planner's
@@ -57,7 +68,11 @@ impl Listed {
             .values()
             .map(|m| 96 + literal(&m.lower) + literal(&m.upper))
             .sum();
-        std::mem::size_of::<Self>() + self.path.len() + deletes + columns
+        std::mem::size_of::<Self>()
+            + self.path.len()
+            + deletes
+            + columns
+            + 32 * self.partition.fields().len()
     }
 
     /// Whether the file may hold one of `keys` (sorted) in the integer column `field`.
@@ -88,7 +103,7 @@ fn int(literal: &PrimitiveLiteral) -> Option<i64> {
 pub(super) struct Listings {
     /// Statements that arrive while a new snapshot's listing is being built wait for that
     /// one build instead of each reading the manifests.
-    snapshots: moka::future::Cache<(String, i64), Arc<Vec<Listed>>>,
+    snapshots: moka::future::Cache<(String, i64), Arc<Listing>>,
     manifests: moka::sync::Cache<String, Arc<Manifest>>,
 }
 
@@ -97,8 +112,8 @@ impl Default for Listings {
         Self {
             snapshots: moka::future::Cache::builder()
                 .max_capacity(LISTING_BUDGET_BYTES)
-                .weigher(|_: &(String, i64), files: &Arc<Vec<Listed>>| {
-                    u32::try_from(files.iter().map(Listed::weight).sum::<usize>())
+                .weigher(|_: &(String, i64), listing: &Arc<Listing>| {
+                    u32::try_from(listing.files.iter().map(Listed::weight).sum::<usize>())
                         .unwrap_or(u32::MAX)
                 })
                 .build(),
@@ -116,10 +131,10 @@ impl Listings {
     /// The live data files of `table`'s current snapshot (none without a snapshot), each
     /// with the position delete files that apply to it, and whether the listing was built
     /// now (then the caller may drop what it cached of files no longer live).
-    pub async fn current(&self, table: &Table) -> DfResult<(Arc<Vec<Listed>>, bool)> {
+    pub async fn current(&self, table: &Table) -> DfResult<(Arc<Listing>, bool)> {
         let meta = table.metadata();
         let Some(snapshot) = meta.current_snapshot() else {
-            return Ok((Arc::new(Vec::new()), false));
+            return Ok((Arc::default(), false));
         };
         let key = (meta.location().to_string(), snapshot.snapshot_id());
         if let Some(listing) = self.snapshots.get(&key).await {
@@ -141,16 +156,15 @@ impl Listings {
         &self,
         table: &Table,
         snapshot: &iceberg::spec::SnapshotRef,
-    ) -> DfResult<Vec<Listed>> {
+    ) -> DfResult<Listing> {
         let list = table
             .manifest_list_reader(snapshot)
             .load()
             .await
             .map_err(|e| listing_err(table, "reading the manifest list", e))?;
-        // (path, size, rows, data sequence number, bounds) and (path, size, sequence
-        // number, the one data file it names if it says so).
+        // Each data file with its data sequence number, and each delete file.
         let mut data = Vec::new();
-        let mut deletes = Vec::new();
+        let mut deletes: Vec<Delete> = Vec::new();
         for mf in list.entries() {
             let manifest = match self.manifests.get(&mf.manifest_path) {
                 Some(m) => m,
@@ -178,15 +192,19 @@ impl Listings {
                             rows: file.record_count(),
                             deletes: Vec::new(),
                             columns: Arc::new(file_columns(file)),
+                            spec_id: mf.partition_spec_id,
+                            partition: file.partition().clone(),
                         },
                         seq,
                     )),
-                    DataContentType::PositionDeletes => deletes.push((
-                        file.file_path().to_string(),
-                        file.file_size_in_bytes(),
+                    DataContentType::PositionDeletes => deletes.push(Delete {
+                        path: file.file_path().to_string(),
+                        size: file.file_size_in_bytes(),
                         seq,
-                        file.referenced_data_file(),
-                    )),
+                        only: file.referenced_data_file(),
+                        spec_id: mf.partition_spec_id,
+                        partition: file.partition().clone(),
+                    }),
                     DataContentType::EqualityDeletes => {
                         return Err(DataFusionError::Execution(format!(
                             "Iceberg table {} has equality deletes, which skipprd does not write or apply; it must only be written by skipprd",
@@ -196,22 +214,47 @@ impl Listings {
                 }
             }
         }
-        // A position delete file applies to the data files committed at or before it
-        // (Iceberg's rule by data sequence number); its rows name the file they delete from.
         let files: Vec<Listed> = data
             .into_iter()
             .map(|(mut f, seq)| {
                 f.deletes = deletes
                     .iter()
-                    .filter(|(_, _, dseq, only)| {
-                        *dseq >= seq && only.as_ref().is_none_or(|p| *p == f.path)
-                    })
-                    .map(|(p, size, _, _)| (p.clone(), *size))
+                    .filter(|d| d.applies_to(&f, seq))
+                    .map(|d| (d.path.clone(), d.size))
                     .collect();
                 f
             })
             .collect();
-        Ok(files)
+        Ok(Listing {
+            files,
+            delete_files: deletes.len(),
+        })
+    }
+}
+
+/// A live position delete file, as its manifest entry lists it.
+struct Delete {
+    path: String,
+    size: u64,
+    /// Its data sequence number.
+    seq: i64,
+    /// The one data file it names, when it says so.
+    only: Option<String>,
+    spec_id: i32,
+    partition: Struct,
+}
+
+impl Delete {
+    /// Iceberg's rule: a position delete file applies to the data files committed at or
+    /// before it (by data sequence number), of its own partition (same spec, same values),
+    /// and only to the file it names when it names one. Its rows name the file they delete
+    /// from, so a file of another partition is never read for it. A delete file of an
+    /// unpartitioned spec is read for every data file (more than the rule asks, never less).
+    fn applies_to(&self, file: &Listed, seq: i64) -> bool {
+        self.seq >= seq
+            && self.only.as_ref().is_none_or(|p| *p == file.path)
+            && (self.partition.fields().is_empty()
+                || (self.spec_id == file.spec_id && self.partition == file.partition))
     }
 }
 
@@ -251,6 +294,8 @@ mod tests {
             size: 1,
             rows: 1,
             deletes: vec![],
+            spec_id: 0,
+            partition: Struct::empty(),
             columns: Arc::new(HashMap::from([
                 (
                     1,
