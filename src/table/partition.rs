@@ -237,3 +237,116 @@ impl FilePartitions {
 pub fn never_partitioned(meta: &TableMetadata) -> bool {
     meta.partition_specs_iter().all(|s| s.is_unpartitioned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+    use iceberg::spec::{
+        FormatVersion, NestedField, PrimitiveType, Schema, SortOrder, TableMetadataBuilder,
+        Transform, Type, UnboundPartitionSpec,
+    };
+    use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
+
+    use crate::table::layout::Layout;
+
+    fn metadata(layout: &Layout) -> TableMetadata {
+        let schema = Schema::builder()
+            .with_fields(vec![
+                NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
+                NestedField::optional(2, "kind", Type::Primitive(PrimitiveType::String)).into(),
+            ])
+            .build()
+            .expect("schema");
+        let spec: UnboundPartitionSpec = layout.partition_spec(&schema).expect("spec");
+        let order: SortOrder = layout.sort_order(&schema).expect("order");
+        TableMetadataBuilder::new(
+            schema,
+            spec,
+            order,
+            "file:///tmp/t".to_string(),
+            FormatVersion::V2,
+            Default::default(),
+        )
+        .expect("builder")
+        .build()
+        .expect("metadata")
+        .metadata
+    }
+
+    fn batch(ids: &[i64], kinds: &[Option<&str>]) -> RecordBatch {
+        let field = |name: &str, dt: DataType, null: bool, id: i32| {
+            Field::new(name, dt, null)
+                .with_metadata([(PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string())].into())
+        };
+        let schema = ArrowSchema::new(vec![
+            field("id", DataType::Int64, false, 1),
+            field("kind", DataType::Utf8, true, 2),
+        ]);
+        RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(StringArray::from(kinds.to_vec())),
+            ],
+        )
+        .expect("batch")
+    }
+
+    #[test]
+    fn rows_are_grouped_and_run_by_their_partition() {
+        let layout = Layout::parse(&["kind".into(), "bucket(4, id)".into()], &[]).expect("layout");
+        let meta = metadata(&layout);
+        let p = Partitioner::current(&meta)
+            .expect("partitioner")
+            .expect("partitioned");
+        let b = batch(&[1, 1, 2, 1], &[Some("a"), Some("a"), Some("b"), None]);
+        let values = p.values(&b).expect("values");
+        assert_eq!(values[0], values[1]);
+        assert_ne!(values[0], values[3], "a NULL is a partition of its own");
+        let groups = p.split(&b).expect("split");
+        let rows: Vec<u32> = groups.iter().flat_map(|(_, r)| r.clone()).collect();
+        let mut sorted = rows.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![0, 1, 2, 3], "every row in exactly one group");
+        assert_eq!(groups[0].1[..2], [0, 1], "groups keep batch order");
+        let runs = p.runs(&b).expect("runs");
+        assert_eq!(runs.first().map(|r| r.1.clone()), Some(0..2));
+        assert_eq!(runs.iter().map(|r| r.1.len()).sum::<usize>(), 4);
+        // The values are the spec's: the bucket of 1 is Iceberg's murmur3 bucket.
+        let bucket = iceberg::transform::create_transform_function(&Transform::Bucket(4))
+            .expect("bucket")
+            .transform_literal_result(&iceberg::spec::Datum::long(1))
+            .expect("bucket of 1");
+        assert_eq!(
+            values[0].iter().nth(1).flatten().cloned(),
+            Some(Literal::Primitive(bucket.literal().clone()))
+        );
+    }
+
+    #[test]
+    fn an_unpartitioned_table_has_no_partitioner() {
+        let meta = metadata(&Layout::default());
+        assert!(Partitioner::current(&meta).expect("partitioner").is_none());
+        assert!(never_partitioned(&meta));
+    }
+
+    #[test]
+    fn the_write_order_is_the_sort_order_then_the_key() {
+        let layout = Layout::parse(&[], &["kind desc".into()]).expect("layout");
+        let meta = metadata(&layout);
+        let names = vec!["id".to_string(), "kind".to_string()];
+        let order = WriteOrder::of(&meta, &names, &[0]);
+        assert_eq!(order.sorted_by, 1);
+        assert_eq!(
+            order.columns.iter().map(|c| c.0).collect::<Vec<_>>(),
+            [1, 0]
+        );
+        let b = batch(&[3, 1, 2, 4], &[Some("a"), Some("b"), Some("a"), None]);
+        let sorted = order.sort(&b).expect("sort").expect("an order");
+        // kind descending, nulls last (Spark's rule for desc), then id ascending.
+        assert_eq!(sorted.values().to_vec(), vec![1, 2, 0, 3]);
+        assert!(WriteOrder::of(&metadata(&Layout::default()), &names, &[]).is_empty());
+    }
+}
