@@ -7,7 +7,8 @@ days, deletes), a change of spec mid-stream and a compaction. After each step ev
 spec and sort order are the table's, each data file holds the rows of exactly one partition
 (its manifest entry's), rows inside a file follow `sort_by`, every position-delete file is
 scoped to one partition, and a filtered PyIceberg `plan_files()` returns only the matching
-partition's files.
+partition's files. Spark (3.5, Iceberg 1.10) reads the table equal to Postgres, across specs
+too, and plans exactly PyIceberg's files for a one-day filter.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
 from conftest import Database, Skippr, describe_run
 from test_cdc import ALL_READERS
+from test_spark import assert_spark_matches
 
 DAYS = 30
 PER_DAY = 40
@@ -128,7 +130,20 @@ def assert_equal(skippr: Skippr) -> None:
     check_metadata(skippr)
 
 
-def test_a_partitioned_sorted_table_through_snapshot_cdc_spec_change_and_compaction(skippr: Skippr, db: Database):
+def assert_spark_prunes_as_pyiceberg(spark, skippr: Skippr, day: dt.datetime) -> None:
+    """Spark plans, for a one-day filter, exactly the data files PyIceberg plans."""
+    lo, hi = day.isoformat(), (day + dt.timedelta(days=1)).isoformat()
+    planned = skippr.table("events").scan(
+        row_filter=And(GreaterThanOrEqual("created_at", lo), LessThan("created_at", hi))).plan_files()
+    want = frozenset(t.file.file_path for t in planned)
+    df = spark.table(skippr.warehouse, skippr.workspace, "events")
+    got = spark.scanned_files(df.filter(f"created_at >= timestamp'{lo}' AND created_at < timestamp'{hi}'"))
+    assert got.data == want, f"Spark plans {sorted(got.data)}, PyIceberg {sorted(want)}"
+    everything = spark.scanned_files(df)
+    assert len(got.data) < len(everything.data), "Spark pruned nothing for a one-day filter"
+
+
+def test_a_partitioned_sorted_table_through_snapshot_cdc_spec_change_and_compaction(skippr: Skippr, db: Database, spark):
     setup_events(db)
     write_config(skippr, LAYOUT)
     sync(skippr)
@@ -166,6 +181,8 @@ def test_a_partitioned_sorted_table_through_snapshot_cdc_spec_change_and_compact
     assert_equal(skippr)
     files = skippr.table("events").inspect.files().to_pylist()
     assert any(f["content"] == 1 for f in files), "no position deletes after updates and deletes"
+    assert_spark_matches(spark, skippr, db, ["events"])
+    assert_spark_prunes_as_pyiceberg(spark, skippr, day)
 
     # A transaction larger than memory: spilled, written in parts, each part's files one
     # partition each, committed once.
@@ -191,6 +208,7 @@ def test_a_partitioned_sorted_table_through_snapshot_cdc_spec_change_and_compact
     assert [(f.name, str(f.transform)) for f in table.spec().fields] == [("created_at_month", "month")], table.spec()
     assert table.spec().spec_id != spec.spec_id
     assert len(table.specs()) >= 2
+    assert_spark_matches(spark, skippr, db, ["events"])
     listed = skippr.run("query", "SELECT partition_spec_id, partition_by, sort_by FROM skippr.tables"
                         " WHERE table_name = 'events'", "--format", "json")
     assert [json.loads(line) for line in listed.stdout.splitlines()] == [{"partition_spec_id": table.spec().spec_id,
