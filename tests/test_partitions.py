@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
+import time
 from collections import Counter
 from typing import Any
 
 import pyarrow.parquet as pq
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
-from conftest import Database, Skippr, describe_run
-from test_cdc import ALL_READERS
+from conftest import Database, Skippr, describe_run, free_port
+from test_cdc import ALL_READERS, stop
+from test_live import connect_gateway
 from test_spark import assert_spark_matches
 
 DAYS = 30
@@ -44,10 +47,10 @@ def setup_events(db: Database) -> None:
         (START, DAYS, DAYS * PER_DAY))
 
 
-def write_config(skippr: Skippr, tables: dict[str, Any], compact: bool = False) -> None:
+def write_config(skippr: Skippr, tables: dict[str, Any], compact: bool = False, query: dict | None = None) -> None:
     """Compaction only when asked: before that, the commits' own files are what is checked."""
     maintenance = MAINTENANCE if compact else {"enabled": False}
-    skippr.write_config(["events"], extra_pipeline={
+    skippr.write_config(["events"], query=query, extra_pipeline={
         "tables": tables, "maintenance": maintenance,
         # A transaction past 1 MiB is spilled and written in parts (see the large one below).
         "transaction_memory_budget_mb": 1})
@@ -228,6 +231,34 @@ def test_a_partitioned_sorted_table_through_snapshot_cdc_spec_change_and_compact
     summaries = [s.summary.operation.value for s in table.snapshots() if s.summary]
     assert "replace" in summaries, f"no compaction ran: {summaries}"
     assert_equal(skippr)
+
+    # The gateway: a one-day query equals Postgres, scans only that day's files (EXPLAIN
+    # ANALYZE), and still shows a row of that day not yet committed (the WAL tail).
+    port = free_port()
+    write_config(skippr, MONTHLY, query={"listen": f"127.0.0.1:{port}"})
+    proc = skippr.start("serve")
+    try:
+        gw = connect_gateway(skippr, proc, port)
+        lo = START + dt.timedelta(days=25)
+        hi = lo + dt.timedelta(days=1)
+        one_day = "SELECT id, amount, note FROM {t} WHERE created_at >= %s AND created_at < %s ORDER BY id"
+        want = db.execute(one_day.format(t="events"), (lo, hi))
+        assert want, "no rows on the day asked for"
+        assert gw.execute(one_day.format(t="analytics.events"), (lo, hi)).fetchall() == want
+        plan = "\n".join(" ".join(map(str, r)) for r in gw.execute(
+            "EXPLAIN ANALYZE " + one_day.format(t="analytics.events"), (lo, hi)).fetchall())
+        scanned = re.search(r"(?<![a-z_])files_scanned=(\d+)", plan)
+        total = re.search(r"(?<![a-z_])files_in_table=(\d+)", plan)
+        assert scanned and total and 0 < int(scanned.group(1)) < int(total.group(1)), plan
+        db.execute("INSERT INTO events VALUES (400001, %s, 1, 1, 'live')", (lo + dt.timedelta(hours=1),))
+        want = db.execute(one_day.format(t="events"), (lo, hi))
+        deadline = time.monotonic() + 30
+        while gw.execute(one_day.format(t="analytics.events"), (lo, hi)).fetchall() != want:
+            assert time.monotonic() < deadline, "the gateway never showed the row not yet committed"
+            time.sleep(0.2)
+        gw.close()
+    finally:
+        stop(proc)
 
     # Back to unpartitioned: removing the layout adds an unpartitioned spec the same way.
     write_config(skippr, {}, compact=True)
