@@ -9,10 +9,10 @@ use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
+use super::layout::Layout;
 use super::{SourceColumn, PROP_COLUMNS, PROP_PRIMARY_KEY, PROP_SOURCE};
 use crate::catalog::LocalCatalog;
 use crate::change::schema::TableSchema;
-use super::layout::Layout;
 use crate::error::{Context, Error, Result};
 
 /// Builds the Iceberg schema of a source table.
@@ -90,13 +90,15 @@ pub async fn create_or_load(
             "zstd".to_string(),
         ),
     ]);
-    layout.check(&schema, &ts.table.to_string()).map_err(|problems| {
-        Error::config(format!(
-            "the layout skippr.yml gives {} does not fit it: {}",
-            ts.table,
-            problems.join("; ")
-        ))
-    })?;
+    layout
+        .check(&schema, &ts.table.to_string())
+        .map_err(|problems| {
+            Error::config(format!(
+                "the layout skippr.yml gives {} does not fit it: {}",
+                ts.table,
+                problems.join("; ")
+            ))
+        })?;
     let spec = layout
         .partition_spec(&schema)
         .with_context(|| format!("building the partition spec of {}", ts.table))?;
