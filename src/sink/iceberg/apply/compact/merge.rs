@@ -298,6 +298,14 @@ impl Output {
         })
     }
 
+    /// The runs of rows of one partition of the current spec (all of them when unpartitioned).
+    fn runs(&self, rows: &RecordBatch) -> Result<Vec<(Struct, std::ops::Range<usize>)>> {
+        Ok(match &self.partitioner {
+            None => vec![(Struct::empty(), 0..rows.num_rows())],
+            Some(p) => p.runs(rows)?,
+        })
+    }
+
     /// Appends `rows`, live rows of file `no` in another order: the `i`-th of them is the
     /// file's `ks[i]`-th live row. Each goes to the file of its partition.
     pub(super) async fn put_each(
@@ -307,11 +315,7 @@ impl Output {
         ks: &[u64],
         rows: RecordBatch,
     ) -> Result<()> {
-        let runs = match &self.partitioner {
-            None => vec![(Struct::empty(), 0..rows.num_rows())],
-            Some(p) => p.runs(&rows)?,
-        };
-        for (part, range) in runs {
+        for (part, range) in self.runs(&rows)? {
             let n = range.len();
             let each = Ks::Each(&ks[range.clone()]);
             self.put_run(sink, no, each, part, rows.slice(range.start, n))
@@ -329,11 +333,7 @@ impl Output {
         k: u64,
         rows: RecordBatch,
     ) -> Result<()> {
-        let runs = match &self.partitioner {
-            None => vec![(Struct::empty(), 0..rows.num_rows())],
-            Some(p) => p.runs(&rows)?,
-        };
-        for (part, range) in runs {
+        for (part, range) in self.runs(&rows)? {
             let n = range.len();
             self.put_run(
                 sink,
