@@ -69,17 +69,22 @@ fn valid_name(what: &str, s: &str) -> Result<()> {
     }
 }
 
-/// Sets `pipelines.<p>.<field>` to `reference`, refusing to repoint an existing link.
-fn link(doc: &mut Mapping, pipeline: &str, field: &str, reference: &str) -> Result<()> {
+/// The mapping `pipelines.<p>`, made when missing.
+fn pipeline_entry<'d>(doc: &'d mut Mapping, pipeline: &str) -> Result<&'d mut Mapping> {
     let pipelines = section(doc, "pipelines")?;
     let p = pipelines
         .entry(key(pipeline))
         .or_insert_with(|| Value::Mapping(Mapping::new()));
-    let p = p.as_mapping_mut().ok_or_else(|| {
+    p.as_mapping_mut().ok_or_else(|| {
         Error::config(format!(
             "pipelines.{pipeline} is not a mapping; fix it by hand first"
         ))
-    })?;
+    })
+}
+
+/// Sets `pipelines.<p>.<field>` to `reference`, refusing to repoint an existing link.
+fn link(doc: &mut Mapping, pipeline: &str, field: &str, reference: &str) -> Result<()> {
+    let p = pipeline_entry(doc, pipeline)?;
     match p.get(field).and_then(Value::as_str) {
         Some(existing) if existing != reference => Err(Error::config(format!(
             "pipeline `{pipeline}` already has {field}: {existing}; choose another --pipeline, or edit skippr.yml to change it"
@@ -258,15 +263,7 @@ fn table_settings(
         // Only clearing, and nothing to clear.
         return Ok(());
     }
-    let pipelines = section(doc, "pipelines")?;
-    let p = pipelines
-        .entry(key(pipeline))
-        .or_insert_with(|| Value::Mapping(Mapping::new()));
-    let p = p.as_mapping_mut().ok_or_else(|| {
-        Error::config(format!(
-            "pipelines.{pipeline} is not a mapping; fix it by hand first"
-        ))
-    })?;
+    let p = pipeline_entry(doc, pipeline)?;
     let settings = p
         .entry(key("tables"))
         .or_insert_with(|| Value::Mapping(Mapping::new()));
