@@ -103,15 +103,7 @@ fn convert(expr: &Expr, schema: &Schema) -> Option<Converted> {
                     None => {}
                 }
             }
-            let c = side.one_of(values)?;
-            if *negated {
-                c.exact.then(|| Converted {
-                    predicate: !c.predicate,
-                    exact: true,
-                })
-            } else {
-                Some(c)
-            }
+            negated_if(side.one_of(values)?, *negated)
         }
         Expr::Between(Between {
             expr,
@@ -126,14 +118,7 @@ fn convert(expr: &Expr, schema: &Schema) -> Option<Converted> {
                 predicate: lo.predicate.and(hi.predicate),
                 exact: lo.exact && hi.exact,
             };
-            if *negated {
-                c.exact.then(|| Converted {
-                    predicate: !c.predicate,
-                    exact: true,
-                })
-            } else {
-                Some(c)
-            }
+            negated_if(c, *negated)
         }
         Expr::Like(like) => convert_like(like, schema),
         Expr::ScalarFunction(f) if f.func.name() == "starts_with" => match f.args.as_slice() {
@@ -636,6 +621,19 @@ fn decimal_text(mantissa: i128, scale: i8) -> Option<String> {
     let padded = format!("{digits:0>width$}", width = scale + 1);
     let (int, frac) = padded.split_at(padded.len() - scale);
     Some(format!("{sign}{int}.{frac}"))
+}
+
+/// `c`, or its negation when `negated`: only an exact conversion can be negated (the negation
+/// of a looser predicate would skip files holding matching rows).
+fn negated_if(c: Converted, negated: bool) -> Option<Converted> {
+    if negated {
+        c.exact.then(|| Converted {
+            predicate: !c.predicate,
+            exact: true,
+        })
+    } else {
+        Some(c)
+    }
 }
 
 #[cfg(test)]
