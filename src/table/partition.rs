@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, RecordBatch, StructArray, UInt32Array};
 use arrow::compute::SortOptions;
 use arrow::row::{RowConverter, Rows, SortField};
 use iceberg::arrow::{arrow_struct_to_literal, PartitionValueCalculator};
@@ -53,10 +53,50 @@ impl Partitioner {
         self.spec.spec_id()
     }
 
-    /// Each row's partition.
-    pub fn values(&self, batch: &RecordBatch) -> Result<Vec<Struct>> {
+    /// Each row's partition, as the distinct partitions of `batch` (in the order of their
+    /// first row) and, for each row, the index of its partition among them.
+    ///
+    /// Rows are grouped by the bytes of their partition values; only one Iceberg value is
+    /// made per distinct partition, not one per row (a snapshot's batch of 8192 rows
+    /// usually holds a handful of partitions).
+    pub fn groups(&self, batch: &RecordBatch) -> Result<(Vec<Struct>, Vec<u32>)> {
         let array = self.calculator.calculate(batch)?;
-        arrow_struct_to_literal(&array, &self.partition_type)?
+        let Some(values) = array.as_any().downcast_ref::<StructArray>() else {
+            return Err(Error::fatal(
+                "the partition values of a batch are not a struct array",
+            ));
+        };
+        let fields: Vec<SortField> = values
+            .columns()
+            .iter()
+            .map(|c| SortField::new(c.data_type().clone()))
+            .collect();
+        let (firsts, of_row) = match RowConverter::new(fields) {
+            Ok(converter) => {
+                let rows = converter.convert_columns(values.columns())?;
+                let mut firsts: Vec<u32> = Vec::new();
+                let mut at: HashMap<arrow::row::Row<'_>, u32> = HashMap::new();
+                let mut of_row: Vec<u32> = Vec::with_capacity(rows.num_rows());
+                let mut last: Option<(arrow::row::Row<'_>, u32)> = None;
+                for (i, row) in rows.iter().enumerate() {
+                    // Neighbouring rows mostly share a partition: no hash for them.
+                    let g = match last {
+                        Some((r, g)) if r == row => g,
+                        _ => *at.entry(row).or_insert_with(|| {
+                            firsts.push(i as u32);
+                            firsts.len() as u32 - 1
+                        }),
+                    };
+                    last = Some((row, g));
+                    of_row.push(g);
+                }
+                (firsts, of_row)
+            }
+            // A partition type the row format cannot hold: one value per row.
+            Err(_) => ((0..batch.num_rows() as u32).collect(), Vec::new()),
+        };
+        let picked = arrow::compute::take(&array, &UInt32Array::from(firsts), None)?;
+        let parts: Vec<Struct> = arrow_struct_to_literal(&picked, &self.partition_type)?
             .into_iter()
             .map(|v| match v {
                 Some(Literal::Struct(s)) => Ok(s),
@@ -64,34 +104,51 @@ impl Partitioner {
                     "a row's partition value is not a struct of the partition type",
                 )),
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        if !of_row.is_empty() || batch.num_rows() == 0 {
+            return Ok((parts, of_row));
+        }
+        // Per-row values: merge equal ones.
+        let mut distinct: Vec<Struct> = Vec::new();
+        let mut at: HashMap<Struct, u32> = HashMap::new();
+        let of_row = parts
+            .into_iter()
+            .map(|v| {
+                *at.entry(v.clone()).or_insert_with(|| {
+                    distinct.push(v);
+                    distinct.len() as u32 - 1
+                })
+            })
+            .collect();
+        Ok((distinct, of_row))
     }
 
     /// The rows of `batch` grouped by partition: groups in the order of their first row,
     /// the rows of each group in batch order.
     pub fn split(&self, batch: &RecordBatch) -> Result<Vec<(Struct, Vec<u32>)>> {
-        let mut groups: Vec<(Struct, Vec<u32>)> = Vec::new();
-        let mut at: HashMap<Struct, usize> = HashMap::new();
-        for (row, value) in self.values(batch)?.into_iter().enumerate() {
-            let i = *at.entry(value.clone()).or_insert_with(|| {
-                groups.push((value, Vec::new()));
-                groups.len() - 1
-            });
-            groups[i].1.push(row as u32);
+        let (parts, of_row) = self.groups(batch)?;
+        let mut groups: Vec<(Struct, Vec<u32>)> =
+            parts.into_iter().map(|p| (p, Vec::new())).collect();
+        for (row, g) in of_row.into_iter().enumerate() {
+            groups[g as usize].1.push(row as u32);
         }
         Ok(groups)
     }
 
     /// The runs of consecutive rows of one partition, in batch order.
     pub fn runs(&self, batch: &RecordBatch) -> Result<Vec<(Struct, Range<usize>)>> {
-        let mut runs: Vec<(Struct, Range<usize>)> = Vec::new();
-        for (row, value) in self.values(batch)?.into_iter().enumerate() {
+        let (parts, of_row) = self.groups(batch)?;
+        let mut runs: Vec<(u32, Range<usize>)> = Vec::new();
+        for (row, g) in of_row.into_iter().enumerate() {
             match runs.last_mut() {
-                Some((last, range)) if *last == value => range.end = row + 1,
-                _ => runs.push((value, row..row + 1)),
+                Some((last, range)) if *last == g => range.end = row + 1,
+                _ => runs.push((g, row..row + 1)),
             }
         }
-        Ok(runs)
+        Ok(runs
+            .into_iter()
+            .map(|(g, range)| (parts[g as usize].clone(), range))
+            .collect())
     }
 }
 
@@ -301,19 +358,33 @@ mod tests {
         let p = Partitioner::current(&meta)
             .expect("partitioner")
             .expect("partitioned");
-        let b = batch(&[1, 1, 2, 1], &[Some("a"), Some("a"), Some("b"), None]);
-        let values = p.values(&b).expect("values");
-        assert_eq!(values[0], values[1]);
+        let b = batch(
+            &[1, 1, 2, 1, 1],
+            &[Some("a"), Some("a"), Some("b"), None, Some("a")],
+        );
+        let (parts, of_row) = p.groups(&b).expect("groups");
+        assert_eq!(
+            of_row,
+            vec![0, 0, 1, 2, 0],
+            "equal partitions share one group"
+        );
+        assert_eq!(parts.len(), 3, "one value per distinct partition");
+        let values: Vec<&Struct> = of_row.iter().map(|g| &parts[*g as usize]).collect();
         assert_ne!(values[0], values[3], "a NULL is a partition of its own");
         let groups = p.split(&b).expect("split");
         let rows: Vec<u32> = groups.iter().flat_map(|(_, r)| r.clone()).collect();
         let mut sorted = rows.clone();
         sorted.sort_unstable();
-        assert_eq!(sorted, vec![0, 1, 2, 3], "every row in exactly one group");
-        assert_eq!(groups[0].1[..2], [0, 1], "groups keep batch order");
+        assert_eq!(
+            sorted,
+            vec![0, 1, 2, 3, 4],
+            "every row in exactly one group"
+        );
+        assert_eq!(groups[0].1, [0, 1, 4], "groups keep batch order");
         let runs = p.runs(&b).expect("runs");
-        assert_eq!(runs.first().map(|r| r.1.clone()), Some(0..2));
-        assert_eq!(runs.iter().map(|r| r.1.len()).sum::<usize>(), 4);
+        let ranges: Vec<_> = runs.iter().map(|r| r.1.clone()).collect();
+        assert_eq!(ranges, vec![0..2, 2..3, 3..4, 4..5]);
+        assert_eq!(runs[0].0, runs[3].0);
         // The values are the spec's: the bucket of 1 is Iceberg's murmur3 bucket.
         let bucket = iceberg::transform::create_transform_function(&Transform::Bucket(4))
             .expect("bucket")

@@ -187,7 +187,7 @@ impl TableWriter {
         Ok(())
     }
 
-    /// Writes rows that all belong to `partition` (a value of [`Partitioner::values`], or
+    /// Writes rows that all belong to `partition` (a value of [`Partitioner::groups`], or
     /// the empty struct for an unpartitioned table), in the order given, to that
     /// partition's file.
     pub async fn write_to(&mut self, partition: Struct, batch: RecordBatch) -> Result<()> {

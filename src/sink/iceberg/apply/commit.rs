@@ -76,21 +76,7 @@ impl TableSink {
         let partitioner = Partitioner::current(self.table.metadata())?;
         let (groups, of_row): (Vec<Struct>, Vec<u32>) = match &partitioner {
             None => (vec![Struct::empty()], vec![0; batch.num_rows()]),
-            Some(p) => {
-                let mut groups: Vec<Struct> = Vec::new();
-                let mut at: HashMap<Struct, u32> = HashMap::new();
-                let of_row = p
-                    .values(&batch)?
-                    .into_iter()
-                    .map(|v| {
-                        *at.entry(v.clone()).or_insert_with(|| {
-                            groups.push(v);
-                            groups.len() as u32 - 1
-                        })
-                    })
-                    .collect();
-                (groups, of_row)
-            }
+            Some(p) => p.groups(&batch)?,
         };
         // Each group's rows in order, and where each pending row landed in its file.
         let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); groups.len()];
