@@ -269,6 +269,114 @@ pub enum SinkKind {
     Athenaiceberg(AthenaArgs),
     /// Iceberg in a local warehouse folder (the embedded default).
     Localiceberg(LocalArgs),
+    /// Iceberg behind an Iceberg REST catalog: Apache Polaris / Snowflake Open Catalog,
+    /// Lakekeeper, Nessie, Unity Catalog, Gravitino, or AWS's S3 Tables and Glue endpoints.
+    #[command(
+        after_help = "Examples:\n  skipprd connect data-sink resticeberg --pipeline app --name lake \\\n    --uri https://polaris.example.com/api/catalog --warehouse analytics_wh \\\n    --credential '${CLIENT_ID}:${CLIENT_SECRET}' --scope PRINCIPAL_ROLE:ALL\n  skipprd connect data-sink resticeberg --pipeline app --name lake \\\n    --uri http://127.0.0.1:8181/catalog --warehouse lake --token '${CATALOG_TOKEN}' \\\n    --property s3.endpoint=http://127.0.0.1:9000 --property s3.path-style-access=true\n\nGiven again for an existing sink, --credential, --token and --sigv4-* replace the other\ntwo ways in; --property k=v sets one property and keeps the others, 'k=' removes it."
+    )]
+    Resticeberg(RestArgs),
+    /// Iceberg in an S3 table bucket, through the S3 Tables Iceberg REST endpoint (a
+    /// RestIceberg sink signed with SigV4).
+    #[command(
+        after_help = "Example:\n  skipprd connect data-sink s3tablesiceberg --pipeline app --name lake \\\n    --table-bucket-arn arn:aws:s3tables:us-east-1:111122223333:bucket/analytics \\\n    --region us-east-1"
+    )]
+    S3tablesiceberg(S3TablesArgs),
+    /// Iceberg in a Glue database, through Glue's Iceberg REST endpoint (a RestIceberg sink
+    /// signed with SigV4).
+    #[command(
+        after_help = "Example:\n  skipprd connect data-sink glueresticeberg --pipeline app --name lake \\\n    --glue-database-name analytics --region us-east-1"
+    )]
+    Glueresticeberg(GlueRestArgs),
+}
+
+/// `KEY=VALUE`: one property of a REST catalog (an empty VALUE removes it).
+fn property_entry(s: &str) -> Result<(String, String), String> {
+    if s.starts_with("--") {
+        return Err(format!(
+            "`{s}` is the next flag, not a value: give the flag its KEY=VALUE value"
+        ));
+    }
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!(
+            "`{s}` is not KEY=VALUE: write e.g. s3.endpoint=http://127.0.0.1:9000"
+        )),
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RestArgs {
+    /// Pipeline whose sink this is.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
+    pub pipeline: String,
+    /// Name of the sink.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
+    pub name: String,
+    /// The catalog's base URI as its docs give it (requests go to <URI>/v1/...), e.g.
+    /// `https://polaris.example.com/api/catalog` (required for a data sink; a schema sink
+    /// without it takes the data sink's settings).
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "URL")]
+    pub uri: Option<String>,
+    /// The warehouse as the catalog names it: a name (Polaris's catalog, Lakekeeper's or
+    /// Nessie's warehouse, Unity's catalog) or a location [default: the catalog's own].
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
+    pub warehouse: Option<String>,
+    /// OAuth2 client credentials, `<client id>:<client secret>`; pass
+    /// '${CLIENT_ID}:${CLIENT_SECRET}' (single-quoted) to keep them in the environment.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "ID:SECRET")]
+    pub credential: Option<String>,
+    /// A bearer token instead of client credentials; pass '${CATALOG_TOKEN}'.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// The OAuth2 scope asked for with --credential, e.g. `PRINCIPAL_ROLE:ALL` for Polaris
+    /// [default: catalog].
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "SCOPE")]
+    pub scope: Option<String>,
+    /// Sign requests with AWS SigV4 in this region (AWS's S3 Tables and Glue endpoints);
+    /// goes with --sigv4-service.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "REGION")]
+    pub sigv4_region: Option<String>,
+    /// The SigV4 signing name: `s3tables` or `glue`; goes with --sigv4-region.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "SERVICE")]
+    pub sigv4_service: Option<String>,
+    /// A catalog or storage property as KEY=VALUE, e.g. `s3.endpoint=http://127.0.0.1:9000`;
+    /// repeat for more. 'KEY=' removes one written before.
+    #[arg(long = "property", value_parser = property_entry, value_name = "KEY=VALUE")]
+    pub property: Vec<(String, String)>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct S3TablesArgs {
+    /// Pipeline whose sink this is.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
+    pub pipeline: String,
+    /// Name of the sink.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
+    pub name: String,
+    /// ARN of the table bucket, `arn:aws:s3tables:<region>:<account>:bucket/<name>`
+    /// (required for a data sink; a schema sink without it takes the data sink's settings).
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "ARN")]
+    pub table_bucket_arn: Option<String>,
+    /// AWS region of the table bucket, e.g. `us-east-1`.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "REGION")]
+    pub region: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GlueRestArgs {
+    /// Pipeline whose sink this is.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
+    pub pipeline: String,
+    /// Name of the sink.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value)]
+    pub name: String,
+    /// Glue database every table goes to (created when missing), e.g. `analytics`
+    /// (required for a data sink; a schema sink without it takes the data sink's settings).
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
+    pub glue_database_name: Option<String>,
+    /// AWS region of the Glue catalog, e.g. `us-east-1`.
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "REGION")]
+    pub region: Option<String>,
 }
 
 /// A flag's text value. Values may start with `-` (`-.Inf`, say), but not with `--`: that is

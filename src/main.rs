@@ -11,6 +11,7 @@ use skippr::cli::{
     CdcModeArg, Cli, Command, ConnectCommand, DiscoverFormat, QueryEngine, SinkKind, SourceKind,
 };
 use skippr::config::connect::Connect;
+use skippr::config::rest_iceberg;
 use skippr::config::{Config, PipelineConfig, SinkConfig};
 use skippr::error::{Error, Result};
 use skippr::{config, query, source, telemetry};
@@ -105,6 +106,7 @@ async fn run(cli: Cli) -> Result<u8> {
                     SinkConfig::AthenaIceberg { name, sink } => {
                         format!("{name} (AthenaIceberg at {})", sink.warehouse)
                     }
+                    SinkConfig::RestIceberg { .. } => describe_rest(&p.sink),
                 };
                 writeln!(
                     stdout,
@@ -233,7 +235,7 @@ async fn discover(
                 fix: c.fix,
             })
             .collect(),
-        SinkConfig::LocalIceberg { .. } => Vec::new(),
+        SinkConfig::LocalIceberg { .. } | SinkConfig::RestIceberg { .. } => Vec::new(),
     };
     match source::postgres::discover::discover(p, &config.workspace).await {
         Ok(mut report) => {
@@ -276,6 +278,29 @@ fn layout_checks(p: &PipelineConfig, report: &mut source::postgres::discover::Re
     }
 }
 
+/// A REST catalog sink as `validate` names it: its kind, catalog and warehouse (never its
+/// credential or token).
+fn describe_rest(sink: &SinkConfig) -> String {
+    let SinkConfig::RestIceberg {
+        name,
+        kind,
+        sink,
+        namespace,
+    } = sink
+    else {
+        return String::new();
+    };
+    let mut out = format!("{name} ({kind} at {}", sink.uri);
+    if let Some(w) = &sink.warehouse {
+        out.push_str(&format!(", warehouse {w}"));
+    }
+    if let Some(database) = namespace {
+        out.push_str(&format!(", Glue database {database}"));
+    }
+    out.push(')');
+    out
+}
+
 fn put(m: &mut Mapping, k: &str, v: Option<Value>) {
     if let Some(v) = v {
         m.insert(Value::String(k.to_string()), v);
@@ -292,6 +317,107 @@ fn n<T: Into<serde_yaml::Number> + Copy>(v: Option<T>) -> Option<Value> {
 
 fn list(v: &[String]) -> Option<Value> {
     (!v.is_empty()).then(|| Value::Sequence(v.iter().cloned().map(Value::String).collect()))
+}
+
+/// With `require` (a data sink) every one of `fields` must be given; without it (a schema
+/// sink, which may copy its data sink's settings), all of them or none.
+fn all_or_none(what: &str, fields: &[(&str, &Option<String>)], require: bool) -> Result<()> {
+    let missing: Vec<String> = fields
+        .iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| format!("--{}", k.replace('_', "-")))
+        .collect();
+    if (require || missing.len() < fields.len()) && !missing.is_empty() {
+        return Err(Error::config(format!(
+            "{what} needs {}",
+            missing.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// The `RestIceberg` entry of `connect ... resticeberg`, checked as `validate` checks it
+/// (values holding a `${VAR}` reference are checked once the file is loaded).
+fn rest_fields(r: &skippr::cli::RestArgs, require: bool) -> Result<Mapping> {
+    let given = r.uri.is_some()
+        || r.warehouse.is_some()
+        || r.credential.is_some()
+        || r.token.is_some()
+        || r.scope.is_some()
+        || r.sigv4_region.is_some()
+        || r.sigv4_service.is_some()
+        || !r.property.is_empty();
+    let Some(uri) = &r.uri else {
+        if require || given {
+            return Err(Error::config(
+                "a RestIceberg sink needs --uri (the catalog's base URI, e.g. https://polaris.example.com/api/catalog)",
+            ));
+        }
+        return Ok(Mapping::new());
+    };
+    let literal = |v: &str| !v.contains('$');
+    if literal(uri) {
+        if let Some(p) = rest_iceberg::uri_problem(uri) {
+            return Err(Error::config(format!("--uri: {p}")));
+        }
+    }
+    if let Some(c) = &r.credential {
+        if literal(c) {
+            if let Some(p) = rest_iceberg::credential_problem(c) {
+                return Err(Error::config(format!("--credential {p}")));
+            }
+        }
+    }
+    if r.credential.is_some() && r.token.is_some() {
+        return Err(Error::config(
+            "--credential and --token exclude each other: give OAuth2 client credentials or a bearer token",
+        ));
+    }
+    let sigv4 = match (&r.sigv4_region, &r.sigv4_service) {
+        (None, None) => None,
+        (Some(region), Some(service)) => {
+            if literal(service) {
+                if let Some(p) = rest_iceberg::service_problem(service) {
+                    return Err(Error::config(format!("--sigv4-service: {p}")));
+                }
+            }
+            if r.credential.is_some() || r.token.is_some() {
+                return Err(Error::config(
+                    "--sigv4-region and --sigv4-service sign requests with AWS credentials: leave out --credential and --token",
+                ));
+            }
+            let mut sig = Mapping::new();
+            put(&mut sig, "region", Some(Value::String(region.clone())));
+            put(&mut sig, "service", Some(Value::String(service.clone())));
+            Some(Value::Mapping(sig))
+        }
+        _ => {
+            return Err(Error::config(
+                "--sigv4-region and --sigv4-service go together (e.g. --sigv4-region us-east-1 --sigv4-service s3tables)",
+            ))
+        }
+    };
+    let mut m = Mapping::new();
+    put(&mut m, "uri", Some(Value::String(uri.clone())));
+    put(&mut m, "warehouse", s(&r.warehouse));
+    put(&mut m, "credential", s(&r.credential));
+    put(&mut m, "token", s(&r.token));
+    put(&mut m, "scope", s(&r.scope));
+    put(&mut m, "sigv4", sigv4);
+    if !r.property.is_empty() {
+        // An empty value removes the property (null, for `connect`'s merge).
+        let mut props = Mapping::new();
+        for (k, v) in &r.property {
+            let v = if v.is_empty() {
+                Value::Null
+            } else {
+                Value::String(v.clone())
+            };
+            props.insert(Value::String(k.clone()), v);
+        }
+        put(&mut m, "properties", Some(Value::Mapping(props)));
+    }
+    Ok(m)
 }
 
 /// Turns `connect` flags into the entry to write.
@@ -338,6 +464,39 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
                     }
                     put(&mut m, "warehouse", s(&l.warehouse));
                     Ok((l.pipeline.clone(), l.name.clone(), "LocalIceberg", m))
+                }
+                SinkKind::Resticeberg(r) => {
+                    let m = rest_fields(r, require)?;
+                    Ok((r.pipeline.clone(), r.name.clone(), "RestIceberg", m))
+                }
+                SinkKind::S3tablesiceberg(t) => {
+                    let fields = [
+                        ("table_bucket_arn", &t.table_bucket_arn),
+                        ("region", &t.region),
+                    ];
+                    all_or_none("an S3TablesIceberg sink", &fields, require)?;
+                    if let (Some(arn), Some(region)) = (&t.table_bucket_arn, &t.region) {
+                        if !arn.contains('$') && !region.contains('$') {
+                            if let Some(p) = rest_iceberg::table_bucket_arn_problem(arn, region) {
+                                return Err(Error::config(format!("--table-bucket-arn: {p}")));
+                            }
+                        }
+                    }
+                    for (k, v) in fields {
+                        put(&mut m, k, s(v));
+                    }
+                    Ok((t.pipeline.clone(), t.name.clone(), "S3TablesIceberg", m))
+                }
+                SinkKind::Glueresticeberg(g) => {
+                    let fields = [
+                        ("glue_database_name", &g.glue_database_name),
+                        ("region", &g.region),
+                    ];
+                    all_or_none("a GlueRestIceberg sink", &fields, require)?;
+                    for (k, v) in fields {
+                        put(&mut m, k, s(v));
+                    }
+                    Ok((g.pipeline.clone(), g.name.clone(), "GlueRestIceberg", m))
                 }
             }
         };

@@ -128,15 +128,63 @@ fn define(
     let connector = entry
         .entry(key(kind))
         .or_insert_with(|| Value::Mapping(Mapping::new()));
-    match connector {
-        Value::Mapping(m) => {
-            for (k, v) in fields {
-                m.insert(k, v);
+    if !connector.is_mapping() {
+        *connector = Value::Mapping(Mapping::new());
+    }
+    if let Value::Mapping(m) = connector {
+        for (k, v) in fields {
+            // A key given now replaces the keys it cannot stand beside.
+            if let Some(excluded) = k.as_str().and_then(|k| excludes(kind, k)) {
+                for other in excluded {
+                    m.remove(*other);
+                }
             }
+            merge(m, k, v);
         }
-        other => *other = Value::Mapping(fields),
     }
     Ok(())
+}
+
+/// The keys of connector `kind` that `field` cannot stand beside: a `RestIceberg` catalog
+/// is reached with OAuth2 client credentials, a bearer token, or SigV4, one at a time.
+fn excludes(kind: &str, field: &str) -> Option<&'static [&'static str]> {
+    match (kind, field) {
+        ("RestIceberg", "credential") => Some(&["token", "sigv4"]),
+        ("RestIceberg", "token") => Some(&["credential", "sigv4", "scope"]),
+        ("RestIceberg", "sigv4") => Some(&["credential", "token", "scope"]),
+        _ => None,
+    }
+}
+
+/// Sets `k` to `v` in `m`. A mapping given for a mapping already there (a REST catalog's
+/// `properties`) updates it key by key: a null value removes that key, and a mapping left
+/// empty is removed.
+fn merge(m: &mut Mapping, k: Value, v: Value) {
+    match (m.get_mut(&k), v) {
+        (Some(Value::Mapping(old)), Value::Mapping(new)) => {
+            for (nk, nv) in new {
+                if nv.is_null() {
+                    old.remove(&nk);
+                } else {
+                    old.insert(nk, nv);
+                }
+            }
+            if old.is_empty() {
+                m.remove(&k);
+            }
+        }
+        (_, Value::Mapping(new)) => {
+            let kept: Mapping = new.into_iter().filter(|(_, v)| !v.is_null()).collect();
+            if kept.is_empty() {
+                m.remove(&k);
+            } else {
+                m.insert(k, Value::Mapping(kept));
+            }
+        }
+        (_, v) => {
+            m.insert(k, v);
+        }
+    }
 }
 
 /// Applies `--storage-mode` and `--storage-path`: an S3 mode needs an `s3://` path, and
