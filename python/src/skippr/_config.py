@@ -10,10 +10,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Un
 
 from ._errors import ConfigError, Segment, display_path
 from ._model import (
+    SINK_CLASSES_TEXT,
+    SINK_KEYS_TEXT,
     SINK_KINDS,
     DataSinkAthenaIceberg,
     DataSinkDef,
+    DataSinkGlueRestIceberg,
     DataSinkLocalIceberg,
+    DataSinkRestIceberg,
+    DataSinkRestIcebergSigv4,
+    DataSinkS3TablesIceberg,
     DataSinkRef,
     DataSourcePostgres,
     DataSourceRef,
@@ -44,7 +50,13 @@ from ._yaml import Document, Node, Scalar, parse, render
 PathLike = Union[str, "os.PathLike[str]"]
 
 _SECTIONS = ("skippr", "pipelines", "data_sources", "data_sinks", "schema_sinks")
-_SINK_CLASSES: Dict[str, Type[Any]] = {"LocalIceberg": DataSinkLocalIceberg, "AthenaIceberg": DataSinkAthenaIceberg}
+_SINK_CLASSES: Dict[str, Type[Any]] = {
+    "LocalIceberg": DataSinkLocalIceberg,
+    "AthenaIceberg": DataSinkAthenaIceberg,
+    "RestIceberg": DataSinkRestIceberg,
+    "S3TablesIceberg": DataSinkS3TablesIceberg,
+    "GlueRestIceberg": DataSinkGlueRestIceberg,
+}
 
 
 def _defined(section: str, names: Sequence[str]) -> str:
@@ -175,7 +187,7 @@ class Config:
         name = check_simple_name("data_sinks", "data sink", name)
         if not isinstance(sink, SINK_KINDS):
             raise ConfigError(
-                f"expected a DataSinkAthenaIceberg or DataSinkLocalIceberg, found {describe(sink)}",
+                f"expected {SINK_CLASSES_TEXT}, found {describe(sink)}",
                 f"data_sinks.{name}",
             )
         link: Optional[str] = None
@@ -210,7 +222,7 @@ class Config:
         name = check_simple_name("schema_sinks", "schema sink", name)
         if not isinstance(sink, SINK_KINDS):
             raise ConfigError(
-                f"expected a DataSinkAthenaIceberg or DataSinkLocalIceberg, found {describe(sink)}",
+                f"expected {SINK_CLASSES_TEXT}, found {describe(sink)}",
                 f"schema_sinks.{name}",
             )
         self._define(self._schema_sinks, "schema_sinks", name, sink)
@@ -489,7 +501,8 @@ class Config:
 
 
 def _fields(obj: Any, names: Sequence[str]) -> Dict[str, Node]:
-    """The set fields of ``obj``, in the order they are written."""
+    """The set fields of ``obj``, in the order they are written (a nested settings object,
+    such as ``sigv4``, and a mapping, such as ``properties``, as block mappings)."""
     out: Dict[str, Node] = {}
     for n in names:
         v = getattr(obj, n)
@@ -500,6 +513,11 @@ def _fields(obj: Any, names: Sequence[str]) -> Dict[str, Node]:
             out[n] = items
         elif isinstance(v, enum.Enum):
             out[n] = str(v.value)
+        elif isinstance(v, DataSinkRestIcebergSigv4):
+            out[n] = _fields(v, v._fields)
+        elif isinstance(v, MappingProxyType):
+            inner: Dict[str, Node] = {k: x for k, x in v.items()}
+            out[n] = inner
         else:
             out[n] = v
     return out
@@ -569,14 +587,29 @@ class _Reader:
     def connector(self, path: Tuple[Segment, ...], value: Dict[str, Any], what: str) -> SinkConnector:
         kinds = [k for k in value if k in _SINK_CLASSES]
         if len(kinds) != 1:
-            raise self.fail(
-                path, f"{what} needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg"
-            )
+            raise self.fail(path, f"{what} needs exactly one connector key; allowed: {SINK_KEYS_TEXT}")
         kind = kinds[0]
-        fields = self.mapping(path + (kind,), value[kind], f"the {kind} settings (a mapping)")
+        at = path + (kind,)
+        fields = self.mapping(at, value[kind], f"the {kind} settings (a mapping)")
         cls = _SINK_CLASSES[kind]
-        self.keys(path + (kind,), fields, cls._fields, cls._fields)
-        sink: SinkConnector = self.build(path + (kind,), cls, fields)
+        self.keys(at, fields, cls._fields, getattr(cls, "required", cls._fields))
+        fields = dict(fields)
+        if cls is DataSinkRestIceberg:
+            if fields.get("sigv4") is not None:
+                sig = self.mapping(at + ("sigv4",), fields["sigv4"], "a mapping (region, service)")
+                names = DataSinkRestIcebergSigv4._fields
+                self.keys(at + ("sigv4",), sig, names, names)
+                fields["sigv4"] = self.build(at + ("sigv4",), DataSinkRestIcebergSigv4, dict(sig))
+            if fields.get("properties") is not None:
+                props = self.mapping(at + ("properties",), fields["properties"], "a mapping of property name to value")
+                for k, v in props.items():
+                    if v is None or isinstance(v, (list, dict)):
+                        raise self.fail(
+                            at + ("properties", k),
+                            f"wrong type: found {describe(v)}, expected a text value (a string, a boolean or a number)",
+                        )
+                fields["properties"] = props
+        sink: SinkConnector = self.build(at, cls, fields)
         return sink
 
     def read(self, cfg: Config) -> Config:
@@ -683,7 +716,7 @@ class _Reader:
         for name, value in schema_sinks.items():
             at = ("schema_sinks", name)
             entry = self.mapping(at, value, "a schema sink (a mapping with one connector key)")
-            self.keys(at, entry, ("LocalIceberg", "AthenaIceberg"))
+            self.keys(at, entry, tuple(_SINK_CLASSES))
             cfg._schema_sinks[self.name(at, name)] = self.connector(at, entry, "a schema sink")
 
         # data_sinks
@@ -691,7 +724,7 @@ class _Reader:
         for name, value in sinks.items():
             at = ("data_sinks", name)
             entry = self.mapping(at, value, "a data sink (a mapping with one connector key)")
-            self.keys(at, entry, ("LocalIceberg", "AthenaIceberg", "schema_sink"))
+            self.keys(at, entry, (*_SINK_CLASSES, "schema_sink"))
             connector = self.connector(at, entry, "a data sink")
             link = None
             if entry.get("schema_sink") is not None:

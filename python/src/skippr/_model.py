@@ -742,9 +742,322 @@ class DataSinkAthenaIceberg(_Value):
         self._set("region", c.text("region", region, required=True))
 
 
+#: The SigV4 signing names of AWS's Iceberg REST endpoints.
+SIGV4_SERVICES = ("s3tables", "glue")
+
+_URI_EXAMPLE = (
+    "write the catalog's base URI as its docs give it, e.g. https://catalog.example.com/api/catalog "
+    "(requests go to <uri>/v1/...)"
+)
+
+
+def rest_uri_problem(uri: str) -> Optional[str]:
+    """What is wrong with ``uri`` as an Iceberg REST catalog's base URI, as skipprd says it, or None."""
+    from urllib.parse import urlsplit
+
+    if not uri.strip():
+        return f"must not be empty: {_URI_EXAMPLE}"
+    not_url = f"`{uri}` is not an http(s) URL: {_URI_EXAMPLE}"
+    try:
+        parts = urlsplit(uri.strip())
+        host = parts.hostname
+        parts.port  # raises ValueError on a port that is not a number
+    except ValueError:
+        return not_url
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        return not_url
+    if parts.username or parts.password is not None:
+        # Not repeated: it holds a secret.
+        return (
+            "holds a user name or password: give the URI without them, and the secret in "
+            "`credential` (OAuth2 client credentials) or `token`"
+        )
+    if parts.query or parts.fragment or "?" in uri or "#" in uri:
+        return f"`{uri}` has a query or fragment: give the catalog's base URI only ({_URI_EXAMPLE})"
+    if parts.path.rstrip("/").endswith("/v1"):
+        base = uri.strip().rstrip("/")
+        base = base[: -len("/v1")] if base.endswith("/v1") else base
+        return f"`{uri}` ends with /v1, which the client appends itself: write {base}"
+    return None
+
+
+def credential_problem(credential: str) -> Optional[str]:
+    """What is wrong with OAuth2 client credentials, ``<client id>:<client secret>``, or None
+    (the value is never repeated)."""
+    client_id, colon, secret = credential.partition(":")
+    if colon and client_id.strip() and secret.strip():
+        return None
+    return (
+        "is not `<client id>:<client secret>`: write it as ${CLIENT_ID}:${CLIENT_SECRET}, with the "
+        "two parts in environment variables"
+    )
+
+
+def sigv4_service_problem(service: str) -> Optional[str]:
+    """What is wrong with ``service`` as a SigV4 signing name, or None."""
+    if service in SIGV4_SERVICES:
+        return None
+    return (
+        f"`{service}` is not a signing name of an AWS Iceberg REST endpoint; allowed: "
+        f"{', '.join(SIGV4_SERVICES)} (`s3tables` for S3 Tables, `glue` for Glue)"
+    )
+
+
+_ARN_FORM = (
+    "write it as arn:aws:s3tables:<region>:<account>:bucket/<name>, as the S3 console or "
+    "`aws s3tables list-table-buckets` shows it"
+)
+_TABLE_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]\Z")
+
+
+def table_bucket_arn_problem(arn: str, region: str) -> Optional[str]:
+    """What is wrong with ``arn`` as the ARN of an S3 table bucket in ``region``, or None."""
+    parts = arn.split(":", 5)
+    if len(parts) != 6:
+        return f"`{arn}` is not a table bucket ARN: {_ARN_FORM}"
+    word, partition, service, arn_region, account, resource = parts
+    name = resource[len("bucket/"):] if resource.startswith("bucket/") else ""
+    ok = (
+        word == "arn"
+        and partition in ("aws", "aws-cn", "aws-us-gov")
+        and service == "s3tables"
+        and bool(arn_region)
+        and len(account) == 12
+        and account.isascii()
+        and account.isdigit()
+        and _TABLE_BUCKET_NAME.match(name) is not None
+    )
+    if not ok:
+        return f"`{arn}` is not a table bucket ARN: {_ARN_FORM}"
+    if region.strip() and arn_region != region.strip():
+        return (
+            f"the table bucket is in {arn_region}, and `region` says {region.strip()}: give the "
+            "bucket's own region"
+        )
+    return None
+
+
+class DataSinkRestIcebergSigv4(_Value):
+    """AWS SigV4 signing of an Iceberg REST catalog's requests (``sigv4:``), for AWS's
+    endpoints: ``service`` is ``"s3tables"`` (S3 Tables) or ``"glue"`` (Glue). skipprd signs
+    with the AWS credentials it finds the way the AWS CLI does."""
+
+    _fields = ("region", "service")
+    __slots__ = _fields
+    region: Text
+    service: Text
+
+    def __init__(self, region: Text, service: Text) -> None:
+        c = _Check("DataSinkRestIcebergSigv4")
+        self._set("region", c.text("region", region, required=True))
+        s = c.text("service", service, required=True)
+        if isinstance(s, str) and not has_reference(s):
+            problem = sigv4_service_problem(s)
+            if problem is not None:
+                c.fail(["service"], problem)
+        self._set("service", s)
+
+
+#: A property value: text (a boolean or an integer is written as its text).
+PropertyValue = Union[str, EnvRef, bool, int]
+
+
+def _property_text(c: _Check, key: str, value: object) -> Text:
+    if isinstance(value, EnvRef):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if not isinstance(value, str):
+        c.fail(
+            ["properties", key],
+            f"expected a text value (a string, a boolean or a number), found {describe(value)}",
+        )
+    c._string(["properties", key], value)
+    whole = _ENV_WHOLE.match(value)
+    return EnvRef(whole.group(1)) if whole else value
+
+
+class DataSinkRestIceberg(_Value):
+    """Iceberg tables behind an Iceberg REST catalog (``RestIceberg:``): Apache Polaris /
+    Snowflake Open Catalog, Lakekeeper, Nessie, Unity Catalog, Gravitino, or AWS's S3 Tables
+    and Glue endpoints.
+
+    ``uri`` is the catalog's base URI as its docs give it (requests go to ``<uri>/v1/...``);
+    ``warehouse`` the warehouse as the catalog names it. The catalog is reached with OAuth2
+    client credentials (``credential``, ``"<client id>:<client secret>"``, best as
+    ``"${CLIENT_ID}:${CLIENT_SECRET}"``, with ``scope``), a bearer token (``token``), or AWS
+    SigV4 (``sigv4``), one at a time, or none. ``properties`` are catalog and storage
+    properties (``{"s3.endpoint": "http://127.0.0.1:9000"}``), written in the order given.
+    """
+
+    _fields = ("uri", "warehouse", "credential", "token", "scope", "sigv4", "properties")
+    __slots__ = _fields
+    uri: Text
+    warehouse: Optional[Text]
+    credential: Optional[Text]
+    token: Optional[Text]
+    scope: Optional[Text]
+    sigv4: Optional[DataSinkRestIcebergSigv4]
+    #: Read-only, in the order given; ``None`` when there are none.
+    properties: Optional["MappingProxyType[str, Text]"]
+    #: The connector key in ``skippr.yml``.
+    kind = "RestIceberg"
+    #: The keys a file must give.
+    required = ("uri",)
+
+    def __init__(
+        self,
+        *,
+        uri: Text,
+        warehouse: Optional[Text] = None,
+        credential: Optional[Text] = None,
+        token: Optional[Text] = None,
+        scope: Optional[Text] = None,
+        sigv4: Optional[DataSinkRestIcebergSigv4] = None,
+        properties: Optional[Mapping[str, PropertyValue]] = None,
+    ) -> None:
+        c = _Check("DataSinkRestIceberg")
+        u = c.text("uri", uri, required=True)
+        if isinstance(u, str) and not has_reference(u):
+            problem = rest_uri_problem(u)
+            if problem is not None:
+                c.fail(["uri"], problem)
+        self._set("uri", u)
+        for field, value, fix in (
+            ("warehouse", warehouse, "give the warehouse as the catalog names it (a name or a location), or leave it out for the catalog's default"),
+            ("token", token, "give the bearer token (as ${CATALOG_TOKEN}), or leave it out"),
+            ("scope", scope, "give the OAuth2 scope (e.g. PRINCIPAL_ROLE:ALL), or leave it out for `catalog`"),
+        ):
+            v = c.text(field, value, required=False)
+            if isinstance(v, str) and not v.strip():
+                c.fail([field], f"must not be empty: {fix}")
+            self._set(field, v)
+        cred = c.text("credential", credential, required=False)
+        if isinstance(cred, str) and not has_reference(cred):
+            problem = credential_problem(cred)
+            if problem is not None:
+                c.fail(["credential"], problem)
+        self._set("credential", cred)
+        if cred is not None and self.token is not None:
+            c.fail(
+                ["token"],
+                "`credential` and `token` exclude each other: give OAuth2 client credentials "
+                "(`credential`) or a bearer token (`token`), not both",
+            )
+        if sigv4 is not None and not isinstance(sigv4, DataSinkRestIcebergSigv4):
+            c.fail(["sigv4"], f"expected a DataSinkRestIcebergSigv4(region, service), found {describe(sigv4)}")
+        if sigv4 is not None:
+            for field in ("credential", "token"):
+                if getattr(self, field) is not None:
+                    c.fail(
+                        [field],
+                        f"`sigv4` requests are signed with AWS credentials (found as the AWS CLI finds "
+                        f"them), so `{field}` does not apply: remove it, or remove `sigv4` for a catalog "
+                        "that takes OAuth2 or a bearer token",
+                    )
+        self._set("sigv4", sigv4)
+        self._set("properties", self._properties(c, properties))
+
+    @staticmethod
+    def _properties(c: _Check, value: object) -> Optional["MappingProxyType[str, Text]"]:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            c.fail(["properties"], f"expected a mapping of property name to value, found {describe(value)}")
+        out: Dict[str, Text] = {}
+        for key, v in value.items():
+            if not isinstance(key, str):
+                c.fail(["properties"], f"expected property names as strings, found {describe(key)}")
+            c._string(["properties", key], key)
+            if not key.strip():
+                c.fail(["properties", key], "a property needs a name, e.g. s3.endpoint")
+            out[key] = _property_text(c, key, v)
+        return MappingProxyType(out) if out else None
+
+    def _key(self) -> Tuple[Any, ...]:
+        # The properties compare (and hash) as their items, in order.
+        return tuple(
+            tuple(v.items()) if isinstance(v, MappingProxyType) else v for v in super()._key()
+        )
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in self._fields:
+            v = getattr(self, f)
+            if v is None:
+                continue
+            if f in ("credential", "token") and not isinstance(v, EnvRef) and not has_reference(v):
+                v = "<redacted>"
+            if isinstance(v, MappingProxyType):
+                v = dict(v)
+            parts.append(f"{f}={v!r}")
+        return f"DataSinkRestIceberg({', '.join(parts)})"
+
+
+class DataSinkS3TablesIceberg(_Value):
+    """Iceberg tables in an S3 table bucket, through the S3 Tables Iceberg REST endpoint
+    (``S3TablesIceberg:``): a :class:`DataSinkRestIceberg` at
+    ``https://s3tables.<region>.amazonaws.com/iceberg`` with the bucket's ARN as warehouse,
+    signed with SigV4. ``table_bucket_arn`` is ``arn:aws:s3tables:<region>:<account>:bucket/<name>``."""
+
+    _fields = ("table_bucket_arn", "region")
+    __slots__ = _fields
+    table_bucket_arn: Text
+    region: Text
+    #: The connector key in ``skippr.yml``.
+    kind = "S3TablesIceberg"
+
+    def __init__(self, *, table_bucket_arn: Text, region: Text) -> None:
+        c = _Check("DataSinkS3TablesIceberg")
+        arn = c.text("table_bucket_arn", table_bucket_arn, required=True)
+        r = c.text("region", region, required=True)
+        if isinstance(arn, str) and not has_reference(arn):
+            problem = table_bucket_arn_problem(arn, r if isinstance(r, str) and not has_reference(r) else "")
+            if problem is not None:
+                c.fail(["table_bucket_arn"], problem)
+        self._set("table_bucket_arn", arn)
+        self._set("region", r)
+
+
+class DataSinkGlueRestIceberg(_Value):
+    """Iceberg tables in a Glue database, through Glue's Iceberg REST endpoint
+    (``GlueRestIceberg:``): a :class:`DataSinkRestIceberg` at
+    ``https://glue.<region>.amazonaws.com/iceberg``, signed with SigV4, every table in the
+    database ``glue_database_name`` (created when missing)."""
+
+    _fields = ("glue_database_name", "region")
+    __slots__ = _fields
+    glue_database_name: Text
+    region: Text
+    #: The connector key in ``skippr.yml``.
+    kind = "GlueRestIceberg"
+
+    def __init__(self, *, glue_database_name: Text, region: Text) -> None:
+        c = _Check("DataSinkGlueRestIceberg")
+        self._set("glue_database_name", c.text("glue_database_name", glue_database_name, required=True))
+        self._set("region", c.text("region", region, required=True))
+
+
 #: A sink connector: what a data sink or a schema sink is.
-SinkConnector = Union[DataSinkLocalIceberg, DataSinkAthenaIceberg]
-SINK_KINDS = (DataSinkLocalIceberg, DataSinkAthenaIceberg)
+SinkConnector = Union[
+    DataSinkLocalIceberg, DataSinkAthenaIceberg, DataSinkRestIceberg, DataSinkS3TablesIceberg,
+    DataSinkGlueRestIceberg,
+]
+SINK_KINDS = (
+    DataSinkLocalIceberg, DataSinkAthenaIceberg, DataSinkRestIceberg, DataSinkS3TablesIceberg,
+    DataSinkGlueRestIceberg,
+)
+#: For messages: the sink connector classes, as a list.
+SINK_CLASSES_TEXT = (
+    "a DataSinkLocalIceberg, DataSinkAthenaIceberg, DataSinkRestIceberg, DataSinkS3TablesIceberg "
+    "or DataSinkGlueRestIceberg"
+)
+#: The connector keys a data or schema sink may have, as skipprd lists them.
+SINK_KEYS_TEXT = "LocalIceberg, AthenaIceberg, RestIceberg, S3TablesIceberg, GlueRestIceberg"
 
 
 @dataclass(frozen=True)
@@ -1135,7 +1448,11 @@ __all__ = [
     "ConfigError",
     "DataSinkAthenaIceberg",
     "DataSinkDef",
+    "DataSinkGlueRestIceberg",
     "DataSinkLocalIceberg",
+    "DataSinkRestIceberg",
+    "DataSinkRestIcebergSigv4",
+    "DataSinkS3TablesIceberg",
     "DataSinkRef",
     "DataSourcePostgres",
     "DataSourcePostgresSourceCdcMode",
