@@ -1,15 +1,21 @@
 """docs/config.md against the code: every key of skippr.yml's model (src/config/model.rs) is
 documented, every documented key exists in the model, every key table is well formed, and the
-documented defaults of the settings that have one are the ones the code applies.
+documented defaults of the settings that have one are the ones the code applies, and every
+example of the Iceberg REST catalogs section validates and is what its `skipprd connect`
+command writes.
 
-No Postgres needed: this reads the two files and runs `skipprd validate`.
+No Postgres needed: this reads the two files and runs `skipprd validate` and `connect`.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+from pathlib import Path
 
-from conftest import REPO
+import pytest
+
+from conftest import REPO, describe_run, run_skipprd, skipprd_bin
 
 MODEL = REPO / "src" / "config" / "model.rs"
 DOCS = REPO / "docs" / "config.md"
@@ -103,3 +109,88 @@ def test_the_model_parser_sees_the_structs():
     assert "host" in fields["PostgresSource"] and "Postgres" in fields["DataSourceDef"]
     assert "statement_timeout" in fields["QuerySettings"]
     assert len(documented_keys()) > 30
+
+
+def rest_examples() -> list[tuple[str, str, str]]:
+    """(subsection, language, text) of every code block of "Iceberg REST catalogs"."""
+    text = DOCS.read_text()
+    start = text.index("### Iceberg REST catalogs")
+    end = text.index("\n## ", start)
+    out = []
+    heading = ""
+    lines = text[start:end].splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("#### "):
+            heading = lines[i][5:]
+        if lines[i].startswith("```") and lines[i] != "```":
+            lang = lines[i][3:]
+            j = lines.index("```", i + 1)
+            out.append((heading, lang, "\n".join(lines[i + 1 : j]) + "\n"))
+            i = j
+        i += 1
+    return out
+
+
+HEAD = """\
+skippr:
+  workspace: analytics
+  skipprd_el_storage_mode: local
+
+pipelines:
+  app:
+    data_source: data_sources.db
+    data_sink: data_sinks.lake
+
+data_sources:
+  db:
+    Postgres:
+      host: db.internal
+      user: u
+      database: d
+      tables: [orders]
+
+"""
+
+
+def example_env(text: str) -> dict[str, str]:
+    """A made-up value for every ${VAR} of an example."""
+    return {name: f"{name.lower()}-value" for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)}
+
+
+def test_the_rest_section_has_an_example_per_catalog():
+    headings = {h for h, lang, _ in rest_examples() if lang == "yaml"}
+    for catalog in ("Polaris", "Lakekeeper", "Nessie", "Unity", "Gravitino", "S3 Tables", "Glue"):
+        assert any(catalog in h for h in headings), f"no yaml example under a heading naming {catalog}: {headings}"
+
+
+@pytest.mark.parametrize("heading, text", [(h, t) for h, lang, t in rest_examples() if lang == "yaml"])
+def test_rest_catalog_examples_validate(tmp_path: Path, heading: str, text: str):
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    cfg = tmp_path / "skippr.yml"
+    cfg.write_text(HEAD + text)
+    proc = run_skipprd("--config", cfg, "validate", cwd=tmp_path, env=example_env(text), check=False)
+    assert proc.returncode == 0, describe_run(proc, f"the example under {heading!r} does not validate")
+    assert "lake (" in proc.stdout, describe_run(proc)
+    for value in example_env(text).values():
+        if "secret" in value or "token" in value:
+            assert value not in proc.stdout + proc.stderr, describe_run(proc, "printed a secret")
+
+
+@pytest.mark.parametrize("heading, command", [(h, t) for h, lang, t in rest_examples() if lang == "sh"])
+def test_rest_catalog_connect_commands_write_the_examples(tmp_path: Path, heading: str, command: str):
+    """Each `skipprd connect` command of the section writes the example of its kind above it."""
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    args = shlex.split(command.replace("\\\n", " "))
+    assert args[:3] == ["skipprd", "connect", "data-sink"], command
+    kind = {"resticeberg": "RestIceberg", "s3tablesiceberg": "S3TablesIceberg",
+            "glueresticeberg": "GlueRestIceberg"}[args[3]]
+    examples = [t for h, lang, t in rest_examples() if lang == "yaml" and h == heading and f"    {kind}:" in t]
+    assert examples, f"no {kind} example under {heading!r}"
+    cfg = tmp_path / "skippr.yml"
+    cfg.write_text(HEAD)
+    proc = run_skipprd("--config", cfg, *args[1:], cwd=tmp_path, check=False)
+    assert proc.returncode == 0, describe_run(proc)
+    assert cfg.read_text() == HEAD + examples[0], f"`{command}` wrote:\n{cfg.read_text()}"
