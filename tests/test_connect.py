@@ -12,6 +12,8 @@ from conftest import run_skipprd
 SOURCE = ["connect", "data-source", "postgres", "--pipeline", "app", "--name", "db", "--host", "h",
           "--user", "u", "--password", "${PW}", "--database", "d", "--tables", "orders"]
 SINK = ["connect", "data-sink", "localiceberg", "--pipeline", "app", "--name", "lake", "--warehouse", "./w"]
+REST = ["connect", "data-sink", "resticeberg", "--pipeline", "app", "--name", "cat",
+        "--uri", "https://catalog.example.com/api/catalog"]
 
 
 def connect(cfg: Path, *args: str, check: bool = True):
@@ -81,6 +83,22 @@ def test_conflicting_names_are_refused(tmp_path: Path) -> None:
     (["--workspace", "w", "connect", "schema-sink", "localiceberg", "--pipeline", "nope", "--name", "s"], ["no data sink"]),
     (["--workspace", "w", *SOURCE, "--port", "70000"], ["70000"]),
     (["--workspace", "w", *SOURCE, "--cdc-mode", "sometimes"], ["sometimes"]),
+    (["--workspace", "w", *REST[:-2]], ["--uri"]),
+    (["--workspace", "w", *REST[:-1], "catalog.example.com"], ["--uri", "not an http(s) URL"]),
+    (["--workspace", "w", *REST[:-1], "https://h/api/v1"], ["ends with /v1", "write https://h/api"]),
+    (["--workspace", "w", *REST, "--credential", "just-a-secret"], ["--credential", "<client id>:<client secret>"]),
+    (["--workspace", "w", *REST, "--credential", "a:b", "--token", "t"], ["--credential and --token exclude each other"]),
+    (["--workspace", "w", *REST, "--sigv4-region", "us-east-1"], ["--sigv4-region and --sigv4-service go together"]),
+    (["--workspace", "w", *REST, "--sigv4-region", "us-east-1", "--sigv4-service", "lambda"], ["`lambda`", "s3tables, glue"]),
+    (["--workspace", "w", *REST, "--sigv4-region", "r", "--sigv4-service", "glue", "--token", "t"], ["leave out --credential and --token"]),
+    (["--workspace", "w", *REST, "--property", "s3.endpoint"], ["--property", "KEY=VALUE"]),
+    (["--workspace", "w", *REST, "--property", "--token"], ["--property", "a value is required"]),
+    (["--workspace", "w", "connect", "data-sink", "s3tablesiceberg", "--pipeline", "app", "--name", "t",
+      "--table-bucket-arn", "arn:aws:s3:::bucket", "--region", "us-east-1"], ["--table-bucket-arn", "not a table bucket ARN"]),
+    (["--workspace", "w", "connect", "data-sink", "s3tablesiceberg", "--pipeline", "app", "--name", "t",
+      "--table-bucket-arn", "arn:aws:s3tables:us-east-1:111122223333:bucket/bkt"], ["an S3TablesIceberg sink needs --region"]),
+    (["--workspace", "w", "connect", "data-sink", "glueresticeberg", "--pipeline", "app", "--name", "g",
+      "--region", "us-east-1"], ["a GlueRestIceberg sink needs --glue-database-name"]),
 ])
 def test_bad_flags_are_refused(tmp_path: Path, args: list[str], words: list[str]) -> None:
     refused(tmp_path / "skippr.yml", *args, words=words)
@@ -98,3 +116,77 @@ def test_a_broken_existing_file_is_not_overwritten(tmp_path: Path) -> None:
     cfg = tmp_path / "skippr.yml"
     cfg.write_text("skippr: [unclosed\n")
     refused(cfg, "--workspace", "w", *SOURCE, words=["not valid YAML"])
+
+
+def rest_block(cfg: Path) -> str:
+    """The `cat:` data sink as written."""
+    text = cfg.read_text()
+    start = text.index("  cat:\n")
+    end = text.find("\n\n", start)
+    return text[start:] if end < 0 else text[start : end + 1]
+
+
+def test_rest_catalog_sink_is_updated_flag_by_flag(tmp_path: Path) -> None:
+    """Given again, --credential, --token and --sigv4-* replace the other ways in, --property
+    sets one property and keeps the others ('KEY=' removes it), and every other key stays."""
+    cfg = tmp_path / "skippr.yml"
+    connect(cfg, "--workspace", "analytics", *SOURCE)
+    connect(cfg, *REST, "--warehouse", "wh", "--credential", "${CLIENT_ID}:${CLIENT_SECRET}",
+            "--scope", "PRINCIPAL_ROLE:ALL", "--property", "s3.endpoint=http://m:9000",
+            "--property", "s3.region=us-east-1")
+    assert rest_block(cfg) == (
+        "  cat:\n    RestIceberg:\n      uri: https://catalog.example.com/api/catalog\n      warehouse: wh\n"
+        "      credential: ${CLIENT_ID}:${CLIENT_SECRET}\n      scope: PRINCIPAL_ROLE:ALL\n      properties:\n"
+        "        s3.endpoint: http://m:9000\n        s3.region: us-east-1\n"
+    ), cfg.read_text()
+    env = {"PW": "x", "CLIENT_ID": "id", "CLIENT_SECRET": "Cs-secret-value", "CATALOG_TOKEN": "Tk-secret-value"}
+    proc = run_skipprd("--config", cfg, "validate", cwd=tmp_path, env=env)
+    assert "cat (RestIceberg at https://catalog.example.com/api/catalog, warehouse wh)" in proc.stdout
+    assert "Cs-secret-value" not in proc.stdout + proc.stderr
+    connect(cfg, *REST, "--token", "${CATALOG_TOKEN}", "--property", "s3.endpoint=", "--property",
+            "s3.path-style-access=true")
+    assert rest_block(cfg) == (
+        "  cat:\n    RestIceberg:\n      uri: https://catalog.example.com/api/catalog\n      warehouse: wh\n"
+        "      token: ${CATALOG_TOKEN}\n      properties:\n        s3.region: us-east-1\n"
+        "        s3.path-style-access: 'true'\n"
+    ), cfg.read_text()
+    run_skipprd("--config", cfg, "validate", cwd=tmp_path, env=env)
+    connect(cfg, *REST, "--sigv4-region", "us-east-1", "--sigv4-service", "glue", "--property", "s3.region=",
+            "--property", "s3.path-style-access=")
+    assert rest_block(cfg) == (
+        "  cat:\n    RestIceberg:\n      uri: https://catalog.example.com/api/catalog\n      warehouse: wh\n"
+        "      sigv4:\n        region: us-east-1\n        service: glue\n"
+    ), cfg.read_text()
+    run_skipprd("--config", cfg, "validate", cwd=tmp_path, env=env)
+    # The same command again changes nothing.
+    before = cfg.read_bytes()
+    connect(cfg, *REST, "--sigv4-region", "us-east-1", "--sigv4-service", "glue")
+    assert cfg.read_bytes() == before
+
+
+def test_rest_catalog_schema_sinks(tmp_path: Path) -> None:
+    """A schema sink without flags copies its data sink's settings; with some flags it needs
+    --uri; on a data sink of another kind it needs its own settings."""
+    cfg = tmp_path / "skippr.yml"
+    connect(cfg, "--workspace", "analytics", *SOURCE)
+    connect(cfg, *REST, "--warehouse", "wh", "--token", "${CATALOG_TOKEN}")
+    refused(cfg, "connect", "schema-sink", "resticeberg", "--pipeline", "app", "--name", "s",
+            "--warehouse", "wh", words=["needs --uri"])
+    connect(cfg, "connect", "schema-sink", "resticeberg", "--pipeline", "app", "--name", "cat_schema")
+    text = cfg.read_text()
+    assert "    schema_sink: schema_sinks.cat_schema\n" in text
+    assert text.endswith(
+        "schema_sinks:\n  cat_schema:\n    RestIceberg:\n      uri: https://catalog.example.com/api/catalog\n"
+        "      warehouse: wh\n      token: ${CATALOG_TOKEN}\n"
+    ), text
+    run_skipprd("--config", cfg, "validate", cwd=tmp_path, env={"PW": "x", "CATALOG_TOKEN": "t"})
+    refused(cfg, "connect", "schema-sink", "glueresticeberg", "--pipeline", "app", "--name", "g",
+            words=["not GlueRestIceberg"])
+    # An AWS shortcut's schema sink.
+    connect(cfg, "connect", "data-source", "postgres", "--pipeline", "aws", "--name", "db", "--host", "h",
+            "--user", "u", "--password", "${PW}", "--database", "d", "--tables", "orders")
+    connect(cfg, "connect", "data-sink", "s3tablesiceberg", "--pipeline", "aws", "--name", "bucket",
+            "--table-bucket-arn", "arn:aws:s3tables:us-east-1:111122223333:bucket/bkt", "--region", "us-east-1")
+    connect(cfg, "connect", "schema-sink", "s3tablesiceberg", "--pipeline", "aws", "--name", "bucket_schema")
+    assert "  bucket_schema:\n    S3TablesIceberg:\n      table_bucket_arn: arn:aws:s3tables:us-east-1:111122223333:bucket/bkt\n      region: us-east-1\n" in cfg.read_text()
+    run_skipprd("--config", cfg, "validate", cwd=tmp_path, env={"PW": "x", "CATALOG_TOKEN": "t"})

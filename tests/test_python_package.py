@@ -22,7 +22,11 @@ from skippr import (
     Config,
     ConfigError,
     DataSinkAthenaIceberg,
+    DataSinkGlueRestIceberg,
     DataSinkLocalIceberg,
+    DataSinkRestIceberg,
+    DataSinkRestIcebergSigv4,
+    DataSinkS3TablesIceberg,
     DataSourcePostgres,
     DataSourcePostgresSourceCdcMode,
     DataSourcePostgresSourceSslMode,
@@ -584,6 +588,15 @@ def athena(**overrides: Any) -> DataSinkAthenaIceberg:
     return DataSinkAthenaIceberg(**kwargs)
 
 
+ARN = "arn:aws:s3tables:us-east-1:111122223333:bucket/analytics"
+
+
+def rest(**overrides: Any) -> DataSinkRestIceberg:
+    kwargs: dict[str, Any] = dict(uri="https://catalog.example.com/api/catalog")
+    kwargs.update(overrides)
+    return DataSinkRestIceberg(**kwargs)
+
+
 def with_source_and_sink() -> Config:
     cfg = Config().workspace("w")
     cfg.data_source("db", pg())
@@ -653,8 +666,26 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("table name", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"a.b.c": PipelineTable()}), "Pipeline.tables.a.b.c", "is not a table name"),
     ("table twice", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"orders": PipelineTable(), "public.orders": PipelineTable()}), "Pipeline.tables.public.orders", "the same table as `orders`"),
     ("table not followed", lambda: with_source_and_sink().pipeline("p", Pipeline("data_sources.db", "data_sinks.lake", tables={"invoices": PipelineTable(sort_by=["id"])})), "pipelines.p.tables.invoices", "`invoices` is not one of the tables data source `db` follows (orders)"),
+    ("rest uri", lambda: rest(uri="catalog.example.com"), "DataSinkRestIceberg.uri", "`catalog.example.com` is not an http(s) URL: write the catalog's base URI"),
+    ("rest uri v1", lambda: rest(uri="https://h/api/catalog/v1"), "DataSinkRestIceberg.uri", "ends with /v1, which the client appends itself: write https://h/api/catalog"),
+    ("rest uri secret", lambda: rest(uri="https://u:pw-secret@h/x"), "DataSinkRestIceberg.uri", "holds a user name or password"),
+    ("rest uri missing", lambda: DataSinkRestIceberg(uri=None), "DataSinkRestIceberg.uri", "is required"),  # type: ignore[arg-type]
+    ("rest credential", lambda: rest(credential="only-a-secret"), "DataSinkRestIceberg.credential", "is not `<client id>:<client secret>`"),
+    ("rest credential and token", lambda: rest(credential="a:b", token="t"), "DataSinkRestIceberg.token", "`credential` and `token` exclude each other"),
+    ("rest sigv4 and token", lambda: rest(token="t", sigv4=DataSinkRestIcebergSigv4("us-east-1", "glue")), "DataSinkRestIceberg.token", "`sigv4` requests are signed with AWS credentials"),
+    ("rest sigv4 type", lambda: rest(sigv4={"region": "r", "service": "glue"}), "DataSinkRestIceberg.sigv4", "expected a DataSinkRestIcebergSigv4"),  # type: ignore[arg-type]
+    ("rest sigv4 service", lambda: DataSinkRestIcebergSigv4("us-east-1", "lambda"), "DataSinkRestIcebergSigv4.service", "`lambda` is not a signing name of an AWS Iceberg REST endpoint; allowed: s3tables, glue"),
+    ("rest sigv4 region", lambda: DataSinkRestIcebergSigv4("", "glue"), "DataSinkRestIcebergSigv4.region", "must not be empty"),
+    ("rest empty warehouse", lambda: rest(warehouse=" "), "DataSinkRestIceberg.warehouse", "must not be empty"),
+    ("rest property name", lambda: rest(properties={"": "x"}), "DataSinkRestIceberg.properties.", "a property needs a name"),
+    ("rest property value", lambda: rest(properties={"s3.endpoint": ["x"]}), "DataSinkRestIceberg.properties.s3.endpoint", "expected a text value"),  # type: ignore[dict-item]
+    ("rest properties type", lambda: rest(properties=["s3.endpoint"]), "DataSinkRestIceberg.properties", "expected a mapping of property name to value"),  # type: ignore[arg-type]
+    ("table bucket arn", lambda: DataSinkS3TablesIceberg(table_bucket_arn="arn:aws:s3:::analytics", region="us-east-1"), "DataSinkS3TablesIceberg.table_bucket_arn", "is not a table bucket ARN: write it as arn:aws:s3tables:<region>:<account>:bucket/<name>"),
+    ("table bucket region", lambda: DataSinkS3TablesIceberg(table_bucket_arn=ARN, region="eu-west-1"), "DataSinkS3TablesIceberg.table_bucket_arn", "the table bucket is in us-east-1, and `region` says eu-west-1"),
+    ("table bucket no region", lambda: DataSinkS3TablesIceberg(table_bucket_arn=ARN, region=""), "DataSinkS3TablesIceberg.region", "must not be empty"),
+    ("glue rest database", lambda: DataSinkGlueRestIceberg(glue_database_name="", region="us-east-1"), "DataSinkGlueRestIceberg.glue_database_name", "must not be empty"),
     ("source type", lambda: Config().data_source("db", athena()), "data_sources.db", "expected a DataSourcePostgres, found a DataSinkAthenaIceberg"),
-    ("sink type", lambda: Config().data_sink("lake", pg()), "data_sinks.lake", "expected a DataSinkAthenaIceberg or DataSinkLocalIceberg"),
+    ("sink type", lambda: Config().data_sink("lake", pg()), "data_sinks.lake", "expected a DataSinkLocalIceberg, DataSinkAthenaIceberg, DataSinkRestIceberg, DataSinkS3TablesIceberg or DataSinkGlueRestIceberg"),
     ("pipeline type", lambda: with_source_and_sink().pipeline("p", "db"), "pipelines.p", "expected a Pipeline"),  # type: ignore[arg-type]
     ("source handle is a sink", lambda: Pipeline(data_source=with_source_and_sink().data_sink("lake", DataSinkLocalIceberg(warehouse="./w")), data_sink="data_sinks.lake"), "Pipeline.data_source", "expected a data source handle"),  # type: ignore[arg-type]
     ("reference to another section", lambda: Pipeline("data_sinks.lake", "data_sinks.lake"), "Pipeline.data_source", "not a reference of the form `data_sources.<name>`"),
@@ -732,7 +763,7 @@ BAD_FILES: list[tuple[str, str, int, str, str]] = [
     ("dangling schema sink", replaced(28, "    schema_sink: schema_sinks.nope"), 28, "data_sinks.lake.schema_sink", "refers to nothing; defined: schema_sinks.lake_schema"),
     ("athena warehouse", replaced(23, "      warehouse: /tmp/w"), 23, "data_sinks.lake.AthenaIceberg.warehouse", "is not an S3 location"),
     ("two connectors", replaced(22, "    LocalIceberg: {warehouse: w}\n    AthenaIceberg:"), 21, "data_sinks.lake", "exactly one connector key"),
-    ("no connector", replaced(22, "    Iceberg:"), 22, "data_sinks.lake.Iceberg", "unknown key `Iceberg`; allowed: LocalIceberg, AthenaIceberg, schema_sink"),
+    ("no connector", replaced(22, "    Iceberg:"), 22, "data_sinks.lake.Iceberg", "unknown key `Iceberg`; allowed: LocalIceberg, AthenaIceberg, RestIceberg, S3TablesIceberg, GlueRestIceberg, schema_sink"),
     ("duplicate key", replaced(14, "      host: again"), 14, "data_sources.app_db.Postgres.host", "duplicate key `host`"),
     ("bad transform", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        partition_by: [day(created_at), bucket(16, customer_id), weekly(x)]"), 11, "pipelines.orders.tables.orders.partition_by[3]", "`weekly` is not a transform"),
     ("unknown table", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      invoices:\n        sort_by: [id]"), 10, "pipelines.orders.tables.invoices", "not one of the tables data source `app_db` follows (orders, customers)"),
@@ -929,3 +960,190 @@ def test_table_layouts_write_the_same_bytes_as_connect_and_validate(tmp_path: Pa
                        "--name", "lake", "--warehouse", "./warehouse"], cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     assert config.read_text() == text
+
+
+# --------------------------------------------------------------------------------------------
+# Iceberg REST catalogs
+# --------------------------------------------------------------------------------------------
+
+REST_CONNECT_COMMANDS = [
+    ["--workspace", "analytics", "connect", "data-source", "postgres", "--pipeline", "polaris", "--name", "db",
+     "--host", "db.internal", "--user", "u", "--database", "app", "--tables", "orders"],
+    ["connect", "data-sink", "resticeberg", "--pipeline", "polaris", "--name", "lake",
+     "--uri", "https://polaris.example.com/api/catalog", "--warehouse", "analytics_catalog",
+     "--credential", "${CLIENT_ID}:${CLIENT_SECRET}", "--scope", "PRINCIPAL_ROLE:ALL",
+     "--property", "s3.endpoint=http://127.0.0.1:9000", "--property", "s3.path-style-access=true",
+     "--property", "s3.secret-access-key=${MINIO_SECRET}", "--property", "header.X-Tenant=it's 42"],
+    ["connect", "schema-sink", "resticeberg", "--pipeline", "polaris", "--name", "lake_schema"],
+    ["connect", "data-source", "postgres", "--pipeline", "unity", "--name", "db",
+     "--host", "db.internal", "--user", "u", "--database", "app", "--tables", "orders"],
+    ["connect", "data-sink", "resticeberg", "--pipeline", "unity", "--name", "uc",
+     "--uri", "https://dbc-1.cloud.databricks.com/api/2.1/unity-catalog/iceberg-rest", "--warehouse", "main",
+     "--token", "${DATABRICKS_TOKEN}"],
+    ["connect", "data-source", "postgres", "--pipeline", "signed", "--name", "db",
+     "--host", "db.internal", "--user", "u", "--database", "app", "--tables", "orders"],
+    ["connect", "data-sink", "resticeberg", "--pipeline", "signed", "--name", "signed",
+     "--uri", "https://s3tables.us-east-1.amazonaws.com/iceberg", "--warehouse", ARN,
+     "--sigv4-region", "us-east-1", "--sigv4-service", "s3tables"],
+    ["connect", "data-source", "postgres", "--pipeline", "tables", "--name", "db",
+     "--host", "db.internal", "--user", "u", "--database", "app", "--tables", "orders"],
+    ["connect", "data-sink", "s3tablesiceberg", "--pipeline", "tables", "--name", "bucket",
+     "--table-bucket-arn", ARN.replace("analytics", "other"), "--region", "us-east-1"],
+    ["connect", "schema-sink", "s3tablesiceberg", "--pipeline", "tables", "--name", "bucket_schema"],
+    ["connect", "data-source", "postgres", "--pipeline", "glue", "--name", "db",
+     "--host", "db.internal", "--user", "u", "--database", "app", "--tables", "orders"],
+    ["connect", "data-sink", "glueresticeberg", "--pipeline", "glue", "--name", "glue",
+     "--glue-database-name", "analytics", "--region", "us-east-1"],
+]
+
+REST_SINKS_EXPECTED = """\
+data_sinks:
+  lake:
+    RestIceberg:
+      uri: https://polaris.example.com/api/catalog
+      warehouse: analytics_catalog
+      credential: ${CLIENT_ID}:${CLIENT_SECRET}
+      scope: PRINCIPAL_ROLE:ALL
+      properties:
+        s3.endpoint: http://127.0.0.1:9000
+        s3.path-style-access: 'true'
+        s3.secret-access-key: ${MINIO_SECRET}
+        header.X-Tenant: 'it''s 42'
+    schema_sink: schema_sinks.lake_schema
+  uc:
+    RestIceberg:
+      uri: https://dbc-1.cloud.databricks.com/api/2.1/unity-catalog/iceberg-rest
+      warehouse: main
+      token: ${DATABRICKS_TOKEN}
+  signed:
+    RestIceberg:
+      uri: https://s3tables.us-east-1.amazonaws.com/iceberg
+      warehouse: arn:aws:s3tables:us-east-1:111122223333:bucket/analytics
+      sigv4:
+        region: us-east-1
+        service: s3tables
+  bucket:
+    S3TablesIceberg:
+      table_bucket_arn: arn:aws:s3tables:us-east-1:111122223333:bucket/other
+      region: us-east-1
+    schema_sink: schema_sinks.bucket_schema
+  glue:
+    GlueRestIceberg:
+      glue_database_name: analytics
+      region: us-east-1
+"""
+
+
+def rest_config() -> Config:
+    """What REST_CONNECT_COMMANDS write, built in Python."""
+    cfg = Config().workspace("analytics")
+    db = cfg.data_source("db", DataSourcePostgres(host="db.internal", user="u", database="app", tables=["orders"]))
+    sinks = {
+        "polaris": cfg.data_sink("lake", DataSinkRestIceberg(
+            uri="https://polaris.example.com/api/catalog", warehouse="analytics_catalog",
+            credential="${CLIENT_ID}:${CLIENT_SECRET}", scope="PRINCIPAL_ROLE:ALL",
+            properties={"s3.endpoint": "http://127.0.0.1:9000", "s3.path-style-access": True,
+                        "s3.secret-access-key": EnvRef("MINIO_SECRET"), "header.X-Tenant": "it's 42"},
+        ), schema_sink="lake_schema"),
+        "unity": cfg.data_sink("uc", DataSinkRestIceberg(
+            uri="https://dbc-1.cloud.databricks.com/api/2.1/unity-catalog/iceberg-rest", warehouse="main",
+            token=EnvRef("DATABRICKS_TOKEN"),
+        )),
+        "signed": cfg.data_sink("signed", DataSinkRestIceberg(
+            uri="https://s3tables.us-east-1.amazonaws.com/iceberg", warehouse=ARN,
+            sigv4=DataSinkRestIcebergSigv4(region="us-east-1", service="s3tables"),
+        )),
+        "tables": cfg.data_sink("bucket", DataSinkS3TablesIceberg(
+            table_bucket_arn=ARN.replace("analytics", "other"), region="us-east-1"), schema_sink="bucket_schema"),
+        "glue": cfg.data_sink("glue", DataSinkGlueRestIceberg(glue_database_name="analytics", region="us-east-1")),
+    }
+    for pipeline, sink in sinks.items():
+        cfg.pipeline(pipeline, Pipeline(data_source=db, data_sink=sink))
+    return cfg
+
+
+def test_rest_catalog_sinks_write_the_same_bytes_as_connect_and_validate(tmp_path: Path) -> None:
+    """Every RestIceberg flag, a bearer token, SigV4 and the two AWS shortcuts (with schema
+    sinks copied from their data sinks): Python and `skipprd connect` write the same bytes, the
+    file loads back equal, and skipprd validates it without printing a secret."""
+    cfg = rest_config()
+    text = cfg.to_yaml()
+    assert ("\n" + REST_SINKS_EXPECTED + "\n") in text, text
+    assert Config.from_yaml(text) == cfg
+    assert cfg.schema_sinks["lake_schema"] == cfg.data_sinks["lake"].sink
+    # The properties keep their order; a boolean is written as its text.
+    props = cfg.data_sinks["lake"].sink.properties  # type: ignore[union-attr]
+    assert props is not None and list(props) == ["s3.endpoint", "s3.path-style-access", "s3.secret-access-key", "header.X-Tenant"]
+    assert props["s3.path-style-access"] == "true" and props["s3.secret-access-key"] == EnvRef("MINIO_SECRET")
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    for args in REST_CONNECT_COMMANDS:
+        proc = run_binary(["--config", str(config), *args], cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text, f"skipprd connect wrote:\n{config.read_text()}"
+    secrets = {"CLIENT_ID": "skippr", "CLIENT_SECRET": "Cs-secret-0xF00D", "MINIO_SECRET": "Ms-secret-0xBEEF",
+               "DATABRICKS_TOKEN": "dapi-secret-0xCAFE"}
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path, env=secrets)
+    assert proc.returncode == 0, describe(proc)
+    assert "lake (RestIceberg at https://polaris.example.com/api/catalog, warehouse analytics_catalog)" in proc.stdout, describe(proc)
+    assert "glue (GlueRestIceberg at https://glue.us-east-1.amazonaws.com/iceberg, Glue database analytics)" in proc.stdout, describe(proc)
+    for value in list(secrets.values())[1:]:
+        assert value not in proc.stdout + proc.stderr, describe(proc)
+    # The Python reader takes what the binary wrote in any style.
+    flow = text.replace(
+        "      sigv4:\n        region: us-east-1\n        service: s3tables\n",
+        "      sigv4: {service: s3tables, region: us-east-1}\n",
+    ).replace("        s3.path-style-access: 'true'\n", "        s3.path-style-access: true\n")
+    assert flow != text
+    assert Config.from_yaml(flow) == cfg
+    assert Config.from_yaml(flow).to_yaml() == text
+
+
+def test_the_repr_of_a_rest_sink_hides_literal_secrets() -> None:
+    sink = rest(credential="id:Cs-literal-secret", properties={"s3.endpoint": "http://m:9000"})
+    assert "Cs-literal-secret" not in repr(sink) and "credential='<redacted>'" in repr(sink)
+    assert "EnvRef(name='T')" in repr(rest(token=EnvRef("T")))
+    assert "'s3.endpoint': 'http://m:9000'" in repr(sink)
+    assert rest(properties={"a": 1}) == rest(properties={"a": "1"})
+    assert hash(rest(properties={"a": True})) == hash(rest(properties={"a": "true"}))
+    assert rest(properties={}).properties is None
+
+
+REST_FILE = """\
+skippr:
+  workspace: analytics
+data_sinks:
+  lake:
+    RestIceberg:
+      uri: https://catalog.example.com/api/catalog
+      credential: ${CLIENT_ID}:${CLIENT_SECRET}
+      sigv4:
+        region: us-east-1
+        service: glue
+      properties: {s3.endpoint: 'http://m:9000'}
+"""
+
+REST_BAD_FILES: list[tuple[str, str, int, str, str]] = [
+    ("sigv4 beside credential", REST_FILE, 7, "data_sinks.lake.RestIceberg.credential", "`sigv4` requests are signed with AWS credentials"),
+    ("bad service", REST_FILE.replace("service: glue", "service: lambda").replace("      credential: ${CLIENT_ID}:${CLIENT_SECRET}\n", ""), 9, "data_sinks.lake.RestIceberg.sigv4.service", "`lambda` is not a signing name"),
+    ("sigv4 key", REST_FILE.replace("service: glue", "signing-name: glue"), 10, "data_sinks.lake.RestIceberg.sigv4.signing-name", "unknown key `signing-name`; allowed: region, service"),
+    ("no uri", REST_FILE.replace("      uri: https://catalog.example.com/api/catalog\n", ""), 5, "data_sinks.lake.RestIceberg", "missing required key `uri`"),
+    ("bad uri", REST_FILE.replace("https://catalog.example.com/api/catalog", "ftp://x"), 6, "data_sinks.lake.RestIceberg.uri", "`ftp://x` is not an http(s) URL"),
+    ("property list", REST_FILE.replace("'http://m:9000'", "[a, b]"), 11, "data_sinks.lake.RestIceberg.properties.s3.endpoint", "expected a text value"),
+    ("unknown key", REST_FILE.replace("      credential:", "      client_secret:"), 7, "data_sinks.lake.RestIceberg.client_secret", "unknown key `client_secret`; allowed: uri, warehouse, credential, token, scope, sigv4, properties"),
+    ("arn", "skippr: {workspace: w}\ndata_sinks:\n  t:\n    S3TablesIceberg: {table_bucket_arn: 'arn:aws:s3tables:us-east-1:1:bucket/b', region: us-east-1}\n", 4, "data_sinks.t.S3TablesIceberg.table_bucket_arn", "is not a table bucket ARN"),
+    ("glue missing key", "skippr: {workspace: w}\nschema_sinks:\n  g:\n    GlueRestIceberg: {region: us-east-1}\n", 4, "schema_sinks.g.GlueRestIceberg", "missing required key `glue_database_name`"),
+]
+
+
+@pytest.mark.parametrize("text, line, path, message", [b[1:] for b in REST_BAD_FILES], ids=[b[0] for b in REST_BAD_FILES])
+def test_bad_rest_catalog_file_names_file_line_and_field(tmp_path: Path, text: str, line: int, path: str, message: str) -> None:
+    f = tmp_path / "skippr.yml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        Config.load(f)
+    err = info.value
+    assert (err.line, err.path) == (line, path), str(err)
+    assert message in err.message, str(err)
+    assert "CLIENT_SECRET}" not in err.message or "credential" not in path, str(err)
