@@ -999,3 +999,16 @@ fn connect_switches_a_rest_catalog_between_ways_in_and_merges_properties() {
     let written = sink(third);
     assert!(written.ends_with("    RestIceberg:\n      uri: https://h/api/catalog\n      sigv4:\n        region: us-east-1\n        service: glue\n"), "{written}");
 }
+
+#[test]
+fn names_of_pipelines_and_sinks_keep_the_order_they_were_added_in() {
+    // Names that are also known keys (`tables`, `warehouse`) are not moved ahead.
+    let doc: serde_yaml::Value = serde_yaml::from_str(
+        "skippr: {workspace: w}\npipelines: {zeta: {data_sink: data_sinks.lake}, tables: {data_sink: data_sinks.warehouse}}\ndata_sinks: {lake: {LocalIceberg: {warehouse: ./a}}, warehouse: {LocalIceberg: {warehouse: ./b}}}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        emit::to_canonical_yaml(&doc),
+        "skippr:\n  workspace: w\n\npipelines:\n  zeta:\n    data_sink: data_sinks.lake\n  tables:\n    data_sink: data_sinks.warehouse\n\ndata_sinks:\n  lake:\n    LocalIceberg:\n      warehouse: ./a\n  warehouse:\n    LocalIceberg:\n      warehouse: ./b\n"
+    );
+}
