@@ -416,3 +416,99 @@ def test_gateway_settings_errors(workdir, extra, line, field_prefix, msg):
     lines = BASE_LINES[:3] + extra + BASE_LINES[3:]
     cfg, proc = run_validate(workdir, config_text(lines))
     assert_config_error(proc, cfg, line=line, cols=None, field_prefix=field_prefix, msg_contains=msg)
+
+
+# --------------------------------------------------------------------------------------------
+# Iceberg REST catalog sinks
+# --------------------------------------------------------------------------------------------
+
+REST_SINK = [
+    "    RestIceberg:",                                          # 20
+    "      uri: https://catalog.example.com/api/catalog",       # 21
+    "      warehouse: analytics_wh",                            # 22
+    "      credential: ${CLIENT_ID}:${CLIENT_SECRET}",          # 23
+    "      scope: PRINCIPAL_ROLE:ALL",                          # 24
+    "      properties:",                                        # 25
+    "        s3.endpoint: http://127.0.0.1:9000",               # 26
+    "        s3.path-style-access: true",                       # 27
+]
+REST_ENV = {"CLIENT_ID": "skippr", "CLIENT_SECRET": "secret-Cs-7f3a", "CATALOG_TOKEN": "secret-Tk-91c2"}
+
+
+def rest_lines(sink: list[str] | None = None, more: list[str] = ()) -> list[str]:
+    return BASE_LINES[:19] + (REST_SINK if sink is None else sink) + list(more)
+
+
+def rest_replace(lineno: int, new: str | None) -> list[str]:
+    lines = rest_lines()
+    if new is None:
+        del lines[lineno - 1]
+    else:
+        lines[lineno - 1] = new
+    return lines
+
+
+def test_rest_catalog_sink_is_valid_and_named_without_secrets(workdir):
+    cfg, proc = run_validate(workdir, config_text(rest_lines()), env=REST_ENV)
+    assert proc.returncode == 0, describe_run(proc)
+    assert "lake (RestIceberg at https://catalog.example.com/api/catalog, warehouse analytics_wh)" in proc.stdout, \
+        describe_run(proc)
+
+
+@pytest.mark.parametrize("sink,summary", [
+    (["    S3TablesIceberg:", "      table_bucket_arn: arn:aws:s3tables:us-east-1:111122223333:bucket/analytics",
+      "      region: us-east-1"],
+     "lake (S3TablesIceberg at https://s3tables.us-east-1.amazonaws.com/iceberg, warehouse arn:aws:s3tables:us-east-1:111122223333:bucket/analytics)"),
+    (["    GlueRestIceberg: {glue_database_name: analytics, region: eu-west-1}"],
+     "lake (GlueRestIceberg at https://glue.eu-west-1.amazonaws.com/iceberg, Glue database analytics)"),
+    (["    RestIceberg:", "      uri: http://127.0.0.1:8181/catalog", "      token: ${CATALOG_TOKEN}"],
+     "lake (RestIceberg at http://127.0.0.1:8181/catalog)"),
+], ids=["s3tables", "glue", "token"])
+def test_aws_shortcuts_and_tokens_are_valid(workdir, sink, summary):
+    cfg, proc = run_validate(workdir, config_text(rest_lines(sink)), env=REST_ENV)
+    assert proc.returncode == 0, describe_run(proc)
+    assert summary in proc.stdout, describe_run(proc)
+
+
+@pytest.mark.parametrize(
+    "lines,line,field,msg",
+    [
+        (rest_replace(21, "      uri: ftp://catalog.example.com"), 21, "data_sinks.lake.RestIceberg.uri",
+         ["ftp://catalog.example.com", "not an http(s) URL", "https://catalog.example.com/api/catalog"]),
+        (rest_replace(21, "      uri: https://catalog.example.com/api/catalog/v1"), 21, "data_sinks.lake.RestIceberg.uri",
+         ["ends with /v1", "write https://catalog.example.com/api/catalog"]),
+        (rest_replace(21, None), 20, "data_sinks.lake.RestIceberg", ["missing required field uri"]),
+        (rest_replace(23, "      credential: ${CLIENT_SECRET}"), 23, "data_sinks.lake.RestIceberg.credential",
+         ["<client id>:<client secret>", "${CLIENT_ID}:${CLIENT_SECRET}"]),
+        (rest_replace(24, "      token: ${CATALOG_TOKEN}"), 24, "data_sinks.lake.RestIceberg.token",
+         ["credential and token exclude each other"]),
+        (rest_replace(24, "      client_secret: x"), 24, "data_sinks.lake.RestIceberg.client_secret",
+         ["unknown field client_secret", "uri", "credential", "token", "sigv4", "properties"]),
+        (rest_replace(23, "      sigv4: {region: us-east-1, service: lambda}"), 23,
+         "data_sinks.lake.RestIceberg.sigv4.service", ["lambda", "allowed: s3tables, glue"]),
+        (rest_replace(27, "        s3.path-style-access: [true]"), 27,
+         "data_sinks.lake.RestIceberg.properties.s3.path-style-access", ["wrong type", "a text value"]),
+        (rest_lines(["    S3TablesIceberg:", "      table_bucket_arn: arn:aws:s3:::analytics", "      region: us-east-1"]),
+         21, "data_sinks.lake.S3TablesIceberg.table_bucket_arn",
+         ["not a table bucket ARN", "arn:aws:s3tables:<region>:<account>:bucket/<name>"]),
+        (rest_lines(["    S3TablesIceberg:", "      table_bucket_arn: arn:aws:s3tables:us-east-1:111122223333:bucket/analytics",
+                     "      region: eu-west-1"]),
+         21, "data_sinks.lake.S3TablesIceberg.table_bucket_arn", ["in us-east-1", "region says eu-west-1"]),
+        (rest_lines(["    GlueRestIceberg:", "      glue_database_name: ''", "      region: us-east-1"]),
+         21, "data_sinks.lake.GlueRestIceberg.glue_database_name", ["must not be empty"]),
+        (rest_lines(REST_SINK + ["    GlueRestIceberg: {glue_database_name: a, region: r}"]),
+         19, "data_sinks.lake", ["exactly one connector key", "LocalIceberg, AthenaIceberg, RestIceberg, S3TablesIceberg, GlueRestIceberg"]),
+        (rest_lines(REST_SINK + ["    schema_sink: schema_sinks.cat"],
+                    ["schema_sinks:", "  cat:", "    RestIceberg: {uri: 'https://other.example.com/api/catalog', warehouse: analytics_wh}"]),
+         28, "data_sinks.lake.schema_sink",
+         ["schema_sinks.cat", "own catalog", "same uri and warehouse", "https://catalog.example.com/api/catalog, analytics_wh"]),
+    ],
+    ids=["uri-scheme", "uri-v1", "uri-missing", "credential-form", "credential-and-token", "unknown-key",
+         "sigv4-service", "property-list", "arn", "arn-region", "glue-database", "two-connectors",
+         "schema-sink-catalog"],
+)
+def test_rest_catalog_errors(workdir, lines, line, field, msg):
+    cfg, proc = run_validate(workdir, config_text(lines), env=REST_ENV)
+    assert_config_error(proc, cfg, line=line, cols=None, field_prefix=field, msg_contains=msg)
+    m = [e for e in error_lines(proc) if int(e["line"]) == line][0]
+    assert m["field"] == field, describe_run(proc, f"field path {m['field']!r} is not {field}")
