@@ -1,12 +1,19 @@
 //! Catalogs: where Iceberg tables are registered. The `LocalIceberg` sink uses a sqlite SQL
 //! catalog laid out exactly as PyIceberg's `SqlCatalog`; the `AthenaIceberg` sink uses AWS
-//! Glue. Both sit behind [`SinkCatalog`]: iceberg's `Catalog` for creating and loading
-//! tables, plus the compare-and-swap of the metadata pointer that our own commits use.
+//! Glue; the `RestIceberg` sink an Iceberg REST catalog. All sit behind [`SinkCatalog`]:
+//! iceberg's `Catalog` for creating and loading tables, plus the commit our own snapshots
+//! use (the compare-and-swap of the metadata pointer for sqlite and Glue; the changes with
+//! their requirements for REST, several tables at once in a [`Round`]).
 
 pub mod glue;
 pub mod glue_api;
 pub mod models;
+pub mod rest;
+pub mod rest_auth;
+mod round;
 pub mod sql;
+
+pub use round::Round;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,7 +23,7 @@ use iceberg::io::FileIOBuilder;
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
-use crate::config::{AthenaIcebergSink, SinkConfig};
+use crate::config::{AthenaIcebergSink, RestIcebergSink, SinkConfig};
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::storage::iceberg_io::ObjectStorageFactory;
 use crate::storage::{aws, Location, Store};
@@ -45,6 +52,7 @@ pub struct SinkCatalog {
 enum Pointer {
     Sql(sql::SqlPointer),
     Glue(Arc<glue::GlueCatalog>),
+    Rest(Arc<rest::RestCatalog>),
 }
 
 impl SinkCatalog {
@@ -72,6 +80,7 @@ impl SinkCatalog {
         let api = Arc::new(glue_api::http_glue(&region, s3)?);
         let file_io = FileIOBuilder::new(Arc::new(ObjectStorageFactory {
             region: Some(region),
+            vended: None,
         }))
         .build();
         let glue = Arc::new(glue::GlueCatalog::new(
@@ -88,11 +97,39 @@ impl SinkCatalog {
         })
     }
 
+    /// The REST catalog of a `RestIceberg` sink (every table in `namespace` when given,
+    /// else in the namespace asked for). Nothing is contacted yet.
+    pub fn open_rest(sink: &RestIcebergSink, namespace: Option<&str>) -> Result<Self> {
+        let rest = rest::RestCatalog::new(sink, namespace)?;
+        Ok(Self {
+            catalog: rest.clone(),
+            pointer: Pointer::Rest(rest),
+            loaded: Arc::default(),
+            key: format!(
+                "rest:{}:{}",
+                sink.uri,
+                sink.warehouse.as_deref().unwrap_or_default()
+            ),
+        })
+    }
+
+    /// The REST catalog, when this is one (it writes table metadata itself: commits send
+    /// changes, see [`SinkCatalog::commit_changes`]).
+    pub fn rest(&self) -> Option<&Arc<rest::RestCatalog>> {
+        match &self.pointer {
+            Pointer::Rest(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// The catalog a pipeline's data sink names (its sqlite warehouse or Glue database).
     pub async fn for_sink(sink: &SinkConfig) -> Result<Self> {
         match sink {
             SinkConfig::LocalIceberg { warehouse, .. } => Self::open(warehouse).await,
             SinkConfig::AthenaIceberg { sink, .. } => Self::open_glue(sink),
+            SinkConfig::RestIceberg {
+                sink, namespace, ..
+            } => Self::open_rest(sink, namespace.as_deref()),
         }
     }
 
@@ -106,7 +143,7 @@ impl SinkCatalog {
                 let warehouse = db.parent()?.to_path_buf();
                 Some(models::ModelsCatalog::new(db, &warehouse, protected))
             }
-            Pointer::Glue(_) => None,
+            Pointer::Glue(_) | Pointer::Rest(_) => None,
         }
     }
 
@@ -134,6 +171,21 @@ impl SinkCatalog {
                 .build_table(ident.clone(), known)
                 .await
                 .with_context(|| format!("loading Iceberg table {ident}"))?;
+            return Ok(self.keep(ident, table));
+        }
+        // REST: the load answers the metadata location; a table loaded before at the same
+        // location keeps its cache of manifests.
+        if let Pointer::Rest(r) = &self.pointer {
+            let table = r
+                .load_table(ident)
+                .await
+                .with_context(|| format!("loading Iceberg table {ident}"))?;
+            if let Some(cached) = table
+                .metadata_location()
+                .and_then(|l| self.cached(ident, l))
+            {
+                return Ok(cached);
+            }
             return Ok(self.keep(ident, table));
         }
         let location = match self.metadata_location(ident).await {
@@ -200,6 +252,11 @@ impl SinkCatalog {
                 .metadata_location(ident)
                 .await
                 .with_context(|| format!("reading the Glue entry of {ident}")),
+            Pointer::Rest(r) => match r.load_table(ident).await {
+                Ok(t) => Ok(t.metadata_location().map(str::to_string)),
+                Err(e) if e.kind() == iceberg::ErrorKind::TableNotFound => Ok(None),
+                Err(e) => Err(Error::from(e)).with_context(|| format!("loading {ident}")),
+            },
         }
     }
 
@@ -233,7 +290,59 @@ impl SinkCatalog {
                 Err(e) => Err(Error::from(e))
                     .with_context(|| format!("committing to Iceberg table {ident} in Glue")),
             },
+            Pointer::Rest(_) => Err(Error::fatal(
+                "a REST catalog writes table metadata itself: its commits send changes, not a new metadata file",
+            )),
         }
+    }
+
+    /// Commits to a REST catalog: `updates` (which made `new` from the table's metadata)
+    /// with the requirements that keep a concurrent writer from being overwritten. Inside
+    /// a [`Round`] and when the catalog offers multi-table commits, the change is staged
+    /// and sent with the round's other tables in one request; the table returned is then
+    /// the table as it will be.
+    pub async fn commit_changes(
+        &self,
+        table: &Table,
+        new: iceberg::spec::TableMetadata,
+        updates: Vec<iceberg::TableUpdate>,
+    ) -> Result<Table> {
+        let Pointer::Rest(rest) = &self.pointer else {
+            return Err(Error::fatal(
+                "changes committed to a catalog that is not REST",
+            ));
+        };
+        let ident = table.identifier();
+        let change = rest::table_change(&table.metadata_ref(), updates);
+        let retryable = |e: iceberg::Error| {
+            if e.retryable() || e.kind() == iceberg::ErrorKind::CatalogCommitConflicts {
+                Error::new(ErrorKind::Retryable, format!("{e}; it will be retried"))
+            } else {
+                Error::from(e)
+            }
+        };
+        let change = if rest.offers_transactions().await.map_err(retryable)? {
+            match Round::stage(&self.key, rest, ident, change) {
+                Some(change) => change,
+                None => {
+                    return Table::builder()
+                        .file_io(table.file_io().clone())
+                        .metadata(new)
+                        .identifier(ident.clone())
+                        .runtime(
+                            iceberg::Runtime::try_current().context("finding the async runtime")?,
+                        )
+                        .build()
+                        .with_context(|| format!("describing Iceberg table {ident}"))
+                }
+            }
+        } else {
+            change
+        };
+        rest.commit(ident, change, table.file_io().clone())
+            .await
+            .map_err(retryable)
+            .with_context(|| format!("committing to Iceberg table {ident}"))
     }
 }
 

@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 56] = [
+const KEY_ORDER: [&str; 67] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -53,6 +53,9 @@ const KEY_ORDER: [&str; 56] = [
     "Postgres",
     "LocalIceberg",
     "AthenaIceberg",
+    "RestIceberg",
+    "S3TablesIceberg",
+    "GlueRestIceberg",
     "host",
     "port",
     "user",
@@ -68,8 +71,16 @@ const KEY_ORDER: [&str; 56] = [
     "append_only",
     "snapshot_parallelism",
     "parquet_target_file_size_mb",
+    "uri",
+    "table_bucket_arn",
     "warehouse",
     "glue_database_name",
+    "credential",
+    "token",
+    "scope",
+    "sigv4",
+    "service",
+    "properties",
     "schema_sink",
 ];
 /// Athena fields after `warehouse`, in order.
@@ -153,8 +164,14 @@ fn emit_value(out: &mut String, at: &[&str], key: &str, v: &Value, indent: usize
         Value::Mapping(m) => {
             out.push_str(&format!("{pad}{key}:\n"));
             // `pipelines.<p>.tables` is keyed by table names, which keep the file's order (a
-            // table may be called `key` or `users`).
-            if matches!(at, ["pipelines", _]) && key == "tables" {
+            // table may be called `key` or `users`); so is a REST catalog's `properties`.
+            // Likewise the names of pipelines, sources and sinks (a pipeline may be called
+            // `tables`), which keep the order they were added in, as the Python package
+            // writes them.
+            let own_keys = (matches!(at, ["pipelines", _]) && key == "tables")
+                || (matches!(at, [_, _, "RestIceberg"]) && key == "properties")
+                || (at.is_empty() && key != "skippr");
+            if own_keys {
                 for (k, v) in m {
                     emit_value(out, &here, &scalar(k, false), v, indent + 2);
                 }

@@ -15,6 +15,7 @@ mod overlap;
 mod postgres;
 mod query;
 mod resolve;
+pub mod rest_iceberg;
 mod source_tls;
 mod yaml;
 
@@ -139,6 +140,10 @@ pub struct PostgresConfig {
     pub peer_timeout: std::time::Duration,
 }
 
+/// The connector keys a data or schema sink may have.
+pub const SINK_KINDS: &str =
+    "LocalIceberg, AthenaIceberg, RestIceberg, S3TablesIceberg, GlueRestIceberg";
+
 /// A resolved sink.
 #[derive(Debug, Clone)]
 pub enum SinkConfig {
@@ -149,6 +154,15 @@ pub enum SinkConfig {
     AthenaIceberg {
         name: String,
         sink: AthenaIcebergSink,
+    },
+    /// A REST catalog (`RestIceberg`, or the `S3TablesIceberg` / `GlueRestIceberg` shortcuts).
+    RestIceberg {
+        name: String,
+        /// The connector key the sink was written with.
+        kind: &'static str,
+        sink: RestIcebergSink,
+        /// The one namespace every table goes to instead of the workspace (a Glue database).
+        namespace: Option<String>,
     },
 }
 

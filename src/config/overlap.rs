@@ -16,6 +16,14 @@ fn target(workspace: &str, sink: &SinkConfig) -> String {
             "Glue database {} in {} (warehouse {})",
             sink.glue_database_name, sink.region, sink.warehouse
         ),
+        SinkConfig::RestIceberg {
+            sink, namespace, ..
+        } => format!(
+            "REST catalog {} (warehouse {}, namespace {})",
+            sink.uri,
+            sink.warehouse.as_deref().unwrap_or("default"),
+            namespace.as_deref().unwrap_or(workspace)
+        ),
     }
 }
 

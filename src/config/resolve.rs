@@ -8,7 +8,7 @@ use serde_yaml::Value;
 
 use super::{
     is_simple_name, keys, model, normalize, overlap, parse_duration, Config, PipelineConfig,
-    PostgresConfig, SinkConfig, SkipprFile, Validator, DEFAULT_COMMIT_INTERVAL,
+    PostgresConfig, SinkConfig, SkipprFile, Validator, DEFAULT_COMMIT_INTERVAL, SINK_KINDS,
 };
 use crate::storage::state_file::StateFile;
 
@@ -41,16 +41,27 @@ impl Validator<'_> {
             }
         }
         for (name, def) in &file.data_sinks {
-            let n = def.local_iceberg.is_some() as u8 + def.athena_iceberg.is_some() as u8;
+            let n = def.local_iceberg.is_some() as u8
+                + def.athena_iceberg.is_some() as u8
+                + def.rest_iceberg.is_some() as u8
+                + def.s3_tables_iceberg.is_some() as u8
+                + def.glue_rest_iceberg.is_some() as u8;
             if n != 1 && !self.reported_under(&["data_sinks", name]) {
                 self.report(
                     keys(&["data_sinks", name]),
-                    "a data sink needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg",
+                    format!("a data sink needs exactly one connector key; allowed: {SINK_KINDS}"),
                 );
             }
             if let Some(a) = &def.athena_iceberg {
                 self.check_athena(&["data_sinks", name, "AthenaIceberg"], a);
             }
+            self.check_rest_kinds(
+                "data_sinks",
+                name,
+                def.rest_iceberg.as_ref(),
+                def.s3_tables_iceberg.as_ref(),
+                def.glue_rest_iceberg.as_ref(),
+            );
             if let Some(l) = &def.local_iceberg {
                 if l.warehouse.trim().is_empty() {
                     self.report(
@@ -93,19 +104,34 @@ impl Validator<'_> {
                         );
                     }
                 }
+                // Likewise a REST catalog sink registers its schemas in its own catalog.
+                if let Some((_, schema_sink)) = found {
+                    self.check_rest_schema_sink(name, r, def, schema_sink);
+                }
             }
         }
         for (name, def) in &file.schema_sinks {
-            let n = def.local_iceberg.is_some() as u8 + def.athena_iceberg.is_some() as u8;
+            let n = def.local_iceberg.is_some() as u8
+                + def.athena_iceberg.is_some() as u8
+                + def.rest_iceberg.is_some() as u8
+                + def.s3_tables_iceberg.is_some() as u8
+                + def.glue_rest_iceberg.is_some() as u8;
             if n != 1 && !self.reported_under(&["schema_sinks", name]) {
                 self.report(
                     keys(&["schema_sinks", name]),
-                    "a schema sink needs exactly one connector key; allowed: LocalIceberg, AthenaIceberg",
+                    format!("a schema sink needs exactly one connector key; allowed: {SINK_KINDS}"),
                 );
             }
             if let Some(a) = &def.athena_iceberg {
                 self.check_athena(&["schema_sinks", name, "AthenaIceberg"], a);
             }
+            self.check_rest_kinds(
+                "schema_sinks",
+                name,
+                def.rest_iceberg.as_ref(),
+                def.s3_tables_iceberg.as_ref(),
+                def.glue_rest_iceberg.as_ref(),
+            );
         }
 
         let mut pipelines = Vec::new();
@@ -143,12 +169,33 @@ impl Validator<'_> {
                         name: kname.clone(),
                         warehouse: normalize(&base.join(&l.warehouse)),
                     })
+                } else if let Some(a) = &k.athena_iceberg {
+                    Some(SinkConfig::AthenaIceberg {
+                        name: kname.clone(),
+                        sink: a.clone(),
+                    })
+                } else if let Some(r) = &k.rest_iceberg {
+                    Some(SinkConfig::RestIceberg {
+                        name: kname.clone(),
+                        kind: "RestIceberg",
+                        sink: r.clone(),
+                        namespace: None,
+                    })
+                } else if let Some(t) = &k.s3_tables_iceberg {
+                    Some(SinkConfig::RestIceberg {
+                        name: kname.clone(),
+                        kind: "S3TablesIceberg",
+                        sink: t.rest(),
+                        namespace: None,
+                    })
                 } else {
-                    k.athena_iceberg
+                    k.glue_rest_iceberg
                         .as_ref()
-                        .map(|a| SinkConfig::AthenaIceberg {
+                        .map(|g| SinkConfig::RestIceberg {
                             name: kname.clone(),
-                            sink: a.clone(),
+                            kind: "GlueRestIceberg",
+                            sink: g.rest(),
+                            namespace: Some(g.glue_database_name.clone()),
                         })
                 }
             });

@@ -255,10 +255,19 @@ impl<T: TableSink> Sinks<T> {
         Ok(())
     }
 
+    /// Commits every table in one round: with a REST catalog that offers multi-table
+    /// commits, all of them in one atomic catalog request (see [`crate::catalog::Round`]).
     pub async fn commit(&mut self) -> Result<()> {
-        for t in &mut self.tables {
-            t.commit().await?;
-        }
+        let round = crate::catalog::Round::default();
+        round
+            .run(async {
+                for t in &mut self.tables {
+                    t.commit().await?;
+                }
+                Ok::<(), crate::error::Error>(())
+            })
+            .await?;
+        round.finish().await?;
         Ok(())
     }
 

@@ -117,6 +117,14 @@ impl Workspace {
                         sink.region, sink.glue_database_name, sink.warehouse
                     )
                 }
+                SinkConfig::RestIceberg {
+                    sink, namespace, ..
+                } => format!(
+                    "rest:{}:{}:{}",
+                    sink.uri,
+                    sink.warehouse.as_deref().unwrap_or_default(),
+                    namespace.as_deref().unwrap_or_default()
+                ),
             };
             let i = match warehouses.iter().position(|w| *w == warehouse) {
                 Some(i) => i,

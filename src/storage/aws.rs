@@ -107,8 +107,33 @@ pub fn endpoint(service: &str) -> Option<String> {
 
 /// An S3 client for `bucket` with the standard credential chain.
 pub fn s3_store(bucket: &str, region_name: Option<&str>) -> Result<AmazonS3> {
+    s3_store_with(bucket, region_name, &S3Settings::default())
+}
+
+/// What a catalog says about the storage of its tables (Iceberg's `s3.*` FileIO
+/// properties): each set field replaces the standard chain's.
+#[derive(Debug, Clone, Default)]
+pub struct S3Settings {
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// `s3.path-style-access`; `None` keeps the default (path style).
+    pub path_style: Option<bool>,
+    /// Credentials given with the table (vended, or static keys in the sink's properties).
+    pub credentials: Option<object_store::aws::AwsCredentialProvider>,
+}
+
+/// An S3 client for `bucket` with the standard chain, except where `settings` says otherwise.
+pub fn s3_store_with(
+    bucket: &str,
+    region_name: Option<&str>,
+    settings: &S3Settings,
+) -> Result<AmazonS3> {
     let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    let chain_in_env = env("AWS_ACCESS_KEY_ID").is_some()
+    if let Some(credentials) = &settings.credentials {
+        builder = builder.with_credentials(credentials.clone());
+    }
+    let chain_in_env = settings.credentials.is_some()
+        || env("AWS_ACCESS_KEY_ID").is_some()
         || env("AWS_WEB_IDENTITY_TOKEN_FILE").is_some()
         || env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_some()
         || env("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_some();
@@ -143,8 +168,16 @@ pub fn s3_store(bucket: &str, region_name: Option<&str>) -> Result<AmazonS3> {
             }
         }
     }
-    builder = builder.with_region(region(region_name));
-    let endpoint = endpoint("s3");
+    builder = builder.with_region(
+        settings
+            .region
+            .clone()
+            .unwrap_or_else(|| region(region_name)),
+    );
+    if let Some(path_style) = settings.path_style {
+        builder = builder.with_virtual_hosted_style_request(!path_style);
+    }
+    let endpoint = settings.endpoint.clone().or_else(|| endpoint("s3"));
     if let Some(e) = &endpoint {
         builder = builder.with_endpoint(e.clone());
     }

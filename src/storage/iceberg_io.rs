@@ -88,13 +88,26 @@ fn cache() -> &'static moka::future::Cache<Cached, CachedValue> {
 pub struct ObjectStorageFactory {
     /// The sink's region, for the S3 client (the AWS chain fills in otherwise).
     pub region: Option<String>,
+    /// Where fresh credentials come from when those handed out with the table (vended by
+    /// a REST catalog) expire.
+    #[serde(skip)]
+    pub vended: Option<Arc<dyn Vended>>,
+}
+
+/// The source of a table's storage properties, asked again when its vended credentials
+/// are about to expire (a REST catalog's `loadTable`).
+#[async_trait]
+pub trait Vended: std::fmt::Debug + Send + Sync {
+    async fn fresh_props(&self) -> crate::error::Result<HashMap<String, String>>;
 }
 
 #[typetag::serde]
 impl StorageFactory for ObjectStorageFactory {
-    fn build(&self, _config: &StorageConfig) -> iceberg::Result<Arc<dyn Storage>> {
+    fn build(&self, config: &StorageConfig) -> iceberg::Result<Arc<dyn Storage>> {
         Ok(Arc::new(ObjectStorage {
             region: self.region.clone(),
+            props: config.props().clone(),
+            vended: self.vended.clone(),
             stores: Arc::default(),
         }))
     }
@@ -104,8 +117,114 @@ impl StorageFactory for ObjectStorageFactory {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ObjectStorage {
     region: Option<String>,
+    /// The FileIO's properties (`s3.endpoint`, `s3.access-key-id`, ...), from the catalog.
+    #[serde(default)]
+    props: HashMap<String, String>,
+    #[serde(skip)]
+    vended: Option<Arc<dyn Vended>>,
     #[serde(skip)]
     stores: Arc<Mutex<HashMap<String, Store>>>,
+}
+
+/// Iceberg's FileIO property names for S3.
+mod prop {
+    pub const ENDPOINT: &str = "s3.endpoint";
+    pub const REGION: &str = "s3.region";
+    pub const CLIENT_REGION: &str = "client.region";
+    pub const PATH_STYLE: &str = "s3.path-style-access";
+    pub const ACCESS_KEY: &str = "s3.access-key-id";
+    pub const SECRET_KEY: &str = "s3.secret-access-key";
+    pub const SESSION_TOKEN: &str = "s3.session-token";
+    pub const EXPIRES_AT_MS: &str = "s3.session-token-expires-at-ms";
+}
+
+/// The S3 settings that a table's FileIO properties name (none: the standard chain).
+pub fn s3_settings(
+    props: &HashMap<String, String>,
+    vended: Option<Arc<dyn Vended>>,
+) -> super::aws::S3Settings {
+    let get = |k: &str| props.get(k).filter(|v| !v.is_empty()).cloned();
+    let credentials = Keys::from_props(props).map(|keys| {
+        Arc::new(VendedCredentials {
+            current: Mutex::new(keys),
+            source: vended,
+        }) as object_store::aws::AwsCredentialProvider
+    });
+    super::aws::S3Settings {
+        endpoint: get(prop::ENDPOINT).map(|e| e.trim_end_matches('/').to_string()),
+        region: get(prop::REGION).or_else(|| get(prop::CLIENT_REGION)),
+        path_style: get(prop::PATH_STYLE).map(|v| v.eq_ignore_ascii_case("true")),
+        credentials,
+    }
+}
+
+/// Keys handed out with a table, and when they expire.
+#[derive(Debug, Clone)]
+struct Keys {
+    credential: Arc<object_store::aws::AwsCredential>,
+    expires_at_ms: Option<i64>,
+}
+
+impl Keys {
+    fn from_props(props: &HashMap<String, String>) -> Option<Self> {
+        let get = |k: &str| props.get(k).filter(|v| !v.is_empty()).cloned();
+        Some(Self {
+            credential: Arc::new(object_store::aws::AwsCredential {
+                key_id: get(prop::ACCESS_KEY)?,
+                secret_key: get(prop::SECRET_KEY)?,
+                token: get(prop::SESSION_TOKEN),
+            }),
+            expires_at_ms: get(prop::EXPIRES_AT_MS).and_then(|v| v.parse().ok()),
+        })
+    }
+}
+
+/// How long before they expire vended credentials are renewed.
+const RENEW_BEFORE_MS: i64 = 5 * 60 * 1000;
+
+/// Credentials vended with a table, renewed from their source shortly before they expire.
+#[derive(Debug)]
+struct VendedCredentials {
+    current: Mutex<Keys>,
+    source: Option<Arc<dyn Vended>>,
+}
+
+#[async_trait]
+impl object_store::CredentialProvider for VendedCredentials {
+    type Credential = object_store::aws::AwsCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<Self::Credential>> {
+        let keys = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let now = chrono::Utc::now().timestamp_millis();
+        let (Some(at), Some(source)) = (keys.expires_at_ms, &self.source) else {
+            return Ok(keys.credential);
+        };
+        if now + RENEW_BEFORE_MS < at {
+            return Ok(keys.credential);
+        }
+        match source.fresh_props().await.map(|p| Keys::from_props(&p)) {
+            Ok(Some(fresh)) => {
+                tracing::debug!(expires_at_ms = ?fresh.expires_at_ms, "vended storage credentials renewed");
+                let credential = fresh.credential.clone();
+                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+                Ok(credential)
+            }
+            // Still valid: used while the catalog cannot be asked.
+            Ok(None) | Err(_) if now < at => Ok(keys.credential),
+            Ok(None) => Err(object_store::Error::Generic {
+                store: "S3",
+                source: "the catalog no longer vends storage credentials for this table, and those it gave have expired".into(),
+            }),
+            Err(e) => Err(object_store::Error::Generic {
+                store: "S3",
+                source: format!("the vended storage credentials expired and renewing them failed: {}", e.report()).into(),
+            }),
+        }
+    }
 }
 
 fn io_error(e: crate::error::Error) -> iceberg::Error {
@@ -142,7 +261,9 @@ impl ObjectStorage {
                     bucket: bucket.to_string(),
                     prefix: String::new(),
                 };
-                let store = Store::open(&location, self.region.as_deref()).map_err(io_error)?;
+                let settings = s3_settings(&self.props, self.vended.clone());
+                let store = Store::open_with(&location, self.region.as_deref(), &settings)
+                    .map_err(io_error)?;
                 stores.insert(bucket.to_string(), store.clone());
                 store
             }

@@ -157,10 +157,19 @@ impl Store {
     /// A store rooted at `location`. Nothing is read or written yet; S3 credentials come
     /// from the standard AWS chain (see [`aws`]).
     pub fn open(location: &Location, region: Option<&str>) -> Result<Self> {
+        Self::open_with(location, region, &aws::S3Settings::default())
+    }
+
+    /// Like [`Store::open`], with the S3 settings a catalog gives for its tables.
+    pub fn open_with(
+        location: &Location,
+        region: Option<&str>,
+        settings: &aws::S3Settings,
+    ) -> Result<Self> {
         let backend = match location {
             Location::Local(dir) => Backend::Local(dir.clone()),
             Location::S3 { bucket, prefix } => Backend::S3 {
-                store: Arc::new(aws::s3_store(bucket, region)?),
+                store: Arc::new(aws::s3_store_with(bucket, region, settings)?),
                 prefix: prefix.clone(),
             },
         };

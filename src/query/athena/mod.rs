@@ -83,7 +83,7 @@ impl AthenaTarget {
         .into_iter()
         .filter_map(|(pname, p)| match &p.sink {
             SinkConfig::AthenaIceberg { name, sink } => Some((pname, Self::from_sink(name, sink))),
-            SinkConfig::LocalIceberg { .. } => None,
+            SinkConfig::LocalIceberg { .. } | SinkConfig::RestIceberg { .. } => None,
         })
         .collect();
         // Sinks with the same Athena settings are one engine, whatever their names.

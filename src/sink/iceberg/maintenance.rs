@@ -426,6 +426,11 @@ fn table_root(location: &str) -> Result<Location> {
 /// metadata file references and that are older than `orphan_file_age` (a younger one may
 /// belong to a commit in flight). Returns how many were removed.
 pub async fn remove_orphans(table: &Table, settings: &MaintenanceSettings) -> Result<usize> {
+    // The current metadata file is referenced by location only: a table known without it
+    // (committed in a REST round) waits for a load that names it.
+    if table.metadata_location().is_none() {
+        return Ok(0);
+    }
     let location = table
         .metadata()
         .location()

@@ -396,6 +396,20 @@ pub(super) async fn commit_metadata(
     new_files: &[String],
     change: impl FnOnce(TableMetadataBuilder) -> iceberg::Result<TableMetadataBuilder>,
 ) -> Result<Table> {
+    if catalog.rest().is_some() {
+        // A REST catalog writes the metadata itself: it gets the changes and their
+        // requirements, once the files they name are durable.
+        let built = change(TableMetadataBuilder::new_from_metadata(
+            table.metadata().clone(),
+            table.metadata_location().map(str::to_string),
+        ))?
+        .build()?;
+        durable::sync_files(new_files.iter().map(String::as_str))?;
+        durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
+        return catalog
+            .commit_changes(table, built.metadata, built.changes)
+            .await;
+    }
     let old_location = metadata_location(table)?;
     let staged = stage_metadata(table, new_files, change).await?;
     let new_location = metadata_location(&staged)?;
