@@ -235,7 +235,27 @@ async fn discover(
                 fix: c.fix,
             })
             .collect(),
-        SinkConfig::LocalIceberg { .. } | SinkConfig::RestIceberg { .. } => Vec::new(),
+        SinkConfig::RestIceberg {
+            name,
+            kind,
+            sink,
+            namespace,
+        } => skippr::catalog::rest_checks::check_sink(
+            name,
+            kind,
+            sink,
+            namespace.as_deref().unwrap_or(&config.workspace),
+        )
+        .await
+        .into_iter()
+        .map(|c| Check {
+            name: c.name,
+            ok: c.ok,
+            detail: c.detail,
+            fix: c.fix,
+        })
+        .collect(),
+        SinkConfig::LocalIceberg { .. } => Vec::new(),
     };
     match source::postgres::discover::discover(p, &config.workspace).await {
         Ok(mut report) => {

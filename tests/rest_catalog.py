@@ -41,11 +41,13 @@ What a client sees:
 Test-only routes, outside `/v1` and without authentication:
 
 * `GET /_test/requests`: every request so far (method, path, query, whether it carried an
-  Authorization header, its X-Iceberg-Access-Delegation header, the answer's status, and the
+  Authorization header and its scheme, its X-Iceberg-Access-Delegation header, the answer's status, and the
   tables a commit touched); `POST /_test/reset` clears that log.
 * `POST /_test/faults` with a JSON list of `{"method", "path" (a regex matched against the whole
-  path), "status", "count" (default 1), "message"}` answers the next matching requests with that
-  error instead of serving them (replaces the list; `[]` clears it).
+  path), "status", "count" (default 1), "message", "after"}` answers the next matching requests
+  with that error instead of serving them, or with `"after": true` serves them and then answers
+  with the error (a lost answer: the change is made, the client cannot know). It replaces the
+  list; `[]` clears it.
 * `GET /_test/health`: 200 once the server serves.
 
 Nothing that authenticates (secrets, tokens, Authorization headers, request bodies) is logged.
@@ -576,6 +578,11 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(n) if n else b""
 
     def _send(self, status: int, body: Any = None, content_type: str = "application/json") -> None:
+        lost = getattr(self, "_lost_answer", None)
+        if lost is not None and status < 400:
+            # The request was served; the client gets an error instead of its answer.
+            self._lost_answer = None
+            status, body = lost.code, lost.body()
         data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
         self.send_response(status)
         if data:
@@ -592,6 +599,7 @@ class Handler(BaseHTTPRequestHandler):
         st = self.state
         started = time.monotonic()
         self._status = 0
+        self._lost_answer = None
         url = urllib.parse.urlsplit(self.path)
         path = url.path
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
@@ -605,6 +613,7 @@ class Handler(BaseHTTPRequestHandler):
                 "path": path,
                 "query": url.query,
                 "authorized": "Authorization" in self.headers,
+                "auth_scheme": (self.headers.get("Authorization") or "").split(" ")[0] or None,
                 "access_delegation": self.headers.get(ACCESS_DELEGATION_HEADER),
                 "status": None,
             }
@@ -648,6 +657,7 @@ class Handler(BaseHTTPRequestHandler):
                     "count": int(f.get("count", 1)),
                     "type": f.get("type"),
                     "message": f.get("message", "injected failure"),
+                    "after": bool(f.get("after", False)),
                 })
             with st.log_lock:
                 st.faults = parsed
@@ -666,6 +676,10 @@ class Handler(BaseHTTPRequestHandler):
                         404: "NoSuchTableException", 409: "CommitFailedException", 419: "AuthenticationTimeoutException",
                         500: "InternalServerError", 503: "ServiceUnavailableException",
                     }.get(status, "RESTException")
+                    if f["after"]:
+                        # Served first, then answered with the error: a lost answer.
+                        self._lost_answer = RestError(status, type_, f["message"])
+                        return
                     raise RestError(status, type_, f["message"])
 
     # routes ----------------------------------------------------------------------------------

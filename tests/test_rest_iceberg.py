@@ -15,10 +15,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from conftest import Database, Skippr, assert_no_panic, assert_rows_equal, describe_run, expected_rows, pg_table_spec
 from rest_catalog import RestCatalogServer
+from test_cdc import stop
 
 TABLES = ["orders", "customers"]
 
@@ -41,9 +43,9 @@ def rest_sink(srv: RestCatalogServer, **auth: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_config(skippr: Skippr, srv: RestCatalogServer, **auth: str) -> None:
+def write_config(skippr: Skippr, srv: RestCatalogServer, extra_pipeline: dict | None = None, **auth: str) -> None:
     """skippr.yml with the REST sink in place of the local warehouse."""
-    text = skippr.write_config(TABLES).read_text()
+    text = skippr.write_config(TABLES, extra_pipeline=extra_pipeline).read_text()
     head, _, _ = text.partition("data_sinks:\n")
     skippr.write_raw_config(head + rest_sink(srv, **auth))
 
@@ -60,6 +62,13 @@ def assert_catalog_matches(db: Database, srv: RestCatalogServer, skippr: Skippr)
         expected = expected_rows(db, spec)
         assert_rows_equal(expected, read_rest(srv, table), spec, "pyiceberg-rest")
         assert_rows_equal(expected, skippr.read_query(spec), spec, "query")
+
+
+def wait_for(check, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.3)
 
 
 def commits(srv: RestCatalogServer) -> list[dict]:
@@ -99,3 +108,76 @@ def test_snapshot_and_cdc_through_a_rest_catalog(db: Database, skippr: Skippr, o
     assert not [r for r in srv.requests() if r["status"] == 401 and r["path"] != "/v1/oauth/tokens"], \
         "tokens are renewed before they expire, not after a refusal"
     assert_catalog_matches(db, srv, skippr)
+
+
+def test_table_by_table_a_concurrent_writer_and_a_lost_answer(db: Database, skippr: Skippr, tmp_path: Path):
+    """A catalog without `transactions/commit`, under a prefix, with a bearer token."""
+    with RestCatalogServer(tmp_path / "wh", token="static-token", prefix="catalogs/wh", transactions=False) as srv:
+        setup_tables(db)
+        write_config(skippr, srv, token="static-token")
+        skippr.sync_once()
+        assert_catalog_matches(db, srv, skippr)
+        assert all(r["auth_scheme"] == "Bearer" for r in srv.requests() if r["path"].startswith("/v1/"))
+
+        # Table by table, under the prefix.
+        db.execute("UPDATE customers SET name = name || '!' WHERE id % 7 = 0")
+        db.execute("INSERT INTO orders (id, customer_id, amount) VALUES (2001, 1, 1.00)")
+        srv.reset()
+        skippr.sync_once()
+        paths = sorted(r["path"] for r in commits(srv))
+        assert paths == ["/v1/catalogs/wh/namespaces/analytics/tables/customers",
+                         "/v1/catalogs/wh/namespaces/analytics/tables/orders"], paths
+        assert_catalog_matches(db, srv, skippr)
+
+        # Another writer commits between two of Skippr's commits: Skippr's commit is refused
+        # (409), re-read and retried; the other writer's row stays.
+        write_config(skippr, srv, extra_pipeline={"commit_interval": "300ms"}, token="static-token")
+        proc = skippr.start("sync", "--pipeline", "app")
+        try:
+            db.execute("UPDATE customers SET tier = 'bronze' WHERE id = 1")
+            wait_for(lambda: any(r["id"] == 1 and r["tier"] == "bronze" for r in read_rest(srv, "customers")))
+            other = srv.client().load_table(("analytics", "customers"))
+            foreign = other.scan(limit=1).to_arrow().slice(0, 1).to_pylist()[0]
+            foreign["id"] = 9999
+            foreign["name"] = "written by another engine"
+            other.append(pa.Table.from_pylist([foreign], schema=other.schema().as_arrow()))
+            srv.reset()
+            db.execute("UPDATE customers SET tier = 'bronze' WHERE id = 2")
+            wait_for(lambda: any(r["id"] == 2 and r["tier"] == "bronze" for r in read_rest(srv, "customers")))
+        finally:
+            assert stop(proc) == 0, (skippr.workdir / "bg.stderr").read_text()[-4000:]
+        statuses = [r["status"] for r in commits(srv) if r["path"].endswith("/customers")]
+        assert 409 in statuses and statuses[-1] == 200, statuses
+        spec = pg_table_spec(db, "customers")
+        rows = [r for r in read_rest(srv, "customers") if r["id"] != 9999]
+        assert_rows_equal(expected_rows(db, spec), rows, spec, "pyiceberg-rest")
+        assert [r["name"] for r in read_rest(srv, "customers") if r["id"] == 9999] == ["written by another engine"]
+        srv.client().load_table(("analytics", "customers")).delete("id = 9999")
+
+        # The catalog makes a commit and its answer is lost: the retry finds the committed LSN
+        # in the table and applies nothing twice.
+        db.execute("INSERT INTO orders (id, customer_id, amount) VALUES (2002, 2, 2.00), (2003, 3, 3.00)")
+        db.execute("DELETE FROM orders WHERE id = 1")
+        srv.reset()
+        srv.set_faults([{"method": "POST", "path": r".*/tables/orders", "status": 503, "after": True}])
+        skippr.sync_once()
+        orders = [r for r in commits(srv) if r["path"].endswith("/orders")]
+        assert orders and orders[0]["status"] == 503, orders
+        assert_catalog_matches(db, srv, skippr)
+
+
+def test_sigv4_signs_every_catalog_request(db: Database, skippr: Skippr, tmp_path: Path):
+    """`sigv4` signs with the AWS chain (the endpoints of S3 Tables and Glue)."""
+    with RestCatalogServer(tmp_path / "wh") as srv:
+        setup_tables(db)
+        write_config(skippr, srv)
+        text = skippr.config_path.read_text() + "      sigv4: {region: eu-west-1, service: s3tables}\n"
+        skippr.write_raw_config(text)
+        skippr.env.update({"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret",
+                           "AWS_REGION": "eu-west-1"})
+        proc = skippr.run("sync", "--pipeline", "app", "--once", check=False)
+        assert_no_panic(proc)
+        assert proc.returncode == 0, describe_run(proc)
+        schemes = {r["auth_scheme"] for r in srv.requests() if r["path"].startswith("/v1/")}
+        assert schemes == {"AWS4-HMAC-SHA256"}, schemes
+        assert_catalog_matches(db, srv, skippr)

@@ -10,6 +10,7 @@ pub mod glue_api;
 pub mod models;
 pub mod rest;
 pub mod rest_auth;
+pub mod rest_checks;
 mod round;
 pub mod sql;
 

@@ -148,6 +148,7 @@ pub fn s3_settings(
         Arc::new(VendedCredentials {
             current: Mutex::new(keys),
             source: vended,
+            asked_at_ms: Mutex::new(None),
         }) as object_store::aws::AwsCredentialProvider
     });
     super::aws::S3Settings {
@@ -187,7 +188,13 @@ const RENEW_BEFORE_MS: i64 = 5 * 60 * 1000;
 struct VendedCredentials {
     current: Mutex<Keys>,
     source: Option<Arc<dyn Vended>>,
+    /// When the catalog was last asked (it is asked at most every [`RENEW_EVERY_MS`] while
+    /// the keys still work, even when it hands out keys that expire soon again).
+    asked_at_ms: Mutex<Option<i64>>,
 }
+
+/// How often the catalog is asked again while the keys it gave still work.
+const RENEW_EVERY_MS: i64 = 30 * 1000;
 
 #[async_trait]
 impl object_store::CredentialProvider for VendedCredentials {
@@ -205,6 +212,13 @@ impl object_store::CredentialProvider for VendedCredentials {
         };
         if now + RENEW_BEFORE_MS < at {
             return Ok(keys.credential);
+        }
+        {
+            let mut asked = self.asked_at_ms.lock().unwrap_or_else(|e| e.into_inner());
+            if now < at && asked.is_some_and(|t| now - t < RENEW_EVERY_MS) {
+                return Ok(keys.credential);
+            }
+            *asked = Some(now);
         }
         match source.fresh_props().await.map(|p| Keys::from_props(&p)) {
             Ok(Some(fresh)) => {
