@@ -181,3 +181,34 @@ def test_sigv4_signs_every_catalog_request(db: Database, skippr: Skippr, tmp_pat
         schemes = {r["auth_scheme"] for r in srv.requests() if r["path"].startswith("/v1/")}
         assert schemes == {"AWS4-HMAC-SHA256"}, schemes
         assert_catalog_matches(db, srv, skippr)
+
+
+def test_s3_storage_through_vended_credentials(db: Database, skippr: Skippr, tmp_path: Path):
+    """The catalog names an S3 warehouse and vends the keys to it: Skippr writes and reads the
+    tables with those keys alone (no AWS settings of its own)."""
+    from test_athena_iceberg import REGION, Moto
+
+    moto = Moto(tmp_path)
+    try:
+        moto.client("s3").create_bucket(Bucket="lake")
+        server_s3 = {"s3.endpoint": moto.endpoint, "s3.access-key-id": "testing",
+                     "s3.secret-access-key": "testing", "s3.region": REGION}
+        vended = {"s3.endpoint": moto.endpoint, "s3.access-key-id": "vended-key-id",
+                  "s3.secret-access-key": "vended-secret", "s3.session-token": "vended-session",
+                  "s3.region": REGION, "s3.path-style-access": "true"}
+        with RestCatalogServer("s3://lake/warehouse", tmp_path / "catalog.db", credential="c:s",
+                               catalog_props=server_s3, vend=vended) as srv:
+            setup_tables(db)
+            write_config(skippr, srv, credential="c:s")
+            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION"):
+                skippr.env[k] = ""
+            skippr.sync_once()
+            db.execute("DELETE FROM orders WHERE id <= 100")
+            db.execute("UPDATE customers SET tier = 'x' WHERE id > 40")
+            proc = skippr.sync_once()
+            assert "maintenance failed" not in proc.stderr, proc.stderr[-3000:]
+            keys = moto.keys("lake", "warehouse/analytics/orders/data/")
+            assert keys, "the data files are in the catalog's S3 warehouse"
+            assert_catalog_matches(db, srv, skippr)
+    finally:
+        moto.stop()

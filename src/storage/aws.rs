@@ -105,6 +105,25 @@ pub fn endpoint(service: &str) -> Option<String> {
     .map(|e| e.trim_end_matches('/').to_string())
 }
 
+/// A builder with the `AWS_*` settings of the environment, as object_store's own
+/// `from_env`, except that an empty variable counts as unset (as the AWS CLI has it; an
+/// empty endpoint would otherwise be taken for a URL).
+fn from_env() -> AmazonS3Builder {
+    let mut builder = AmazonS3Builder::new();
+    for (key, value) in std::env::vars_os() {
+        let (Some(key), Some(value)) = (key.to_str(), value.to_str()) else {
+            continue;
+        };
+        if !key.starts_with("AWS_") || value.is_empty() {
+            continue;
+        }
+        if let Ok(config_key) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
+            builder = builder.with_config(config_key, value);
+        }
+    }
+    builder
+}
+
 /// An S3 client for `bucket` with the standard credential chain.
 pub fn s3_store(bucket: &str, region_name: Option<&str>) -> Result<AmazonS3> {
     s3_store_with(bucket, region_name, &S3Settings::default())
@@ -128,7 +147,7 @@ pub fn s3_store_with(
     region_name: Option<&str>,
     settings: &S3Settings,
 ) -> Result<AmazonS3> {
-    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let mut builder = from_env().with_bucket_name(bucket);
     if let Some(credentials) = &settings.credentials {
         builder = builder.with_credentials(credentials.clone());
     }

@@ -436,7 +436,9 @@ pub async fn remove_orphans(table: &Table, settings: &MaintenanceSettings) -> Re
         .location()
         .trim_end_matches('/')
         .to_string();
-    let store = Store::open(&table_root(&location)?, settings.region.as_deref())?;
+    // With the storage settings the table was loaded with (a REST catalog's vended keys).
+    let s3 = crate::storage::iceberg_io::s3_settings(table.file_io().config().props(), None);
+    let store = Store::open_with(&table_root(&location)?, settings.region.as_deref(), &s3)?;
     let referenced: HashSet<String> = referenced(table)
         .await?
         .iter()
