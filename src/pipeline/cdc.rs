@@ -258,6 +258,12 @@ impl<T: TableSink> Sinks<T> {
     /// Commits every table in one round: with a REST catalog that offers multi-table
     /// commits, all of them in one atomic catalog request (see [`crate::catalog::Round`]).
     pub async fn commit(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let pending = self
+            .tables
+            .iter()
+            .filter(|t| t.pending_changes() > 0)
+            .count();
         let round = crate::catalog::Round::default();
         round
             .run(async {
@@ -267,7 +273,17 @@ impl<T: TableSink> Sinks<T> {
                 Ok::<(), crate::error::Error>(())
             })
             .await?;
-        round.finish().await?;
+        let staged = started.elapsed();
+        let in_one = round.finish().await?;
+        if pending > 0 {
+            tracing::debug!(
+                tables = pending,
+                in_one_request = in_one,
+                round_ms = started.elapsed().as_secs_f64() * 1000.0,
+                catalog_ms = (started.elapsed() - staged).as_secs_f64() * 1000.0,
+                "commit round"
+            );
+        }
         Ok(())
     }
 
