@@ -945,3 +945,7 @@ impl Catalog for RestCatalog {
         self.commit(&ident, change, current.file_io().clone()).await
     }
 }
+
+#[cfg(test)]
+#[path = "rest_tests.rs"]
+mod tests;

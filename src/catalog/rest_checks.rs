@@ -53,7 +53,7 @@ pub async fn check_sink(
     };
     let reach = format!("REST catalog {} answers and authorises", sink.uri);
     if let Err(e) = catalog.check().await {
-        let message = e.to_string();
+        let message = e.message().to_string();
         out.push(CatalogCheck {
             name: reach,
             ok: false,
@@ -91,7 +91,7 @@ pub async fn check_sink(
             fix: None,
         },
         Err(e) => {
-            let message = e.to_string();
+            let message = e.message().to_string();
             CatalogCheck {
                 name: ns_check,
                 ok: false,

@@ -67,6 +67,11 @@ impl Round {
         None
     }
 
+    /// How many tables the round has staged.
+    pub fn staged_tables(&self) -> usize {
+        self.staged.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Sends what the round staged: one atomic request per catalog. Returns how many
     /// tables were committed. A refused or unanswered request fails the round as a whole
     /// (retried from the catalog's state: the committed LSN of each table says what landed).
