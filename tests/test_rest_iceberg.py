@@ -85,9 +85,14 @@ def oauth_catalog(tmp_path: Path):
 def test_snapshot_and_cdc_through_a_rest_catalog(db: Database, skippr: Skippr, oauth_catalog: RestCatalogServer):
     srv = oauth_catalog
     setup_tables(db)
-    write_config(skippr, srv, credential="skippr-client:s3cret")
+    write_config(skippr, srv, credential="skippr-client:s3cret",
+                 extra_pipeline={"tables": {"orders": {"partition_by": ["day(created_at)"]}},
+                                 "maintenance": {"enabled": False}})
     skippr.sync_once()
     assert_catalog_matches(db, srv, skippr)
+    orders = srv.client().load_table(("analytics", "orders"))
+    assert [f.transform.__class__.__name__ for f in orders.spec().fields] == ["DayTransform"]
+    assert len(orders.inspect.partitions()) > 1, "the snapshot wrote one file set per day"
     log = srv.requests()
     assert any(r["path"] == "/v1/oauth/tokens" for r in log), "a token was fetched"
     assert all(r["authorized"] for r in log if r["path"].startswith("/v1/") and r["path"] != "/v1/oauth/tokens")
@@ -107,6 +112,14 @@ def test_snapshot_and_cdc_through_a_rest_catalog(db: Database, skippr: Skippr, o
     assert any(r["path"] == "/v1/oauth/tokens" for r in srv.requests()), "the expired token was replaced"
     assert not [r for r in srv.requests() if r["status"] == 401 and r["path"] != "/v1/oauth/tokens"], \
         "tokens are renewed before they expire, not after a refusal"
+    assert_catalog_matches(db, srv, skippr)
+
+    # A column added in Postgres reaches the catalog's table (a schema change with its
+    # requirements), and so do the rows that fill it.
+    db.execute("ALTER TABLE customers ADD COLUMN region text")
+    db.execute("UPDATE customers SET region = 'eu' WHERE id % 2 = 0")
+    skippr.sync_once()
+    assert "region" in [f.name for f in srv.client().load_table(("analytics", "customers")).schema().fields]
     assert_catalog_matches(db, srv, skippr)
 
 
