@@ -480,4 +480,82 @@ mod tests {
         assert!(!a && !b);
         assert!(caching());
     }
+
+    /// A catalog that vends keys numbered by how often it was asked, expiring `life_ms` on.
+    #[derive(Debug)]
+    struct Catalog {
+        asked: std::sync::atomic::AtomicU32,
+        life_ms: i64,
+    }
+
+    #[async_trait]
+    impl Vended for Catalog {
+        async fn fresh_props(&self) -> crate::error::Result<HashMap<String, String>> {
+            let n = self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            Ok(keys(&format!("key-{n}"), self.life_ms))
+        }
+    }
+
+    fn keys(id: &str, life_ms: i64) -> HashMap<String, String> {
+        let at = chrono::Utc::now().timestamp_millis() + life_ms;
+        HashMap::from([
+            (prop::ACCESS_KEY.to_string(), id.to_string()),
+            (prop::SECRET_KEY.to_string(), "secret".to_string()),
+            (prop::SESSION_TOKEN.to_string(), "token".to_string()),
+            (prop::EXPIRES_AT_MS.to_string(), at.to_string()),
+            (
+                prop::ENDPOINT.to_string(),
+                "http://127.0.0.1:9/".to_string(),
+            ),
+            (prop::PATH_STYLE.to_string(), "true".to_string()),
+        ])
+    }
+
+    #[tokio::test]
+    async fn vended_keys_are_renewed_before_they_expire_and_not_before() {
+        use object_store::CredentialProvider;
+        let hour = 3_600_000;
+        let catalog = Arc::new(Catalog {
+            asked: Default::default(),
+            life_ms: hour,
+        });
+        // Keys that last an hour are used as they are.
+        let s = s3_settings(&keys("first", hour), Some(catalog.clone()));
+        assert_eq!(s.endpoint.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(s.path_style, Some(true));
+        let provider = s.credentials.expect("credentials");
+        assert_eq!(
+            provider.get_credential().await.expect("key").key_id,
+            "first"
+        );
+        assert_eq!(catalog.asked.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // Keys two minutes from expiry are renewed from the catalog.
+        let s = s3_settings(&keys("soon", 120_000), Some(catalog.clone()));
+        let provider = s.credentials.expect("credentials");
+        assert_eq!(
+            provider.get_credential().await.expect("key").key_id,
+            "key-1"
+        );
+        assert_eq!(
+            provider.get_credential().await.expect("key").key_id,
+            "key-1"
+        );
+        assert_eq!(catalog.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A catalog that hands out short-lived keys again is asked at most every 30 s.
+        let short = Arc::new(Catalog {
+            asked: Default::default(),
+            life_ms: 60_000,
+        });
+        let s = s3_settings(&keys("soon", 60_000), Some(short.clone()));
+        let provider = s.credentials.expect("credentials");
+        for _ in 0..5 {
+            assert_eq!(
+                provider.get_credential().await.expect("key").key_id,
+                "key-1"
+            );
+        }
+        assert_eq!(short.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Without keys in the properties, the standard chain.
+        assert!(s3_settings(&HashMap::new(), None).credentials.is_none());
+    }
 }
