@@ -513,7 +513,6 @@ mod tests {
 
     #[tokio::test]
     async fn vended_keys_are_renewed_before_they_expire_and_not_before() {
-        use object_store::CredentialProvider;
         let hour = 3_600_000;
         let catalog = Arc::new(Catalog {
             asked: Default::default(),
