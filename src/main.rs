@@ -224,16 +224,17 @@ async fn discover(
     p: &PipelineConfig,
 ) -> (source::postgres::discover::Report, Option<Error>) {
     use source::postgres::discover::{Check, Report};
+    let check = |name, ok, detail, fix| Check {
+        name,
+        ok,
+        detail,
+        fix,
+    };
     let sink_checks: Vec<Check> = match &p.sink {
         SinkConfig::AthenaIceberg { name, sink } => query::athena::checks::check_sink(name, sink)
             .await
             .into_iter()
-            .map(|c| Check {
-                name: c.name,
-                ok: c.ok,
-                detail: c.detail,
-                fix: c.fix,
-            })
+            .map(|c| check(c.name, c.ok, c.detail, c.fix))
             .collect(),
         SinkConfig::RestIceberg {
             name,
@@ -248,12 +249,7 @@ async fn discover(
         )
         .await
         .into_iter()
-        .map(|c| Check {
-            name: c.name,
-            ok: c.ok,
-            detail: c.detail,
-            fix: c.fix,
-        })
+        .map(|c| check(c.name, c.ok, c.detail, c.fix))
         .collect(),
         SinkConfig::LocalIceberg { .. } => Vec::new(),
     };

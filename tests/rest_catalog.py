@@ -1184,3 +1184,15 @@ class RestCatalogServer:
 
 if __name__ == "__main__":
     serve()
+
+
+def s3_warehouse_props(endpoint: str, region: str) -> tuple[dict[str, str], dict[str, str]]:
+    """For a catalog whose warehouse is on S3 at `endpoint` (moto): the properties the server's
+    own SqlCatalog reaches it with, and the keys it vends to clients (distinct from its own, so
+    a test can tell which ones a client used)."""
+    server = {"s3.endpoint": endpoint, "s3.access-key-id": "testing",
+              "s3.secret-access-key": "testing", "s3.region": region}
+    vended = {"s3.endpoint": endpoint, "s3.access-key-id": "vended-key-id",
+              "s3.secret-access-key": "vended-secret", "s3.session-token": "vended-session",
+              "s3.region": region, "s3.path-style-access": "true"}
+    return server, vended

@@ -22,7 +22,7 @@ from typing import Iterable
 import pyarrow as pa
 import pytest
 
-from rest_catalog import RestCatalogServer, pyiceberg_client
+from rest_catalog import RestCatalogServer, pyiceberg_client, s3_warehouse_props
 
 CLIENT = "skippr-client:s3cret-Value"
 STATIC_TOKEN = "static-token-123"
@@ -423,11 +423,7 @@ def test_s3_warehouse_with_vended_credentials(tmp_path: Path) -> None:
     moto = Moto(tmp_path)
     try:
         moto.client("s3").create_bucket(Bucket="lake")
-        server_s3 = {"s3.endpoint": moto.endpoint, "s3.access-key-id": "testing",
-                     "s3.secret-access-key": "testing", "s3.region": REGION}
-        vended = {"s3.endpoint": moto.endpoint, "s3.access-key-id": "vended-key-id",
-                  "s3.secret-access-key": "vended-secret", "s3.session-token": "vended-session",
-                  "s3.region": REGION, "s3.path-style-access": "true"}
+        server_s3, vended = s3_warehouse_props(moto.endpoint, REGION)
         with RestCatalogServer("s3://lake/warehouse", tmp_path / "catalog.db", token=STATIC_TOKEN,
                                catalog_props=server_s3, vend=vended) as srv:
             # the client is given no S3 settings: it writes and reads with what the catalog vends

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import Database, Skippr, assert_no_panic, assert_rows_equal, describe_run, expected_rows, pg_table_spec
-from rest_catalog import RestCatalogServer
+from rest_catalog import RestCatalogServer, s3_warehouse_props
 from test_cdc import stop
 
 TABLES = ["orders", "customers"]
@@ -204,11 +204,7 @@ def test_s3_storage_through_vended_credentials(db: Database, skippr: Skippr, tmp
     moto = Moto(tmp_path)
     try:
         moto.client("s3").create_bucket(Bucket="lake")
-        server_s3 = {"s3.endpoint": moto.endpoint, "s3.access-key-id": "testing",
-                     "s3.secret-access-key": "testing", "s3.region": REGION}
-        vended = {"s3.endpoint": moto.endpoint, "s3.access-key-id": "vended-key-id",
-                  "s3.secret-access-key": "vended-secret", "s3.session-token": "vended-session",
-                  "s3.region": REGION, "s3.path-style-access": "true"}
+        server_s3, vended = s3_warehouse_props(moto.endpoint, REGION)
         with RestCatalogServer("s3://lake/warehouse", tmp_path / "catalog.db", credential="c:s",
                                catalog_props=server_s3, vend=vended) as srv:
             setup_tables(db)

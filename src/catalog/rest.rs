@@ -533,13 +533,18 @@ pub fn requirements(base: &TableMetadata, updates: &[TableUpdate]) -> Vec<TableR
             snapshot_id: base.current_snapshot_id(),
         },
     ];
-    let any = |f: fn(&TableUpdate) -> bool| updates.iter().any(f);
-    if any(|u| {
-        matches!(
-            u,
-            TableUpdate::AddSchema { .. } | TableUpdate::SetCurrentSchema { .. }
-        )
-    }) {
+    let (mut schema, mut spec, mut order) = (false, false, false);
+    for u in updates {
+        match u {
+            TableUpdate::AddSchema { .. } | TableUpdate::SetCurrentSchema { .. } => schema = true,
+            TableUpdate::AddSpec { .. } | TableUpdate::SetDefaultSpec { .. } => spec = true,
+            TableUpdate::AddSortOrder { .. } | TableUpdate::SetDefaultSortOrder { .. } => {
+                order = true
+            }
+            _ => {}
+        }
+    }
+    if schema {
         out.push(TableRequirement::CurrentSchemaIdMatch {
             current_schema_id: base.current_schema_id(),
         });
@@ -547,12 +552,7 @@ pub fn requirements(base: &TableMetadata, updates: &[TableUpdate]) -> Vec<TableR
             last_assigned_field_id: base.last_column_id(),
         });
     }
-    if any(|u| {
-        matches!(
-            u,
-            TableUpdate::AddSpec { .. } | TableUpdate::SetDefaultSpec { .. }
-        )
-    }) {
+    if spec {
         out.push(TableRequirement::DefaultSpecIdMatch {
             default_spec_id: base.default_partition_spec_id(),
         });
@@ -560,12 +560,7 @@ pub fn requirements(base: &TableMetadata, updates: &[TableUpdate]) -> Vec<TableR
             last_assigned_partition_id: base.last_partition_id(),
         });
     }
-    if any(|u| {
-        matches!(
-            u,
-            TableUpdate::AddSortOrder { .. } | TableUpdate::SetDefaultSortOrder { .. }
-        )
-    }) {
+    if order {
         out.push(TableRequirement::DefaultSortOrderIdMatch {
             default_sort_order_id: base.default_sort_order_id(),
         });
