@@ -35,6 +35,8 @@ What a client sees:
   `POST /v1/{prefix}/transactions/commit` (all requirements of all tables are checked under
   one lock before anything is written, and every table's pointer moves in one sqlite
   transaction; `--no-transactions` removes the route: 404, and it is not advertised).
+* A table load answers with an `ETag` (of the metadata location); `If-None-Match` with that tag
+  gets `304 Not Modified` and no body.
 * Vended credentials: a load or create with `X-Iceberg-Access-Delegation: vended-credentials`
   gets the `--vend k=v` options in the LoadTableResult's `config` and `storage-credentials`.
 
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import math
 import os
@@ -577,7 +580,8 @@ class Handler(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(n) if n else b""
 
-    def _send(self, status: int, body: Any = None, content_type: str = "application/json") -> None:
+    def _send(self, status: int, body: Any = None, content_type: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:
         lost = getattr(self, "_lost_answer", None)
         if lost is not None and status < 400:
             # The request was served; the client gets an error instead of its answer.
@@ -590,6 +594,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         if status in (401,):
             self.send_header("WWW-Authenticate", 'Bearer realm="iceberg"')
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         if data and self.command != "HEAD":
             self.wfile.write(data)
@@ -779,7 +785,12 @@ class Handler(BaseHTTPRequestHandler):
                     return self._send(204 if be.table_exists(ident) else 404)
                 if method == "GET":
                     loc, md = be.load_table(ident)
-                    return self._send(200, self._load_result(loc, md))
+                    # The spec's ETag: the same metadata (and the same vending) is the same tag,
+                    # and a client that sends it back in If-None-Match gets 304 without a body.
+                    tag = '"' + hashlib.sha1(f"{loc}|{self._vending()}".encode()).hexdigest() + '"'
+                    if self.headers.get("If-None-Match") == tag:
+                        return self._send(304, None, headers={"ETag": tag})
+                    return self._send(200, self._load_result(loc, md), headers={"ETag": tag})
                 if method == "DELETE":
                     be.drop_table(ident, query.get("purgeRequested", "false").lower() == "true")
                     return self._send(204)

@@ -353,6 +353,9 @@ def test_gateway_answers_rest_tables_and_sees_cdc_live(lake: Lake, gateway: Gate
     join = ("SELECT c.tier, count(*) AS n, sum(o.amount) AS total FROM {s}orders o JOIN {s}customers c"
             " ON c.id = o.customer_id GROUP BY c.tier ORDER BY c.tier NULLS FIRST")
     assert conn.execute(join.format(s=f"{WORKSPACE}.")).fetchall() == lake.db.execute(join.format(s=""))
+    # A table unchanged since the last statement is asked for with its ETag: 304, no metadata.
+    loads = [r for r in lake.srv.requests() if r["method"] == "GET" and "/tables/" in r["path"]]
+    assert 304 in [r["status"] for r in loads], loads
 
     # A further change while serve runs: seen live, then committed to the REST catalog.
     lake.db.execute("INSERT INTO orders VALUES (5000, 61, 50.00, '2027-01-02 03:04:05+00', NULL, 'live')")

@@ -51,6 +51,8 @@ pub struct RestCatalog {
     auth: Arc<Auth>,
     client: HttpClient,
     session: tokio::sync::OnceCell<Session>,
+    /// The last load of each table whose answer carried an `ETag`, with that tag.
+    tagged: std::sync::Mutex<HashMap<TableIdent, (String, Table)>>,
     me: Weak<RestCatalog>,
 }
 
@@ -197,6 +199,7 @@ impl RestCatalog {
             auth: Arc::new(auth),
             client,
             session: tokio::sync::OnceCell::new(),
+            tagged: Default::default(),
             me: me.clone(),
         }))
     }
@@ -213,6 +216,20 @@ impl RestCatalog {
         body: Option<Vec<u8>>,
         delegate: bool,
     ) -> IcebergResult<(StatusCode, Bytes)> {
+        let (status, body, _) = self.send_if(method, url, body, delegate, None).await?;
+        Ok((status, body))
+    }
+
+    /// Like [`RestCatalog::send`], with `If-None-Match: if_none_match`; also returns the
+    /// answer's `ETag`.
+    async fn send_if(
+        &self,
+        method: Method,
+        url: String,
+        body: Option<Vec<u8>>,
+        delegate: bool,
+        if_none_match: Option<String>,
+    ) -> IcebergResult<(StatusCode, Bytes, Option<String>)> {
         let (auth, client, uri) = (self.auth.clone(), self.client.clone(), self.uri.clone());
         let fut = async move {
             let mut attempt = 0;
@@ -229,6 +246,9 @@ impl RestCatalog {
                 if delegate {
                     b = b.header("x-iceberg-access-delegation", "vended-credentials");
                 }
+                if let Some(tag) = &if_none_match {
+                    b = b.header("if-none-match", tag.as_str());
+                }
                 let mut request = b
                     .body(HttpRequestBody::from(body.clone().unwrap_or_default()))
                     .map_err(|e| transport(&uri, e))?;
@@ -241,6 +261,11 @@ impl RestCatalog {
                     .await
                     .map_err(|e| transport(&uri, e))?;
                 let status = response.status();
+                let etag = response
+                    .headers()
+                    .get(http::header::ETAG)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
                 let bytes = response
                     .into_body()
                     .bytes()
@@ -253,7 +278,7 @@ impl RestCatalog {
                         continue;
                     }
                 }
-                return Ok((status, bytes));
+                return Ok((status, bytes, etag));
             }
         };
         match crate::storage::on_io(async move { Ok(fut.await) }).await {
@@ -407,8 +432,18 @@ impl RestCatalog {
     async fn load(&self, ident: &TableIdent) -> IcebergResult<LoadTableResult> {
         let url = self.url(&self.table_path(ident)).await?;
         let (status, body) = self.send(Method::GET, url, None, true).await?;
+        self.loaded(ident, status, &body)
+    }
+
+    /// What a load of `ident` answered.
+    fn loaded(
+        &self,
+        ident: &TableIdent,
+        status: StatusCode,
+        body: &[u8],
+    ) -> IcebergResult<LoadTableResult> {
         match status {
-            s if s.is_success() => parse(&self.uri, "a table", &body),
+            s if s.is_success() => parse(&self.uri, "a table", body),
             StatusCode::NOT_FOUND => Err(IcebergError::new(
                 IcebergErrorKind::TableNotFound,
                 format!(
@@ -421,7 +456,7 @@ impl RestCatalog {
                 &self.uri,
                 &format!("load table {}", self.remote(ident)),
                 s,
-                &body,
+                body,
             )),
         }
     }
@@ -813,9 +848,38 @@ impl Catalog for RestCatalog {
         }
     }
 
+    /// A table unchanged since its last load (the catalog answers `304 Not Modified` to its
+    /// `ETag`) is the table loaded then: no metadata is sent or parsed again.
     async fn load_table(&self, ident: &TableIdent) -> IcebergResult<Table> {
-        let loaded = self.load(ident).await?;
-        self.table(ident, loaded).await
+        let known = self
+            .tagged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ident)
+            .cloned();
+        let url = self.url(&self.table_path(ident)).await?;
+        let (status, body, etag) = self
+            .send_if(
+                Method::GET,
+                url,
+                None,
+                true,
+                known.as_ref().map(|(t, _)| t.clone()),
+            )
+            .await?;
+        if status == StatusCode::NOT_MODIFIED {
+            if let Some((_, table)) = known {
+                return Ok(table);
+            }
+        }
+        let loaded = self.loaded(ident, status, &body)?;
+        let table = self.table(ident, loaded).await?;
+        let mut tagged = self.tagged.lock().unwrap_or_else(|e| e.into_inner());
+        match etag {
+            Some(tag) => tagged.insert(ident.clone(), (tag, table.clone())),
+            None => tagged.remove(ident),
+        };
+        Ok(table)
     }
 
     async fn drop_table(&self, ident: &TableIdent) -> IcebergResult<()> {
