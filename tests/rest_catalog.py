@@ -544,6 +544,9 @@ def _split_ns(segment: str) -> tuple[str, ...]:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "SkipprTestRestCatalog/1"
+    # Headers and body go out in separate writes on a kept-alive connection: without
+    # TCP_NODELAY the body waits for the client's delayed ACK (up to 40 ms an answer).
+    disable_nagle_algorithm = True
     state: Server  # set on the subclass made by serve()
 
     # plumbing --------------------------------------------------------------------------------
