@@ -352,6 +352,28 @@ impl RestCatalog {
         )
     }
 
+    fn no_table(&self, ident: &TableIdent) -> IcebergError {
+        IcebergError::new(
+            IcebergErrorKind::TableNotFound,
+            format!(
+                "the REST catalog at {} has no table {}",
+                self.uri,
+                self.remote(ident)
+            ),
+        )
+    }
+
+    fn no_namespace(&self, ns: &NamespaceIdent) -> IcebergError {
+        IcebergError::new(
+            IcebergErrorKind::NamespaceNotFound,
+            format!(
+                "the REST catalog at {} has no namespace {}",
+                self.uri,
+                ns.to_url_string()
+            ),
+        )
+    }
+
     /// The identifier the catalog knows `ident` by.
     fn remote(&self, ident: &TableIdent) -> TableIdent {
         TableIdent::new(self.ns(ident.namespace()), ident.name().to_string())
@@ -444,14 +466,7 @@ impl RestCatalog {
     ) -> IcebergResult<LoadTableResult> {
         match status {
             s if s.is_success() => parse(&self.uri, "a table", body),
-            StatusCode::NOT_FOUND => Err(IcebergError::new(
-                IcebergErrorKind::TableNotFound,
-                format!(
-                    "the REST catalog at {} has no table {}",
-                    self.uri,
-                    self.remote(ident)
-                ),
-            )),
+            StatusCode::NOT_FOUND => Err(self.no_table(ident)),
             s => Err(answer_error(
                 &self.uri,
                 &format!("load table {}", self.remote(ident)),
@@ -685,14 +700,7 @@ impl Catalog for RestCatalog {
                     answer.properties,
                 ))
             }
-            StatusCode::NOT_FOUND => Err(IcebergError::new(
-                IcebergErrorKind::NamespaceNotFound,
-                format!(
-                    "the REST catalog at {} has no namespace {}",
-                    self.uri,
-                    ns.to_url_string()
-                ),
-            )),
+            StatusCode::NOT_FOUND => Err(self.no_namespace(&ns)),
             s => Err(answer_error(
                 &self.uri,
                 &format!("read namespace {}", ns.to_url_string()),
@@ -765,14 +773,7 @@ impl Catalog for RestCatalog {
             }
             let (status, body) = self.send(Method::GET, url, None, false).await?;
             if status == StatusCode::NOT_FOUND {
-                return Err(IcebergError::new(
-                    IcebergErrorKind::NamespaceNotFound,
-                    format!(
-                        "the REST catalog at {} has no namespace {}",
-                        self.uri,
-                        ns.to_url_string()
-                    ),
-                ));
+                return Err(self.no_namespace(&ns));
             }
             if !status.is_success() {
                 return Err(answer_error(
@@ -831,14 +832,7 @@ impl Catalog for RestCatalog {
                     self.remote(&ident)
                 ),
             )),
-            StatusCode::NOT_FOUND => Err(IcebergError::new(
-                IcebergErrorKind::NamespaceNotFound,
-                format!(
-                    "the REST catalog at {} has no namespace {}",
-                    self.uri,
-                    ns.to_url_string()
-                ),
-            )),
+            StatusCode::NOT_FOUND => Err(self.no_namespace(&ns)),
             s => Err(answer_error(
                 &self.uri,
                 &format!("create table {}", self.remote(&ident)),
@@ -887,14 +881,7 @@ impl Catalog for RestCatalog {
         let (status, body) = self.send(Method::DELETE, url, None, false).await?;
         match status {
             s if s.is_success() => Ok(()),
-            StatusCode::NOT_FOUND => Err(IcebergError::new(
-                IcebergErrorKind::TableNotFound,
-                format!(
-                    "the REST catalog at {} has no table {}",
-                    self.uri,
-                    self.remote(ident)
-                ),
-            )),
+            StatusCode::NOT_FOUND => Err(self.no_table(ident)),
             s => Err(answer_error(
                 &self.uri,
                 &format!("drop table {}", self.remote(ident)),
