@@ -410,17 +410,21 @@ REGIONS = ["north", "south", "east", "west", "central", "islands", "mountains", 
 
 def recreate_database(env: ServeEnv) -> None:
     """Drops env.db (and the replication slots of an earlier run in it) and creates it empty."""
-    db = env.db
     with env.pg("postgres") as conn:
-        # a slot of an earlier run (maybe still held by a stray process) blocks DROP DATABASE
-        for slot, pid in conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots "
-                                      "WHERE database = %s", (db,)).fetchall():
-            if pid:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                time.sleep(0.5)
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {db}")
+        recreate_database_on(conn, env.db)
+
+
+def recreate_database_on(conn, db: str) -> None:
+    """Through `conn` (to another database): drops `db` and its replication slots, creates it empty."""
+    # a slot of an earlier run (maybe still held by a stray process) blocks DROP DATABASE
+    for slot, pid in conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots "
+                                  "WHERE database = %s", (db,)).fetchall():
+        if pid:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            time.sleep(0.5)
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    conn.execute(f"CREATE DATABASE {db}")
 
 
 def create_source(env: ServeEnv, rows: int, customers: int) -> None:

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import psycopg
 
-from benchlib import (binary_kind, binary_time, command_line, machine, pct, pg_connect, source_version,
+from benchlib import (binary_kind, binary_time, command_line, machine, pct, pg_connect, recreate_database_on, source_version,
                       tail)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,14 +177,7 @@ def is_commit(method: str, path: str) -> bool:
 
 def recreate_source(n: int) -> None:
     with pg("postgres") as conn:
-        for slot, pid in conn.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
-                                      (DB,)).fetchall():
-            if pid:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                time.sleep(0.5)
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
+        recreate_database_on(conn, DB)
     with pg() as conn:
         for t in table_names(n):
             conn.execute(f"""
