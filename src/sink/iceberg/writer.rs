@@ -52,6 +52,71 @@ const PARTITIONED_ROW_GROUP_BYTES: usize = 8 * 1024 * 1024;
 /// rows, sorted, as one file.
 const SORT_BUFFER_BYTES: usize = 64 * 1024 * 1024;
 
+/// What a table's file writers are made of, before the first rows are seen.
+struct Pending {
+    props: parquet::file::properties::WriterPropertiesBuilder,
+    schema: iceberg::spec::SchemaRef,
+    file_io: iceberg::io::FileIO,
+    location: DefaultLocationGenerator,
+    names: DefaultFileNameGenerator,
+    target_file_size: usize,
+}
+
+impl Pending {
+    /// The builder of the table's file writers, with dictionary encoding turned off for
+    /// every column the first rows show as nearly unique.
+    fn build(self, first: &RecordBatch) -> Builder {
+        let mut props = self.props;
+        for name in nearly_unique(first) {
+            props = props.set_column_dictionary_enabled(ColumnPath::new(vec![name]), false);
+        }
+        let parquet = ParquetWriterBuilder::new(props.build(), self.schema);
+        let rolling = RollingFileWriterBuilder::new(
+            parquet,
+            self.target_file_size,
+            self.file_io,
+            self.location,
+            self.names,
+        );
+        DataFileWriterBuilder::new(rolling)
+    }
+}
+
+/// Rows sampled from a table's first batch to judge each column's distinct values.
+const SAMPLE_ROWS: usize = 4096;
+
+/// The top-level columns of flat types whose values in the batch's first rows are more than
+/// half distinct (ids, timestamps, free text). Dictionary encoding such a column only interns
+/// every value until the dictionary page limit is passed and the chunk falls back to plain
+/// encoding; the rows of a partition file are often too few to ever reach that limit, so the
+/// whole chunk would be interned and written as a dictionary nobody reads twice.
+fn nearly_unique(batch: &RecordBatch) -> Vec<String> {
+    use std::collections::HashSet;
+    let rows = batch.num_rows().min(SAMPLE_ROWS);
+    if rows < 256 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if field.data_type().is_nested() {
+            continue;
+        }
+        let Ok(converter) = arrow::row::RowConverter::new(vec![arrow::row::SortField::new(
+            field.data_type().clone(),
+        )]) else {
+            continue;
+        };
+        let Ok(values) = converter.convert_columns(&[column.slice(0, rows)]) else {
+            continue;
+        };
+        let distinct: HashSet<&[u8]> = values.iter().map(|r| r.data()).collect();
+        if distinct.len() * 2 > rows {
+            out.push(field.name().clone());
+        }
+    }
+    out
+}
+
 /// Rows of one partition gathered to be written sorted.
 struct Gathered {
     batches: Vec<RecordBatch>,
@@ -61,7 +126,9 @@ struct Gathered {
 /// A writer of data files for one table: each file holds the rows of one partition of the
 /// table's current spec, and with a sort order (`sort_by`) its rows in that order.
 pub struct TableWriter {
-    builder: Builder,
+    /// The writers' builder, made when the first rows have chosen each column's encoding.
+    builder: Option<Builder>,
+    pending: Option<Pending>,
     partitioner: Option<Partitioner>,
     /// The order rows are gathered into before they are written, for a sorted table.
     order: Option<WriteOrder>,
@@ -113,17 +180,14 @@ impl TableWriter {
                 );
             }
         }
-        let props = props.build();
-        let parquet = ParquetWriterBuilder::new(props, meta.current_schema().clone());
-        let location = DefaultLocationGenerator::new(meta)?;
-        let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
-        let rolling = RollingFileWriterBuilder::new(
-            parquet,
-            target_file_size as usize,
-            table.file_io().clone(),
-            location,
-            names,
-        );
+        let pending = Pending {
+            props,
+            schema: schema.clone(),
+            file_io: table.file_io().clone(),
+            location: DefaultLocationGenerator::new(meta)?,
+            names: DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet),
+            target_file_size: target_file_size as usize,
+        };
         let order = if meta.default_sort_order().is_unsorted() {
             None
         } else {
@@ -140,7 +204,8 @@ impl TableWriter {
             Some(WriteOrder::of(meta, &names, &key))
         };
         Ok(Self {
-            builder: DataFileWriterBuilder::new(rolling),
+            builder: None,
+            pending: Some(pending),
             partitioner,
             order,
             open: HashMap::new(),
@@ -206,8 +271,13 @@ impl TableWriter {
                 }
             }
             let key = self.partitioner.as_ref().map(|p| p.key(partition.clone()));
-            let w = self
-                .builder
+            if self.builder.is_none() {
+                self.builder = self.pending.take().map(|p| p.build(&batch));
+            }
+            let Some(builder) = &self.builder else {
+                return Err(Error::fatal("a table writer lost its builder"));
+            };
+            let w = builder
                 .build(key)
                 .await
                 .context("starting a Parquet data file writer")?;
@@ -296,5 +366,29 @@ impl TableWriter {
             self.close_partition(&k).await?;
         }
         Ok((self.files, self.rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{ArrayRef, Int64Array, StringArray};
+    use std::sync::Arc;
+
+    #[test]
+    fn only_nearly_unique_flat_columns_lose_their_dictionary() {
+        let n = 5000;
+        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
+        let kinds: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..n).map(|i| ["open", "paid", "shipped"][i % 3]),
+        ));
+        let halves: ArrayRef = Arc::new(Int64Array::from_iter_values((0..n as i64).map(|i| i / 2)));
+        let batch =
+            RecordBatch::try_from_iter(vec![("id", ids), ("kind", kinds), ("half", halves)])
+                .unwrap();
+        // Half distinct is not more than half: still worth a dictionary.
+        assert_eq!(nearly_unique(&batch), vec!["id".to_string()]);
+        // Too few rows to judge: every column keeps its dictionary.
+        assert!(nearly_unique(&batch.slice(0, 100)).is_empty());
     }
 }
