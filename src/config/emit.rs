@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 67] = [
+const KEY_ORDER: [&str; 71] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -50,6 +50,7 @@ const KEY_ORDER: [&str; 67] = [
     "compaction_min_files",
     "partition_by",
     "sort_by",
+    "exclude_columns",
     "Postgres",
     "LocalIceberg",
     "AthenaIceberg",
@@ -71,6 +72,9 @@ const KEY_ORDER: [&str; 67] = [
     "append_only",
     "snapshot_parallelism",
     "parquet_target_file_size_mb",
+    "heartbeat_interval",
+    "max_retained_wal",
+    "failover_slot",
     "uri",
     "table_bucket_arn",
     "warehouse",

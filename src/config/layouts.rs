@@ -191,4 +191,41 @@ impl Validator<'_> {
         }
         (layouts, origins)
     }
+
+    /// `pipelines.<p>.tables.<t>.exclude_columns`, each table's columns as names (bare ones
+    /// folded to lower case, as Postgres folds them).
+    pub(super) fn exclude_columns(
+        &mut self,
+        pipeline: &str,
+        def: &PipelineDef,
+    ) -> BTreeMap<TableRef, Vec<String>> {
+        let mut out = BTreeMap::new();
+        for (key, t) in def.tables.iter() {
+            let Some(table) = TableRef::parse(key) else {
+                continue; // reported with the table's layout
+            };
+            let mut names: Vec<String> = Vec::new();
+            for (i, entry) in t.exclude_columns.iter().enumerate() {
+                let at = || {
+                    let mut p = keys(&["pipelines", pipeline, "tables", key, "exclude_columns"]);
+                    p.push(Segment::Index(i));
+                    p
+                };
+                match crate::table::layout::column(entry) {
+                    Some(c) if names.contains(&c) => {
+                        self.report(at(), format!("`{entry}` is given twice: give each column once"))
+                    }
+                    Some(c) => names.push(c),
+                    None => self.report(
+                        at(),
+                        format!("`{entry}` is not a column name: write it bare (folded to lower case) or in double quotes"),
+                    ),
+                }
+            }
+            if !names.is_empty() {
+                out.insert(table, names);
+            }
+        }
+        out
+    }
 }

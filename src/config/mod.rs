@@ -138,6 +138,24 @@ pub struct PostgresConfig {
     pub append_only: Vec<TableRef>,
     /// Silence after which the replication connection counts as dead (`skippr.reconnect`).
     pub peer_timeout: std::time::Duration,
+    /// How often the running stream writes a heartbeat message; zero: never.
+    pub heartbeat_interval: std::time::Duration,
+    /// Bytes of WAL the slot may hold back before warnings.
+    pub max_retained_wal: u64,
+    /// Create the slot with `FAILOVER` (Postgres 17+).
+    pub failover_slot: bool,
+    /// Columns of each table left out of its Iceberg table (`pipelines.<p>.tables.<t>.exclude_columns`).
+    pub exclude_columns: std::collections::BTreeMap<TableRef, Vec<String>>,
+}
+
+impl PostgresConfig {
+    /// The columns of `table` the pipeline leaves out.
+    pub fn excluded(&self, table: &TableRef) -> &[String] {
+        self.exclude_columns
+            .get(table)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
 }
 
 /// The connector keys a data or schema sink may have.

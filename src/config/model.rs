@@ -97,6 +97,10 @@ pub const DEFAULT_RECONNECT_MAX_BACKOFF: &str = "30s";
 pub const DEFAULT_RECONNECT_GIVE_UP_AFTER: &str = "5m";
 /// How long the replication connection may stay silent before its peer counts as dead.
 pub const DEFAULT_RECONNECT_PEER_TIMEOUT: &str = "30s";
+/// `data_sources.<name>.Postgres.heartbeat_interval` by default.
+pub const DEFAULT_HEARTBEAT_INTERVAL: &str = "1m";
+/// `data_sources.<name>.Postgres.max_retained_wal` by default.
+pub const DEFAULT_MAX_RETAINED_WAL: &str = "10GiB";
 
 /// `skippr.reconnect`: retries after transient faults.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
@@ -271,7 +275,7 @@ impl<'de> Deserialize<'de> for PipelineTables {
             type Value = PipelineTables;
 
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a mapping from table name to its settings (partition_by, sort_by)")
+                f.write_str("a mapping from table name to its settings (partition_by, sort_by, exclude_columns)")
             }
 
             fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
@@ -311,6 +315,10 @@ pub struct PipelineTableDef {
     /// (default: unsorted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sort_by: Vec<String>,
+    /// Columns left out of the Iceberg table: neither copied nor streamed (a generated column
+    /// before Postgres 18, or a column that must not reach the lake).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_columns: Vec<String>,
 }
 
 /// `pipelines.<name>.maintenance`: how the pipeline keeps its tables compact.
@@ -454,6 +462,18 @@ pub struct PostgresSource {
     /// Target size of the Parquet files a snapshot writes, in MiB (default 128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parquet_target_file_size_mb: Option<u64>,
+    /// How often a running pipeline writes a logical message to the source, so that its
+    /// slot advances even when nothing in this database changes (default `1m`; `0`: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval: Option<String>,
+    /// WAL the slot may hold back on the server before status, metrics and the log warn
+    /// (default `10GiB`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retained_wal: Option<String>,
+    /// Create the slot as a failover slot (Postgres 17 and later), which standbys that
+    /// synchronise slots keep, so the pipeline goes on after a promotion (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_slot: Option<bool>,
 }
 
 impl PostgresSource {

@@ -7,9 +7,9 @@ use std::path::Path;
 
 use super::locate::Segment;
 use super::{
-    keys, parse_duration, PostgresConfig, PostgresSource, TableRef, Validator,
-    DEFAULT_PARQUET_TARGET_FILE_SIZE_MB, DEFAULT_RECONNECT_PEER_TIMEOUT,
-    DEFAULT_SNAPSHOT_PARALLELISM,
+    keys, parse_bytes, parse_duration, PostgresConfig, PostgresSource, TableRef, Validator,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_RETAINED_WAL, DEFAULT_PARQUET_TARGET_FILE_SIZE_MB,
+    DEFAULT_RECONNECT_PEER_TIMEOUT, DEFAULT_SNAPSHOT_PARALLELISM,
 };
 
 impl Validator<'_> {
@@ -95,6 +95,34 @@ impl Validator<'_> {
                 "must be between 1 and 4096 (MiB)",
             );
         }
+        let heartbeat = pg
+            .heartbeat_interval
+            .as_deref()
+            .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL);
+        let heartbeat_interval = if heartbeat.trim() == "0" {
+            Some(std::time::Duration::ZERO)
+        } else {
+            parse_duration(heartbeat)
+        };
+        if heartbeat_interval.is_none() {
+            self.report(
+                at("heartbeat_interval"),
+                format!(
+                    "`{heartbeat}` is not a duration: write e.g. `30s`, `1m` or `0` (no heartbeat)"
+                ),
+            );
+        }
+        let retained = pg
+            .max_retained_wal
+            .as_deref()
+            .unwrap_or(DEFAULT_MAX_RETAINED_WAL);
+        let max_retained_wal = parse_bytes(retained).filter(|b| *b > 0);
+        if max_retained_wal.is_none() {
+            self.report(
+                at("max_retained_wal"),
+                format!("`{retained}` is not a size: write e.g. `10GiB` or `512MB`"),
+            );
+        }
         let sslmode = pg.sslmode.unwrap_or_default();
         let sslrootcert = self.source_tls(&at, &pg.host, sslmode, pg.sslrootcert.as_deref(), base);
         if self.problems.len() != before {
@@ -120,6 +148,10 @@ impl Validator<'_> {
             parquet_target_file_size: file_mb * 1024 * 1024,
             append_only,
             peer_timeout: parse_duration(DEFAULT_RECONNECT_PEER_TIMEOUT).unwrap_or_default(),
+            heartbeat_interval: heartbeat_interval.unwrap_or_default(),
+            max_retained_wal: max_retained_wal.unwrap_or_default() as u64,
+            failover_slot: pg.failover_slot.unwrap_or(false),
+            exclude_columns: Default::default(),
         })
     }
 }

@@ -239,6 +239,11 @@ impl Validator<'_> {
                     .map(|pg| (sname.as_str(), pg.tables.as_slice()))
             });
             let (layouts, layout_origins) = self.layouts(name, def, listed);
+            let excluded = self.exclude_columns(name, def);
+            let pg_source = pg_source.map(|mut s| {
+                s.exclude_columns = excluded;
+                s
+            });
             if let (
                 Some(source),
                 Some(sink),

@@ -40,7 +40,7 @@ pub const TRANSFORMS: &str =
 
 /// A column name as written: bare (folded to lower case, as Postgres folds it) or in double
 /// quotes (kept as written).
-fn column(text: &str) -> Option<String> {
+pub fn column(text: &str) -> Option<String> {
     let t = text.trim();
     if let Some(inner) = t.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
         return (!inner.is_empty() && !inner.contains('"')).then(|| inner.to_string());
