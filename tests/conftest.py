@@ -51,6 +51,15 @@ from psycopg import sql
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "concurrent: a long test that mostly waits (minutes of a paced workload); tests/run runs "
+        "this group in a second pytest process beside the main run (`-m 'not concurrent'`)",
+    )
+
+
 #: Password of the cluster's superuser ``skippr`` (a test cluster on loopback only).
 SUPERUSER = "skippr"
 SUPERUSER_PASSWORD = "skippr"
