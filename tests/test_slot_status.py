@@ -233,7 +233,8 @@ def test_max_slot_wal_keep_size_shows_in_discover_and_safe_wal_size(synced: Skip
         expected = int(mdb.scalar(
             "SELECT safe_wal_size FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)))
         assert isinstance(p["safe_wal_size"], int), f"no safe_wal_size with max_slot_wal_keep_size 1GB: {p}"
-        assert 0 < p["safe_wal_size"] <= GiB, p
+        # Postgres counts in whole WAL segments from the current one: a little over 1 GiB at most
+        assert 0 < p["safe_wal_size"] <= GiB + 64 * MiB, p
         assert abs(p["safe_wal_size"] - expected) <= 16 * MiB, f"safe_wal_size {p['safe_wal_size']}, Postgres says {expected}"
     finally:
         cluster.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
