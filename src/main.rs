@@ -229,6 +229,7 @@ async fn discover(
         ok,
         detail,
         fix,
+        warning: None,
     };
     let sink_checks: Vec<Check> = match &p.sink {
         SinkConfig::AthenaIceberg { name, sink } => query::athena::checks::check_sink(name, sink)
@@ -290,6 +291,7 @@ fn layout_checks(p: &PipelineConfig, report: &mut source::postgres::discover::Re
             ok: false,
             detail: problem.detail,
             fix: Some(problem.fix),
+            warning: None,
         });
     }
 }

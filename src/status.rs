@@ -5,10 +5,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::change::Lsn;
-use crate::config::{Config, PipelineConfig};
+use crate::config::Config;
 use crate::error::Result;
 use crate::query::{committed_lsn_text, tail_lag_seconds, Workspace};
+use crate::source::postgres::slot::human_bytes;
 
 /// One table of a pipeline.
 #[derive(Debug, Serialize)]
@@ -47,63 +47,24 @@ pub struct PipelineStatus {
     pub slot_lag_bytes: Option<u64>,
     /// Why the source could not be asked, when it could not.
     pub source_error: Option<String>,
+    /// WAL the server keeps for the slot (its current LSN minus the slot's `restart_lsn`).
+    pub retained_wal_bytes: Option<u64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`, as `pg_replication_slots` says.
+    pub wal_status: Option<String>,
+    /// WAL the server can still write before it invalidates the slot (`null`: unbounded).
+    pub safe_wal_size: Option<i64>,
+    /// Source WAL not yet acknowledged (the same as `slot_lag_bytes`).
+    pub lag_bytes: Option<u64>,
+    /// How long acknowledged WAL trails the server (`null` while nothing streams).
+    pub lag_seconds: Option<f64>,
+    /// `data_sources.<name>.Postgres.max_retained_wal`, in bytes.
+    pub max_retained_wal: u64,
+    /// What deserves attention: retained WAL past `max_retained_wal`, a slot about to be
+    /// invalidated.
+    pub warnings: Vec<String>,
     /// Bytes of Skippr's WAL on disk (changes not yet committed to Iceberg).
     pub wal_bytes: u64,
     pub tables: Vec<TableStatus>,
-}
-
-/// The slot and source position, asked of the source; `None` fields when it cannot answer.
-struct SlotPosition {
-    confirmed: Option<Lsn>,
-    current: Option<Lsn>,
-    error: Option<String>,
-}
-
-async fn slot_position(p: &PipelineConfig) -> SlotPosition {
-    let client = match crate::source::postgres::connect::connect(&p.source).await {
-        Ok(c) => c,
-        Err(e) => {
-            return SlotPosition {
-                confirmed: None,
-                current: None,
-                error: Some(e.to_string()),
-            }
-        }
-    };
-    let current = client
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .ok()
-        .and_then(|r| r.get::<_, Option<String>>(0))
-        .and_then(|s| Lsn::parse(&s).ok());
-    match client
-        .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[&p.source.slot],
-        )
-        .await
-    {
-        Ok(Some(row)) => SlotPosition {
-            confirmed: row
-                .get::<_, Option<String>>(0)
-                .and_then(|s| Lsn::parse(&s).ok()),
-            current,
-            error: None,
-        },
-        Ok(None) => SlotPosition {
-            confirmed: None,
-            current,
-            error: Some(format!(
-                "replication slot `{}` does not exist (it is created by the first `skipprd sync`)",
-                p.source.slot
-            )),
-        },
-        Err(e) => SlotPosition {
-            confirmed: None,
-            current,
-            error: Some(format!("reading pg_replication_slots: {e}")),
-        },
-    }
 }
 
 /// Total size of the files under `dir` (0 when it does not exist).
@@ -145,7 +106,7 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
         if only.is_some_and(|o| o != p.name) {
             continue;
         }
-        let pos = slot_position(p).await;
+        let pos = crate::source::postgres::slot::health(&p.source).await;
         let (state, error) = recorded_state(config, &p.name);
         let mut tables = Vec::new();
         for s in states
@@ -176,12 +137,16 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
             state,
             error,
             slot: p.source.slot.clone(),
-            slot_confirmed_lsn: pos.confirmed.map(|l| l.to_string()),
+            slot_confirmed_lsn: pos.confirmed_flush.map(|l| l.to_string()),
             source_current_lsn: pos.current.map(|l| l.to_string()),
-            slot_lag_bytes: match (pos.current, pos.confirmed) {
-                (Some(cur), Some(conf)) => Some(cur.0.saturating_sub(conf.0)),
-                _ => None,
-            },
+            slot_lag_bytes: pos.lag_bytes,
+            retained_wal_bytes: pos.retained_wal_bytes,
+            wal_status: pos.wal_status.clone(),
+            safe_wal_size: pos.safe_wal_size,
+            lag_bytes: pos.lag_bytes,
+            lag_seconds: pos.lag_seconds,
+            max_retained_wal: p.source.max_retained_wal,
+            warnings: pos.warnings(&p.source),
             source_error: pos.error,
             wal_bytes: folder_bytes(&config.storage_path.join("wal").join(&p.name)),
             tables,
@@ -221,6 +186,23 @@ pub fn render_text(report: &[PipelineStatus]) -> String {
         ));
         if let Some(e) = &p.source_error {
             s.push_str(&format!("  source: {e}\n"));
+        }
+        if let Some(retained) = p.retained_wal_bytes {
+            s.push_str(&format!(
+                "  retained WAL on the server: {retained} bytes ({}; max_retained_wal {}), wal_status {}, safe_wal_size {}, lag {} s\n",
+                human_bytes(retained),
+                human_bytes(p.max_retained_wal),
+                opt(&p.wal_status),
+                p.safe_wal_size
+                    .map(|b| b.to_string())
+                    .unwrap_or_else(|| "unlimited".into()),
+                p.lag_seconds
+                    .map(|l| format!("{l:.1}"))
+                    .unwrap_or_else(|| "-".into())
+            ));
+        }
+        for w in &p.warnings {
+            s.push_str(&format!("  warning: {w}\n"));
         }
         s.push_str(&format!("  WAL on disk: {} bytes\n", p.wal_bytes));
         s.push_str(&format!(

@@ -44,4 +44,18 @@ pub struct TableSchema {
     pub partitions: Vec<String>,
     /// For a partition: the partitioned tables above it, nearest first.
     pub partition_of: Vec<TableRef>,
+    /// Generated columns with their kind (`s` stored, `v` virtual), as `pg_attribute`'s
+    /// `attgenerated` says.
+    pub generated: Vec<(String, char)>,
+}
+
+impl TableSchema {
+    /// Leaves the named columns out.
+    pub fn exclude(&mut self, names: &[String]) {
+        if names.is_empty() {
+            return;
+        }
+        self.columns.retain(|c| !names.contains(&c.name));
+        self.generated.retain(|(c, _)| !names.contains(c));
+    }
 }

@@ -13,8 +13,10 @@ use super::SyncReport;
 use crate::config::{Config, PipelineConfig, TableRef};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::{commit, PROP_SOURCE, SUMMARY_PIPELINE};
+use crate::source::postgres::carried;
 use crate::source::postgres::connect::connect;
 use crate::source::postgres::schema::{describe, TableSchema};
+use crate::source::postgres::slot::FAILOVER_SLOTS_VERSION;
 use crate::source::postgres::slot::{self, slot_info};
 use crate::source::postgres::snapshot::TableJob;
 use crate::wal::WalStore;
@@ -290,6 +292,32 @@ pub(super) async fn check_replication_ready(
                 cfg.slot, p.name
             )));
         }
+    }
+    let version = carried::server_version(client).await?;
+    if cfg.failover_slot && version < FAILOVER_SLOTS_VERSION {
+        return Err(Error::config(format!(
+            "data_sources.{}.Postgres.failover_slot is set, but the source runs Postgres {} and failover slots need Postgres 17 or later; remove the key, or upgrade the server",
+            cfg.name,
+            version / 10_000
+        )));
+    }
+    // `sync` sets the publication's `publish_generated_columns` itself (ensure_publication).
+    let refused: Vec<_> = carried::uncarried(client, p, schemas, version)
+        .await?
+        .into_iter()
+        .filter(|u| !u.publication_setting)
+        .collect();
+    if !refused.is_empty() {
+        let mut message = format!(
+            "pipeline `{}`: {} column{} the change stream would not carry; nothing was written",
+            p.name,
+            refused.len(),
+            if refused.len() == 1 { "" } else { "s" }
+        );
+        for u in &refused {
+            message.push_str(&format!("\n  {}", u.detail));
+        }
+        return Err(Error::source_err(message));
     }
     for ts in schemas {
         if let Some((detail, fix)) =

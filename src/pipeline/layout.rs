@@ -9,7 +9,7 @@ use crate::config::layouts::Located;
 use crate::config::{PipelineConfig, TableRef};
 use crate::error::{Error, Result};
 use crate::source::postgres::connect::connect;
-use crate::source::postgres::schema::describe;
+use crate::source::postgres::schema::describe_followed;
 use crate::table::layout::{Layout, PartitionEntry};
 use crate::table::schema::iceberg_schema;
 
@@ -104,7 +104,7 @@ pub async fn require_fit(p: &PipelineConfig) -> Result<()> {
     let client = connect(&p.source).await?;
     let mut schemas = Vec::with_capacity(tables.len());
     for t in tables {
-        schemas.push(describe(&client, t).await?);
+        schemas.push(describe_followed(&client, p, t).await?);
     }
     let problems = check(p, &schemas);
     if problems.is_empty() {
@@ -301,6 +301,7 @@ mod tests {
             partitioned: false,
             partitions: Vec::new(),
             partition_of: Vec::new(),
+            generated: Vec::new(),
         }
     }
 

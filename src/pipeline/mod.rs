@@ -13,6 +13,7 @@ pub mod layout;
 mod lock;
 pub mod seams;
 pub mod shutdown;
+mod slot_watch;
 mod snapshot;
 pub mod state;
 #[cfg(test)]
@@ -36,6 +37,15 @@ use snapshot::{resnapshot_reset, snapshot_phase};
 pub struct SyncReport {
     pub copied: Vec<String>,
     pub skipped: Vec<String>,
+}
+
+/// Stops a background task when the scope that started it ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change
@@ -71,6 +81,8 @@ pub async fn sync(
             cdc::catch_up_once(&mut source, &wal, &tables).await?;
         } else {
             let cadence = Cadence::of(p);
+            let sampler = tokio::spawn(slot_watch::watch_slot(p.clone(), shutdown.clone()));
+            let _sampler = AbortOnDrop(sampler);
             loop {
                 // The stream stops (flushed, committed, acknowledged) when the user asks or
                 // when a followed partitioned table gains or loses a partition; the table is

@@ -17,7 +17,7 @@ use crate::config::{CdcMode, Config, PipelineConfig};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::{commit, evolve, schema as ice_schema};
 use crate::source::postgres::connect::connect;
-use crate::source::postgres::schema::{check_partition_overlap, describe, TableSchema};
+use crate::source::postgres::schema::{check_partition_overlap, describe_followed, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
 use crate::source::postgres::snapshot::{copy_tables, TableJob};
 use crate::wal::WalStore;
@@ -63,9 +63,13 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
 
     let mut schemas = Vec::new();
     for t in &cfg.tables {
-        schemas.push(describe(&client, t).await?);
+        schemas.push(describe_followed(&client, p, t).await?);
     }
     check_partition_overlap(&schemas)?;
+    let generated_columns = cfg.cdc_mode.needs_replication()
+        && crate::source::postgres::carried::keeps_generated(&schemas)
+        && crate::source::postgres::carried::server_version(&client).await?
+            >= crate::source::postgres::carried::GENERATED_COLUMNS_VERSION;
     if cfg.cdc_mode.needs_replication() {
         check_replication_ready(&client, p, &schemas).await?;
     }
@@ -131,8 +135,17 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
     if cfg.cdc_mode.needs_replication() {
         let via_root = require_via_root(&client, p, &todo, &synced_partitioned).await?;
         require_published(&client, p, &report).await?;
-        slot::ensure_publication(&client, cfg, via_root).await?;
+        slot::ensure_publication(
+            &client,
+            cfg,
+            slot::PublicationOptions {
+                via_root,
+                generated_columns,
+            },
+        )
+        .await?;
         require_slot_if_synced(&client, p, &report).await?;
+        slot::ensure_failover(&client, cfg).await?;
         require_slot_not_moved(config, &client, p, &report, prior.is_some(), &state).await?;
     }
 

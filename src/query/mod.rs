@@ -102,6 +102,14 @@ pub struct LiveState {
 }
 
 impl Workspace {
+    /// Each pipeline's name and source, in the file's order.
+    pub fn sources(&self) -> Vec<(String, crate::config::PostgresConfig)> {
+        self.pipelines
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone(), p.source.clone()))
+            .collect()
+    }
     /// Opens every sink of the configuration and lists the workspace's tables.
     pub async fn open(config: &Config) -> Result<Arc<Self>> {
         let mut sinks = Vec::new();

@@ -1,6 +1,8 @@
 //! Queries, system tables: `skippr.tables` shows each replicated table's committed LSN, its
 //! WAL tail, its last commit, its lag, the state of the pipeline that writes it and what
-//! table maintenance left (files, snapshots, last compaction), computed when a query reads it.
+//! table maintenance left (files, snapshots, last compaction), computed when a query reads it;
+//! `skippr.sources` each pipeline's replication slot (retained WAL, lag, warnings), asked of
+//! its source when a query reads it.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -20,6 +22,8 @@ use crate::table::PROP_LAST_COMPACTION;
 
 /// Name of the table-status system table.
 pub const TABLES: &str = "tables";
+/// Name of the source-status system table (each pipeline's replication slot).
+pub const SOURCES: &str = "sources";
 
 /// The `skippr` schema.
 pub struct SystemSchema {
@@ -173,6 +177,119 @@ pub async fn tables_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
     Ok(RecordBatch::try_new(tables_schema(), arrays)?)
 }
 
+/// Columns of `skippr.sources`.
+pub fn sources_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("pipeline", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("slot", DataType::Utf8, false),
+        Field::new("wal_status", DataType::Utf8, true),
+        Field::new("retained_wal_bytes", DataType::Int64, true),
+        Field::new("safe_wal_size", DataType::Int64, true),
+        Field::new("lag_bytes", DataType::Int64, true),
+        Field::new("lag_seconds", DataType::Float64, true),
+        Field::new("max_retained_wal", DataType::Int64, false),
+        Field::new("confirmed_flush_lsn", DataType::Utf8, true),
+        Field::new("current_lsn", DataType::Utf8, true),
+        Field::new("restart_lsn", DataType::Utf8, true),
+        Field::new("warning", DataType::Utf8, true),
+        Field::new("error", DataType::Utf8, true),
+    ]))
+}
+
+/// Builds the rows of `skippr.sources` now: each pipeline's slot, asked of its source (all
+/// at once, each bounded by the source's peer timeout).
+pub async fn sources_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> {
+    let sources = ws.sources();
+    let healths = futures::future::join_all(
+        sources
+            .iter()
+            .map(|(_, cfg)| crate::source::postgres::slot::health(cfg)),
+    )
+    .await;
+    let int = |v: Option<u64>| v.and_then(|b| i64::try_from(b).ok());
+    let text = |v: Option<crate::change::Lsn>| v.map(|l| l.to_string());
+    let mut cols: [Vec<Option<String>>; 10] = Default::default();
+    let (mut retained, mut safe, mut lag_bytes, mut lag_s, mut max) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ((pipeline, cfg), h) in sources.iter().zip(healths) {
+        let warnings = h.warnings(cfg);
+        cols[0].push(Some(pipeline.clone()));
+        cols[1].push(Some(cfg.name.clone()));
+        cols[2].push(Some(cfg.slot.clone()));
+        cols[3].push(h.wal_status.clone());
+        cols[4].push(text(h.confirmed_flush));
+        cols[5].push(text(h.current));
+        cols[6].push(text(h.restart));
+        cols[7].push((!warnings.is_empty()).then(|| warnings.join("; ")));
+        cols[8].push(h.error.clone());
+        retained.push(int(h.retained_wal_bytes));
+        safe.push(h.safe_wal_size);
+        lag_bytes.push(int(h.lag_bytes));
+        lag_s.push(h.lag_seconds);
+        max.push(i64::try_from(cfg.max_retained_wal).unwrap_or(i64::MAX));
+    }
+    let strings = |v: &Vec<Option<String>>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
+    let arrays: Vec<ArrayRef> = vec![
+        strings(&cols[0]),
+        strings(&cols[1]),
+        strings(&cols[2]),
+        strings(&cols[3]),
+        Arc::new(Int64Array::from(retained)),
+        Arc::new(Int64Array::from(safe)),
+        Arc::new(Int64Array::from(lag_bytes)),
+        Arc::new(Float64Array::from(lag_s)),
+        Arc::new(Int64Array::from(max)),
+        strings(&cols[4]),
+        strings(&cols[5]),
+        strings(&cols[6]),
+        strings(&cols[7]),
+        strings(&cols[8]),
+    ];
+    Ok(RecordBatch::try_new(sources_schema(), arrays)?)
+}
+
+/// `skippr.sources`, read from the sources when scanned.
+struct SourcesTable {
+    ws: Arc<Workspace>,
+}
+
+impl std::fmt::Debug for SourcesTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SourcesTable")
+    }
+}
+
+#[async_trait]
+impl TableProvider for SourcesTable {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema(&self) -> SchemaRef {
+        sources_schema()
+    }
+
+    fn table_type(&self) -> datafusion::datasource::TableType {
+        datafusion::datasource::TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn datafusion::catalog::Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[datafusion::prelude::Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        let batch = sources_batch(&self.ws)
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        MemTable::try_new(sources_schema(), vec![vec![batch]])?
+            .scan(state, projection, filters, limit)
+            .await
+    }
+}
+
 #[async_trait]
 impl SchemaProvider for SystemSchema {
     fn as_any(&self) -> &dyn Any {
@@ -180,21 +297,28 @@ impl SchemaProvider for SystemSchema {
     }
 
     fn table_names(&self) -> Vec<String> {
-        vec![TABLES.to_string()]
+        vec![TABLES.to_string(), SOURCES.to_string()]
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
-        if name != TABLES {
-            return Ok(None);
+        match name {
+            TABLES => {
+                let batch = tables_batch(&self.ws)
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                let table = MemTable::try_new(tables_schema(), vec![vec![batch]])?;
+                Ok(Some(Arc::new(table)))
+            }
+            // Asked of the sources only when a statement scans it, not when a client lists
+            // the catalog's columns.
+            SOURCES => Ok(Some(Arc::new(SourcesTable {
+                ws: self.ws.clone(),
+            }))),
+            _ => Ok(None),
         }
-        let batch = tables_batch(&self.ws)
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let table = MemTable::try_new(tables_schema(), vec![vec![batch]])?;
-        Ok(Some(Arc::new(table)))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        name == TABLES
+        name == TABLES || name == SOURCES
     }
 }

@@ -4,10 +4,12 @@
 use serde::Serialize;
 use tokio_postgres::Client;
 
+use super::carried;
 use super::connect::connect;
-use super::schema::{check_partition_overlap, describe, TableSchema};
+use super::schema::{check_partition_overlap, describe_followed, TableSchema};
 use super::slot::{
-    publication_fix_sql, publication_tables, publication_via_root, slot_info, via_root_fix_sql,
+    generated_columns_fix_sql, publication_fix_sql, publication_tables, publication_via_root,
+    slot_info, via_root_fix_sql, PublicationOptions, FAILOVER_SLOTS_VERSION,
 };
 use crate::config::{quote_ident, PipelineConfig};
 use crate::error::{Context, Result};
@@ -20,6 +22,9 @@ pub struct Check {
     pub detail: String,
     /// What to run to fix a failed check (`null` when it passed).
     pub fix: Option<String>,
+    /// A check that passed but deserves attention (not a failure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -72,6 +77,7 @@ fn check(name: &str, ok: bool, detail: impl Into<String>, fix: Option<String>) -
         ok,
         detail: detail.into(),
         fix: if ok { None } else { fix },
+        warning: None,
     }
 }
 
@@ -83,11 +89,20 @@ pub async fn discover(p: &PipelineConfig, workspace: &str) -> Result<Report> {
     let mut tables = Vec::new();
     let mut schemas = Vec::new();
     for t in &cfg.tables {
-        match describe(&client, t).await {
+        match describe_followed(&client, p, t).await {
             Ok(ts) => {
                 tables.push(table_report(&ts, workspace));
                 schemas.push(ts);
             }
+            Err(e) if e.kind() == crate::error::ErrorKind::Config => checks.push(check(
+                &format!("table {t}"),
+                false,
+                e.message().to_string(),
+                Some(format!(
+                    "correct pipelines.{}.tables.{t}.exclude_columns in skippr.yml",
+                    p.name
+                )),
+            )),
             Err(e) => checks.push(check(
                 &format!("table {t}"),
                 false,
@@ -166,6 +181,60 @@ fn table_report(ts: &TableSchema, workspace: &str) -> TableReport {
     }
 }
 
+/// The server's bound on the WAL a slot may hold (`max_slot_wal_keep_size`), and whether a
+/// failover slot can be made.
+async fn slot_safety_checks(
+    client: &Client,
+    p: &PipelineConfig,
+    version: i32,
+    checks: &mut Vec<Check>,
+) -> Result<()> {
+    let cfg = &p.source;
+    let keep: String = client
+        .query_one("SELECT current_setting('max_slot_wal_keep_size')", &[])
+        .await
+        .context("reading max_slot_wal_keep_size")?
+        .get(0);
+    let mut c = check(
+        "max_slot_wal_keep_size",
+        true,
+        format!("max_slot_wal_keep_size = {keep}"),
+        None,
+    );
+    if keep.trim() == "-1" {
+        c.warning = Some(format!(
+            "unlimited: a slot that stops advancing keeps WAL until the server's disk is full; set a bound above data_sources.{}.Postgres.max_retained_wal ({} bytes), e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '{}GB'; SELECT pg_reload_conf(); (a slot past it is invalidated and the pipeline stops naming --resnapshot)",
+            cfg.name,
+            cfg.max_retained_wal,
+            (cfg.max_retained_wal >> 30).saturating_mul(2).max(1)
+        ));
+    }
+    checks.push(c);
+    if cfg.failover_slot {
+        let ok = version >= FAILOVER_SLOTS_VERSION;
+        checks.push(check(
+            "failover slot",
+            ok,
+            if ok {
+                format!(
+                    "slot `{}` is made a failover slot: standbys with sync_replication_slots = on keep it",
+                    cfg.slot
+                )
+            } else {
+                format!(
+                    "failover_slot is set, but the source runs Postgres {} and failover slots need Postgres 17 or later",
+                    version / 10_000
+                )
+            },
+            Some(format!(
+                "remove data_sources.{}.Postgres.failover_slot, or upgrade the server to Postgres 17 or later",
+                cfg.name
+            )),
+        ));
+    }
+    Ok(())
+}
+
 async fn replication_checks(
     client: &Client,
     p: &PipelineConfig,
@@ -184,6 +253,32 @@ async fn replication_checks(
         format!("wal_level = {wal_level}"),
         Some("ALTER SYSTEM SET wal_level = logical; then restart Postgres".into()),
     ));
+
+    let version = carried::server_version(client).await?;
+    slot_safety_checks(client, p, version, checks).await?;
+    for u in carried::uncarried(client, p, schemas, version).await? {
+        let fix = if u.publication_setting {
+            generated_columns_fix_sql(&cfg.publication)
+        } else {
+            format!(
+                "add `exclude_columns: [{}]` under pipelines.{}.tables.{} in skippr.yml{}",
+                u.column,
+                p.name,
+                u.table,
+                if version < carried::GENERATED_COLUMNS_VERSION {
+                    ", or move to Postgres 18"
+                } else {
+                    ""
+                }
+            )
+        };
+        checks.push(check(
+            &format!("column {} of {}", u.column, u.table),
+            false,
+            u.detail,
+            Some(fix),
+        ));
+    }
 
     let row = client
         .query_one(
@@ -296,7 +391,11 @@ async fn replication_checks(
         &cfg.publication,
         existing.as_deref(),
         &cfg.tables,
-        !partitioned.is_empty(),
+        PublicationOptions {
+            via_root: !partitioned.is_empty(),
+            generated_columns: version >= carried::GENERATED_COLUMNS_VERSION
+                && carried::keeps_generated(schemas),
+        },
     );
     match (&existing, &fix) {
         (Some(_), None) => checks.push(check(
@@ -537,12 +636,19 @@ pub fn render_text(r: &Report) -> String {
     for c in &r.checks {
         out.push_str(&format!(
             "  [{}] {}: {}\n",
-            if c.ok { " ok " } else { "FAIL" },
+            match (c.ok, &c.warning) {
+                (false, _) => "FAIL",
+                (true, Some(_)) => "warn",
+                (true, None) => " ok ",
+            },
             c.name,
             c.detail
         ));
         if let Some(f) = &c.fix {
             out.push_str(&format!("         fix: {f}\n"));
+        }
+        if let Some(w) = &c.warning {
+            out.push_str(&format!("         warning: {w}\n"));
         }
     }
     if r.ok() {

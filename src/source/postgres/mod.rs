@@ -1,6 +1,7 @@
 //! The Postgres source: discovery, the consistent snapshot, and (later in the flow) the
 //! logical replication stream.
 
+pub mod carried;
 pub mod connect;
 pub mod copy;
 pub mod discover;

@@ -47,19 +47,19 @@ const COLUMNS_SQL: &str = "
 WITH RECURSIVE cols AS (
   SELECT a.attnum, a.attname::text AS attname, format_type(a.atttypid, a.atttypmod) AS type_name,
          a.attnotnull, a.atttypid AS tid, a.atttypmod AS tmod, 0 AS depth,
-         a.atttypid AS decl_oid, a.atttypmod AS decl_mod
+         a.atttypid AS decl_oid, a.atttypmod AS decl_mod, a.attgenerated::text AS gen
   FROM pg_attribute a
   WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
   UNION ALL
   SELECT c.attnum, c.attname, c.type_name, c.attnotnull, t.typbasetype,
          CASE WHEN c.tmod = -1 THEN t.typtypmod ELSE c.tmod END, c.depth + 1,
-         c.decl_oid, c.decl_mod
+         c.decl_oid, c.decl_mod, c.gen
   FROM cols c JOIN pg_type t ON t.oid = c.tid
   WHERE t.typtype = 'd' AND c.depth < 16
 )
 SELECT DISTINCT ON (c.attnum) c.attnum, c.attname, c.type_name, c.attnotnull,
        t.oid, c.tmod, t.typtype::text, e.oid, e.typtype::text, t.typcategory::text,
-       c.decl_oid, c.decl_mod
+       c.decl_oid, c.decl_mod, c.gen
 FROM cols c
 JOIN pg_type t ON t.oid = c.tid
 LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
@@ -108,7 +108,12 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
         .await
         .with_context(|| format!("reading the columns of table {table}"))?;
     let mut columns = Vec::with_capacity(rows.len());
+    let mut generated = Vec::new();
     for r in rows {
+        let gen: String = r.get(12);
+        if let Some(kind) = gen.chars().next() {
+            generated.push((r.get::<_, String>(1), kind));
+        }
         let info = type_info(&r, 4);
         let Mapping { pg, fallback } = PgType::from_info(&info);
         columns.push(Column {
@@ -162,7 +167,36 @@ pub async fn describe(client: &Client, table: &TableRef) -> Result<TableSchema> 
         partitioned,
         partitions,
         partition_of,
+        generated,
     })
+}
+
+/// Reads the schema of `table` as the pipeline follows it: without the columns its
+/// `exclude_columns` leaves out. An excluded column the table does not have, or one of its
+/// primary key, is refused by name.
+pub async fn describe_followed(
+    client: &Client,
+    p: &crate::config::PipelineConfig,
+    table: &TableRef,
+) -> Result<TableSchema> {
+    let mut ts = describe(client, table).await?;
+    let excluded = p.source.excluded(table);
+    let pipeline = &p.name;
+    for name in excluded {
+        if !ts.columns.iter().any(|c| &c.name == name) {
+            return Err(Error::config(format!(
+                "pipelines.{pipeline}.tables.{table}.exclude_columns names `{name}`, which table {table} does not have (its columns: {}); correct or remove the entry",
+                ts.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        if ts.primary_key.contains(name) {
+            return Err(Error::config(format!(
+                "pipelines.{pipeline}.tables.{table}.exclude_columns names `{name}`, a column of the table's primary key: rows are merged by their key, so it must be kept; remove the entry"
+            )));
+        }
+    }
+    ts.exclude(excluded);
+    Ok(ts)
 }
 
 /// Refuses a partition listed in `tables:` together with a partitioned table above it: its

@@ -90,6 +90,56 @@ impl Drop for Heartbeat {
     }
 }
 
+/// The columns a pipeline leaves out (`exclude_columns`), by their place in each relation's
+/// tuples: they are cut from the relation's description and from every tuple of it, so
+/// nothing downstream (Skippr's WAL included) ever holds their values.
+#[derive(Default)]
+struct LeftOut {
+    places: HashMap<u32, Vec<usize>>,
+}
+
+impl LeftOut {
+    /// Cuts the excluded columns out of a relation's description, noting their places.
+    fn exclude(&mut self, cfg: &PostgresConfig, r: &mut Relation) {
+        let table = crate::config::TableRef {
+            schema: r.namespace.clone(),
+            name: r.name.clone(),
+        };
+        let excluded = cfg.excluded(&table);
+        let places: Vec<usize> = r
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| excluded.contains(&c.name))
+            .map(|(i, _)| i)
+            .collect();
+        if places.is_empty() {
+            self.places.remove(&r.id);
+            return;
+        }
+        let mut i = 0;
+        r.columns.retain(|_| {
+            let keep = !places.contains(&i);
+            i += 1;
+            keep
+        });
+        self.places.insert(r.id, places);
+    }
+
+    /// A tuple of `rel` without the excluded columns' values (a tuple of another width is
+    /// left as it is, for the width check to refuse).
+    fn cut(&self, rel: u32, mut tuple: Vec<Datum>) -> Vec<Datum> {
+        if let Some(places) = self.places.get(&rel) {
+            if places.last().is_some_and(|last| *last < tuple.len()) {
+                for at in places.iter().rev() {
+                    tuple.remove(*at);
+                }
+            }
+        }
+        tuple
+    }
+}
+
 /// Checks a change's tuples against the description of its relation in effect: a change of
 /// an undescribed relation, or of another width, stops the stream before it is
 /// acknowledged (never padded with NULLs).
@@ -165,6 +215,7 @@ pub async fn stream(
     };
     // Descriptions in effect at this point of the stream, completed from the catalog.
     let mut relations: HashMap<u32, Relation> = HashMap::new();
+    let mut left_out = LeftOut::default();
     // A plain connection for the catalog, opened at the first relation message.
     let mut catalog: Option<tokio_postgres::Client> = None;
     let mut last_end = start;
@@ -180,6 +231,9 @@ pub async fn stream(
     let mut progress = crate::telemetry::progress::CatchUp::new(pipeline);
     let mut last_heard = Instant::now();
     let mut pinged = false;
+    // `heartbeat_interval`: a heartbeat at that pace whatever the stream does, so the slot
+    // moves on a server quiet in this database too (zero: only the liveness ones above).
+    let mut last_beat = Instant::now();
 
     let flush = |out: &mut dyn TxnAppender,
                  client: &ReplicationClient,
@@ -228,6 +282,11 @@ pub async fn stream(
                 if !pinged && silent >= peer_timeout / 2 {
                     heartbeat.ping();
                     pinged = true;
+                    last_beat = Instant::now();
+                }
+                if !cfg.heartbeat_interval.is_zero() && last_beat.elapsed() >= cfg.heartbeat_interval {
+                    heartbeat.ping();
+                    last_beat = Instant::now();
                 }
                 if !out.is_empty() && last_flush.elapsed() >= FLUSH_INTERVAL / 2 {
                     flush(out, &client, &mut last_durable)?;
@@ -286,7 +345,8 @@ pub async fn stream(
                         let Some(client) = catalog.as_ref() else {
                             continue;
                         };
-                        let r = super::relation::resolve(client, raw).await?;
+                        let mut r = super::relation::resolve(client, raw).await?;
+                        left_out.exclude(cfg, &mut r);
                         relations.insert(r.id, r.clone());
                         // Inside a transaction a new description applies from this point:
                         // keep it in the transaction, in order with the changes.
@@ -307,20 +367,20 @@ pub async fn stream(
                         op: Op::Insert,
                         rel,
                         old: None,
-                        new: Some(new),
+                        new: Some(left_out.cut(rel, new)),
                         relation: None,
                     }),
                     Message::Update { rel, old, new } => Some(Change {
                         op: Op::Update,
                         rel,
-                        old,
-                        new: Some(new),
+                        old: old.map(|o| left_out.cut(rel, o)),
+                        new: Some(left_out.cut(rel, new)),
                         relation: None,
                     }),
                     Message::Delete { rel, old } => Some(Change {
                         op: Op::Delete,
                         rel,
-                        old: Some(old),
+                        old: Some(left_out.cut(rel, old)),
                         new: None,
                         relation: None,
                     }),
