@@ -464,6 +464,7 @@ fn connect_pipeline_writes_layouts_and_refuses_bad_entries() {
                 pipeline: "app".into(),
                 partition_by,
                 sort_by,
+                exclude_columns: Vec::new(),
             }),
         )
     };
