@@ -141,7 +141,8 @@ pub enum Command {
     },
 
     /// Create or update skippr.yml: add a data source, a data sink or a schema sink to a
-    /// pipeline, or set how its tables are partitioned and sorted.
+    /// pipeline, or set how its tables are partitioned and sorted and which of their columns
+    /// are left out.
     #[command(
         after_help = "Example:\n  skipprd --workspace analytics --storage-mode local connect data-source postgres \\\n    --pipeline orders --name app_db --host db.internal --user skippr_reader \\\n    --password '${APP_DB_PASSWORD}' --database app --tables orders --tables customers\n  skipprd connect pipeline --pipeline orders --partition-by 'orders=day(created_at)'"
     )]
@@ -215,18 +216,29 @@ pub enum ConnectCommand {
         kind: SinkKind,
     },
     /// Set how a pipeline's tables are laid out in files: their partitions and the order of
-    /// rows inside each file (`pipelines.<p>.tables.<table>.partition_by` and `sort_by`).
+    /// rows inside each file, and the columns left out (`pipelines.<p>.tables.<table>`'s
+    /// `partition_by`, `sort_by` and `exclude_columns`).
     #[command(
-        after_help = "Example:\n  skipprd connect pipeline --pipeline app \\\n    --partition-by 'orders=day(created_at)' --partition-by 'orders=bucket(16, customer_id)' \\\n    --sort-by 'orders=created_at'\n\nThe entries given for a table replace its list; `--partition-by 'orders='` clears it.\n`skipprd discover` then shows the layout each table gets, and refuses an entry that does\nnot fit the table's columns."
+        after_help = "Example:\n  skipprd connect pipeline --pipeline app \\\n    --partition-by 'orders=day(created_at)' --partition-by 'orders=bucket(16, customer_id)' \\\n    --sort-by 'orders=created_at' --exclude-column 'orders=internal_note'\n\nThe entries given for a table replace its list; `--partition-by 'orders='` clears it.\n`skipprd discover` then shows the layout each table gets, and refuses an entry that does\nnot fit the table's columns."
     )]
     Pipeline(PipelineArgs),
 }
 
 /// `TABLE=ENTRY`: a table of the pipeline and one entry of its list.
 fn table_entry(s: &str) -> Result<(String, String), String> {
+    table_pair(s, "TABLE=ENTRY", "'orders=day(created_at)'")
+}
+
+/// `TABLE=COLUMN`: a table of the pipeline and one of its columns.
+fn table_column(s: &str) -> Result<(String, String), String> {
+    table_pair(s, "TABLE=COLUMN", "'orders=internal_note'")
+}
+
+/// `s` as `form` (`TABLE=ENTRY`, `TABLE=COLUMN`): the table, and what follows its `=`.
+fn table_pair(s: &str, form: &str, example: &str) -> Result<(String, String), String> {
     if s.starts_with("--") {
         return Err(format!(
-            "`{s}` is the next flag, not a value: give the flag its TABLE=ENTRY value"
+            "`{s}` is the next flag, not a value: give the flag its {form} value"
         ));
     }
     match s.split_once('=') {
@@ -234,7 +246,7 @@ fn table_entry(s: &str) -> Result<(String, String), String> {
             Ok((table.trim().to_string(), entry.trim().to_string()))
         }
         _ => Err(format!(
-            "`{s}` is not TABLE=ENTRY: write e.g. 'orders=day(created_at)' (quoted for the shell)"
+            "`{s}` is not {form}: write e.g. {example} (quoted for the shell)"
         )),
     }
 }
@@ -255,6 +267,12 @@ pub struct PipelineArgs {
     /// entries given for a table replace its list; 'orders=' clears it.
     #[arg(long = "sort-by", value_parser = table_entry, value_name = "TABLE=ENTRY")]
     pub sort_by: Vec<(String, String)>,
+    /// A column of a table left out of its Iceberg table (neither copied nor streamed), as
+    /// TABLE=COLUMN; repeat for more, e.g. 'orders=internal_note'. COLUMN is bare (folded to
+    /// lower case) or in double quotes ('orders="Note"'). The columns given for a table
+    /// replace its list; 'orders=' clears it.
+    #[arg(long = "exclude-column", value_parser = table_column, value_name = "TABLE=COLUMN")]
+    pub exclude_column: Vec<(String, String)>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -451,6 +469,20 @@ pub struct PostgresArgs {
     /// Target size of the Parquet data files a snapshot writes, in MiB [default: 128].
     #[arg(long, value_name = "MIB")]
     pub parquet_target_file_size_mb: Option<u64>,
+    /// How often a running pipeline writes a heartbeat message to the source, so that its
+    /// slot advances even while nothing in this database changes: a duration such as `30s`
+    /// or `5m`, or `0` for none [default: 1m].
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "DURATION")]
+    pub heartbeat_interval: Option<String>,
+    /// WAL the slot may hold back on the server before `status`, the metrics and the log
+    /// warn, e.g. `10GiB` or `512MB` [default: 10GiB].
+    #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "SIZE")]
+    pub max_retained_wal: Option<String>,
+    /// Create the slot as a failover slot (Postgres 17 and later), which standbys that
+    /// synchronise slots keep, so the pipeline goes on after a promotion; `--failover-slot
+    /// false` turns it off again [default: false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub failover_slot: Option<bool>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -617,6 +649,65 @@ mod tests {
         ])
         .expect_err("an entry without its table must fail");
         assert!(err.to_string().contains("TABLE=ENTRY"), "{err}");
+    }
+
+    #[test]
+    fn failover_slot_takes_an_optional_value_and_exclude_column_a_pair() {
+        let failover = |more: &[&'static str]| {
+            let cli = Cli::try_parse_from(connect_postgres(more)).expect("parses");
+            let Command::Connect {
+                what:
+                    ConnectCommand::DataSource {
+                        kind: SourceKind::Postgres(pg),
+                    },
+            } = cli.command
+            else {
+                panic!("not a postgres data source");
+            };
+            pg.failover_slot
+        };
+        // Bare, it is `true` and leaves the next flag (`--user`) alone.
+        assert_eq!(failover(&["--host", "h", "--failover-slot"]), Some(true));
+        assert_eq!(
+            failover(&["--host", "h", "--failover-slot", "false"]),
+            Some(false)
+        );
+        assert_eq!(failover(&["--host", "h"]), None);
+
+        let cli = Cli::try_parse_from([
+            "skipprd",
+            "connect",
+            "pipeline",
+            "--pipeline",
+            "app",
+            "--exclude-column",
+            "orders=internal_note",
+            "--exclude-column",
+            "orders=",
+        ])
+        .expect("parses");
+        let Command::Connect {
+            what: ConnectCommand::Pipeline(args),
+        } = cli.command
+        else {
+            panic!("not connect pipeline");
+        };
+        let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
+        assert_eq!(
+            args.exclude_column,
+            vec![pair("orders", "internal_note"), pair("orders", "")]
+        );
+        let err = Cli::try_parse_from([
+            "skipprd",
+            "connect",
+            "pipeline",
+            "--pipeline",
+            "app",
+            "--exclude-column",
+            "internal_note",
+        ])
+        .expect_err("a column without its table must fail");
+        assert!(err.to_string().contains("TABLE=COLUMN"), "{err}");
     }
 
     #[test]

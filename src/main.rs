@@ -563,6 +563,18 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
                 "parquet_target_file_size_mb",
                 n(a.parquet_target_file_size_mb),
             );
+            // Checked as `validate` checks them; a `${VAR}` is only known when the file loads.
+            if let Some(h) = a.heartbeat_interval.as_deref().filter(|v| !v.contains('$')) {
+                config::parse_heartbeat_interval(h)
+                    .map_err(|e| Error::config(format!("--heartbeat-interval: {e}")))?;
+            }
+            if let Some(w) = a.max_retained_wal.as_deref().filter(|v| !v.contains('$')) {
+                config::parse_max_retained_wal(w)
+                    .map_err(|e| Error::config(format!("--max-retained-wal: {e}")))?;
+            }
+            put(&mut m, "heartbeat_interval", s(&a.heartbeat_interval));
+            put(&mut m, "max_retained_wal", s(&a.max_retained_wal));
+            put(&mut m, "failover_slot", a.failover_slot.map(Value::Bool));
             for t in &a.tables {
                 if config::TableRef::parse(t).is_none() {
                     return Err(Error::config(format!(
@@ -596,15 +608,16 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
             }
         }
         ConnectCommand::Pipeline(a) => {
-            if a.partition_by.is_empty() && a.sort_by.is_empty() {
+            if a.partition_by.is_empty() && a.sort_by.is_empty() && a.exclude_column.is_empty() {
                 return Err(Error::config(
-                    "connect pipeline needs --partition-by TABLE=ENTRY or --sort-by TABLE=ENTRY (see `skipprd connect pipeline --help`)",
+                    "connect pipeline needs --partition-by TABLE=ENTRY, --sort-by TABLE=ENTRY or --exclude-column TABLE=COLUMN (see `skipprd connect pipeline --help`)",
                 ));
             }
             Connect::Pipeline {
                 pipeline: a.pipeline.clone(),
                 partition_by: a.partition_by.clone(),
                 sort_by: a.sort_by.clone(),
+                exclude_columns: a.exclude_column.clone(),
             }
         }
     })

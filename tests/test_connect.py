@@ -83,6 +83,19 @@ def test_conflicting_names_are_refused(tmp_path: Path) -> None:
     (["--workspace", "w", "connect", "schema-sink", "localiceberg", "--pipeline", "nope", "--name", "s"], ["no data sink"]),
     (["--workspace", "w", *SOURCE, "--port", "70000"], ["70000"]),
     (["--workspace", "w", *SOURCE, "--cdc-mode", "sometimes"], ["sometimes"]),
+    (["--workspace", "w", *SOURCE, "--heartbeat-interval", "5x"],
+     ["--heartbeat-interval: `5x` is not a duration: write e.g. `30s`, `1m` or `0` (no heartbeat)"]),
+    (["--workspace", "w", *SOURCE, "--max-retained-wal", "lots"],
+     ["--max-retained-wal: `lots` is not a size: write e.g. `10GiB` or `512MB`"]),
+    (["--workspace", "w", *SOURCE, "--max-retained-wal", "0"], ["--max-retained-wal: `0` is not a size"]),
+    (["--workspace", "w", *SOURCE, "--failover-slot", "maybe"], ["--failover-slot", "maybe"]),
+    (["--workspace", "w", "connect", "pipeline", "--pipeline", "app", "--exclude-column", "note"],
+     ["--exclude-column", "TABLE=COLUMN"]),
+    (["--workspace", "w", "connect", "pipeline", "--pipeline", "app", "--exclude-column", "orders=note",
+      "--exclude-column", "orders=NOTE"],
+     ["--exclude-column 'orders=NOTE': `NOTE` is given twice: give each column once"]),
+    (["--workspace", "w", "connect", "pipeline", "--pipeline", "app", "--exclude-column", "orders=two words"],
+     ["--exclude-column 'orders=two words': `two words` is not a column name"]),
     (["--workspace", "w", *REST[:-2]], ["--uri"]),
     (["--workspace", "w", *REST[:-1], "catalog.example.com"], ["--uri", "not an http(s) URL"]),
     (["--workspace", "w", *REST[:-1], "https://h/api/v1"], ["ends with /v1", "write https://h/api"]),
@@ -190,3 +203,33 @@ def test_rest_catalog_schema_sinks(tmp_path: Path) -> None:
     connect(cfg, "connect", "schema-sink", "s3tablesiceberg", "--pipeline", "aws", "--name", "bucket_schema")
     assert "  bucket_schema:\n    S3TablesIceberg:\n      table_bucket_arn: arn:aws:s3tables:us-east-1:111122223333:bucket/bkt\n      region: us-east-1\n" in cfg.read_text()
     run_skipprd("--config", cfg, "validate", cwd=tmp_path, env={"PW": "x", "CATALOG_TOKEN": "t"})
+
+
+def test_source_settings_and_excluded_columns_are_updated_flag_by_flag(tmp_path: Path) -> None:
+    """`--heartbeat-interval`, `--max-retained-wal` and `--failover-slot` given again replace
+    just their keys (`--failover-slot false` turns it off); the `--exclude-column` entries
+    given for a table replace its list, 'TABLE=' clears it, and the table's other keys stay."""
+    cfg = tmp_path / "skippr.yml"
+    connect(cfg, "--workspace", "analytics", *SOURCE, "--heartbeat-interval", "30s", "--failover-slot")
+    connect(cfg, *SINK)
+    assert "      tables: [orders]\n      heartbeat_interval: 30s\n      failover_slot: true\n" in cfg.read_text()
+    connect(cfg, *SOURCE, "--max-retained-wal", "2GiB", "--failover-slot", "false")
+    assert ("      tables: [orders]\n      heartbeat_interval: 30s\n      max_retained_wal: 2GiB\n"
+            "      failover_slot: false\n") in cfg.read_text()
+    table = ["connect", "pipeline", "--pipeline", "app"]
+    connect(cfg, *table, "--sort-by", "orders=id", "--exclude-column", "orders=internal_note",
+            "--exclude-column", 'orders="Secret"')
+    assert ("    tables:\n      orders:\n        sort_by: [id]\n"
+            "        exclude_columns: [internal_note, '\"Secret\"']\n") in cfg.read_text()
+    run_skipprd("--config", cfg, "validate", cwd=tmp_path, env={"PW": "x"})
+    connect(cfg, *table, "--exclude-column", "orders=ssn")
+    assert "        sort_by: [id]\n        exclude_columns: [ssn]\n" in cfg.read_text()
+    # The same command again changes nothing.
+    before = cfg.read_bytes()
+    connect(cfg, *table, "--exclude-column", "orders=ssn")
+    assert cfg.read_bytes() == before
+    connect(cfg, *table, "--exclude-column", "orders=")
+    assert "exclude_columns" not in cfg.read_text()
+    assert "      orders:\n        sort_by: [id]\n" in cfg.read_text()
+    # A table the source does not follow is refused.
+    refused(cfg, *table, "--exclude-column", "invoices=note", words=["`invoices` is not one of the tables", "orders"])

@@ -131,7 +131,8 @@ def full_config() -> Config:
             tables=["orders", "sales.refunds", "events"],
             cdc_mode=DataSourcePostgresSourceCdcMode.CDCONLY, publication="pub_shop",
             slot="slot_shop", append_only=["events"], snapshot_parallelism=8,
-            parquet_target_file_size_mb=256,
+            parquet_target_file_size_mb=256, heartbeat_interval="30s", max_retained_wal="512MB",
+            failover_slot=True,
         ),
     )
     schema = cfg.schema_sink("catalog", DataSinkLocalIceberg(warehouse="./warehouse"))
@@ -175,6 +176,9 @@ data_sources:
       append_only: [events]
       snapshot_parallelism: 8
       parquet_target_file_size_mb: 256
+      heartbeat_interval: 30s
+      max_retained_wal: 512MB
+      failover_slot: true
 
 data_sinks:
   lake:
@@ -248,6 +252,7 @@ FULL_CONNECT_COMMANDS = [
         "--tables", "sales.refunds", "--tables", "events", "--cdc-mode", "cdc_only",
         "--publication", "pub_shop", "--slot", "slot_shop", "--append-only", "events",
         "--snapshot-parallelism", "8", "--parquet-target-file-size-mb", "256",
+        "--heartbeat-interval", "30s", "--max-retained-wal", "512MB", "--failover-slot",
     ],
     ["connect", "data-sink", "localiceberg", "--pipeline", "shop_pipe", "--name", "lake", "--warehouse", "./warehouse"],
     ["connect", "schema-sink", "localiceberg", "--pipeline", "shop_pipe", "--name", "catalog"],
@@ -635,6 +640,13 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("append_only", lambda: pg(append_only=["events"]), "DataSourcePostgres.append_only[0]", "`events` is not one of the source's tables"),
     ("parallelism", lambda: pg(snapshot_parallelism=65), "DataSourcePostgres.snapshot_parallelism", "between 1 and 64"),
     ("file size", lambda: pg(parquet_target_file_size_mb=0), "DataSourcePostgres.parquet_target_file_size_mb", "between 1 and 4096"),
+    ("heartbeat", lambda: pg(heartbeat_interval="5x"), "DataSourcePostgres.heartbeat_interval", "`5x` is not a duration: write e.g. `30s`, `1m` or `0` (no heartbeat)"),
+    ("heartbeat number", lambda: pg(heartbeat_interval=30), "DataSourcePostgres.heartbeat_interval", "`30` is not a duration"),
+    ("heartbeat type", lambda: pg(heartbeat_interval=1.5), "DataSourcePostgres.heartbeat_interval", "expected a string, found a number (1.5)"),
+    ("retained wal", lambda: pg(max_retained_wal="lots"), "DataSourcePostgres.max_retained_wal", "`lots` is not a size: write e.g. `10GiB` or `512MB`"),
+    ("retained wal zero", lambda: pg(max_retained_wal="0GiB"), "DataSourcePostgres.max_retained_wal", "`0GiB` is not a size"),
+    ("retained wal fraction", lambda: pg(max_retained_wal="1.5GiB"), "DataSourcePostgres.max_retained_wal", "`1.5GiB` is not a size"),
+    ("failover slot", lambda: pg(failover_slot="yes"), "DataSourcePostgres.failover_slot", "expected true or false, found a string ('yes')"),
     ("athena warehouse", lambda: athena(warehouse="/data/warehouse"), "DataSinkAthenaIceberg.warehouse", "`/data/warehouse` is not an S3 location: write `s3://bucket/prefix/`"),
     ("athena region", lambda: athena(region=""), "DataSinkAthenaIceberg.region", "must not be empty"),
     ("local warehouse", lambda: DataSinkLocalIceberg(warehouse=3), "DataSinkLocalIceberg.warehouse", "expected a string"),  # type: ignore[arg-type]
@@ -661,6 +673,9 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("bad sort", lambda: PipelineTable(sort_by=["created_at sideways"]), "PipelineTable.sort_by[0]", "a sort entry is `column [asc|desc] [nulls first|last]`"),
     ("sort twice", lambda: PipelineTable(sort_by=["id", "ID desc"]), "PipelineTable.sort_by", "`id` is given twice in `sort_by`"),
     ("entries as str", lambda: PipelineTable(partition_by="day(created_at)"), "PipelineTable.partition_by", "expected a list of entries, found a string"),  # type: ignore[arg-type]
+    ("excluded twice", lambda: PipelineTable(exclude_columns=["note", "Note"]), "PipelineTable.exclude_columns[1]", "`Note` is given twice: give each column once"),
+    ("excluded not a column", lambda: PipelineTable(exclude_columns=["two words"]), "PipelineTable.exclude_columns[0]", "`two words` is not a column name: write it bare (folded to lower case) or in double quotes"),
+    ("excluded as str", lambda: PipelineTable(exclude_columns="note"), "PipelineTable.exclude_columns", "expected a list of entries, found a string"),  # type: ignore[arg-type]
     ("tables type", lambda: Pipeline("data_sources.a", "data_sinks.b", tables=["orders"]), "Pipeline.tables", "expected a mapping of table name to PipelineTable"),  # type: ignore[arg-type]
     ("table settings type", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"orders": {"sort_by": ["id"]}}), "Pipeline.tables.orders", "expected a PipelineTable"),  # type: ignore[dict-item]
     ("table name", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"a.b.c": PipelineTable()}), "Pipeline.tables.a.b.c", "is not a table name"),
@@ -767,7 +782,11 @@ BAD_FILES: list[tuple[str, str, int, str, str]] = [
     ("duplicate key", replaced(14, "      host: again"), 14, "data_sources.app_db.Postgres.host", "duplicate key `host`"),
     ("bad transform", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        partition_by: [day(created_at), bucket(16, customer_id), weekly(x)]"), 11, "pipelines.orders.tables.orders.partition_by[3]", "`weekly` is not a transform"),
     ("unknown table", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      invoices:\n        sort_by: [id]"), 10, "pipelines.orders.tables.invoices", "not one of the tables data source `app_db` follows (orders, customers)"),
-    ("unknown table key", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        partition: [id]"), 11, "pipelines.orders.tables.orders.partition", "unknown key `partition`; allowed: partition_by, sort_by"),
+    ("unknown table key", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        partition: [id]"), 11, "pipelines.orders.tables.orders.partition", "unknown key `partition`; allowed: partition_by, sort_by, exclude_columns"),
+    ("excluded twice", replaced(8, "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        exclude_columns: [note, '\"Note\"', NOTE]"), 11, "pipelines.orders.tables.orders.exclude_columns[2]", "`NOTE` is given twice: give each column once"),
+    ("heartbeat", replaced(18, "      cdc_mode: snapshot_then_cdc\n      heartbeat_interval: 5x"), 19, "data_sources.app_db.Postgres.heartbeat_interval", "`5x` is not a duration"),
+    ("retained wal", replaced(18, "      cdc_mode: snapshot_then_cdc\n      max_retained_wal: lots"), 19, "data_sources.app_db.Postgres.max_retained_wal", "`lots` is not a size"),
+    ("failover slot", replaced(18, "      cdc_mode: snapshot_then_cdc\n      failover_slot: yes"), 19, "data_sources.app_db.Postgres.failover_slot", "expected true or false, found a string ('yes')"),
     ("unknown section", "skippr: {workspace: w}\nsources: {}\n", 2, "sources", "unknown key `sources`; allowed: skippr, pipelines"),
     ("no skippr", "pipelines: {}\n", 1, "", "missing required key `skippr`"),
     ("not a mapping", "- skippr\n", 1, "", "wrong type: found a list"),
@@ -906,6 +925,7 @@ LAYOUT_YAML = """\
       orders:
         partition_by: ['day(created_at)', 'bucket(16, customer_id)']
         sort_by: ['created_at desc']
+        exclude_columns: [internal_note, '"Secret"']
       customers:
         sort_by: [id]
 """
@@ -916,7 +936,8 @@ def layout_config() -> Config:
     src = cfg.data_source("app_db", DataSourcePostgres(host="127.0.0.1", user="u", database="app", tables=["orders", "customers"]))
     lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./warehouse"))
     cfg.pipeline("app", Pipeline(data_source=src, data_sink=lake, tables={
-        "orders": PipelineTable(partition_by=["day(created_at)", "bucket(16, customer_id)"], sort_by=["created_at desc"]),
+        "orders": PipelineTable(partition_by=["day(created_at)", "bucket(16, customer_id)"], sort_by=["created_at desc"],
+                                exclude_columns=["internal_note", '"Secret"']),
         "customers": PipelineTable(sort_by=["id"]),
     }))
     return cfg
@@ -938,6 +959,7 @@ def test_table_layouts_write_the_same_bytes_as_connect_and_validate(tmp_path: Pa
     tables = loaded.pipelines["app"].tables
     assert tables is not None and list(tables) == ["orders", "customers"]
     assert tables["orders"].partition_by == ("day(created_at)", "bucket(16, customer_id)")
+    assert tables["orders"].exclude_columns == ("internal_note", '"Secret"')
     if not skipprd_bin().exists():
         pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
     config = tmp_path / "skippr.yml"
@@ -947,7 +969,8 @@ def test_table_layouts_write_the_same_bytes_as_connect_and_validate(tmp_path: Pa
         ["connect", "data-sink", "localiceberg", "--pipeline", "app", "--name", "lake", "--warehouse", "./warehouse"],
         ["connect", "pipeline", "--pipeline", "app", "--partition-by", "orders=day(created_at)",
          "--partition-by", "orders=bucket(16, customer_id)", "--sort-by", "orders=created_at desc",
-         "--sort-by", "customers=id"],
+         "--sort-by", "customers=id", "--exclude-column", "orders=internal_note",
+         "--exclude-column", 'orders="Secret"'],
     ):
         proc = run_binary(["--config", str(config), *args], cwd=tmp_path)
         assert proc.returncode == 0, describe(proc)
@@ -960,6 +983,99 @@ def test_table_layouts_write_the_same_bytes_as_connect_and_validate(tmp_path: Pa
                        "--name", "lake", "--warehouse", "./warehouse"], cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     assert config.read_text() == text
+
+
+def source_keys_config(**keys: Any) -> Config:
+    """One source with the Postgres settings `keys`, one sink, one pipeline."""
+    cfg = Config().workspace("w")
+    src = cfg.data_source("db", DataSourcePostgres(host="h", user="u", database="d", tables=["orders"], **keys))
+    lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./w"))
+    cfg.pipeline("app", Pipeline(data_source=src, data_sink=lake))
+    return cfg
+
+
+@pytest.mark.parametrize("flags, keys, written", [
+    (["--heartbeat-interval", "0"], dict(heartbeat_interval="0"), "      heartbeat_interval: '0'\n"),
+    (["--heartbeat-interval", "90s", "--max-retained-wal", "1073741824"],
+     dict(heartbeat_interval="90s", max_retained_wal=1073741824),
+     "      heartbeat_interval: 90s\n      max_retained_wal: '1073741824'\n"),
+    (["--max-retained-wal", "${MAX_WAL}", "--failover-slot", "false"],
+     dict(max_retained_wal="${MAX_WAL}", failover_slot=False),
+     "      max_retained_wal: ${MAX_WAL}\n      failover_slot: false\n"),
+])
+def test_source_heartbeat_retained_wal_and_failover_slot_match_connect(
+    tmp_path: Path, flags: list[str], keys: dict[str, Any], written: str
+) -> None:
+    """`DataSourcePostgres(heartbeat_interval=..., max_retained_wal=..., failover_slot=...)`
+    writes what `connect data-source postgres --heartbeat-interval ... --max-retained-wal ...
+    --failover-slot ...` writes (a number as its text, `0` quoted), reads back equal, and
+    validates."""
+    cfg = source_keys_config(**keys)
+    text = cfg.to_yaml()
+    assert "      tables: [orders]\n" + written + "\n" in text, text
+    assert Config.from_yaml(text) == cfg
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    for args in (
+        ["--workspace", "w", "connect", "data-source", "postgres", "--pipeline", "app", "--name", "db",
+         "--host", "h", "--user", "u", "--database", "d", "--tables", "orders", *flags],
+        ["connect", "data-sink", "localiceberg", "--pipeline", "app", "--name", "lake", "--warehouse", "./w"],
+    ):
+        proc = run_binary(["--config", str(config), *args], cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path, env={"MAX_WAL": "2GiB"})
+    assert proc.returncode == 0, describe(proc)
+
+
+def test_unquoted_numbers_are_read_as_their_text(tmp_path: Path) -> None:
+    """`heartbeat_interval: 0` and `max_retained_wal: 1073741824` (YAML integers) are read as
+    `'0'` and `'1073741824'` by the package, as skipprd reads them."""
+    text = source_keys_config(heartbeat_interval="0", max_retained_wal="1073741824").to_yaml()
+    plain = text.replace("'0'", "0").replace("'1073741824'", "1073741824")
+    assert plain != text
+    loaded = Config.from_yaml(plain).data_sources["db"]
+    assert (loaded.heartbeat_interval, loaded.max_retained_wal) == ("0", "1073741824")
+    assert Config.from_yaml(plain).to_yaml() == text
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    config.write_text(plain)
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+
+
+SOURCE_AND_TABLE_BAD_FILES = {
+    "heartbeat": ("      tables: [orders]\n", "      tables: [orders]\n      heartbeat_interval: 5x\n"),
+    "heartbeat number": ("      tables: [orders]\n", "      tables: [orders]\n      heartbeat_interval: 30\n"),
+    "retained wal": ("      tables: [orders]\n", "      tables: [orders]\n      max_retained_wal: lots\n"),
+    "retained wal zero": ("      tables: [orders]\n", "      tables: [orders]\n      max_retained_wal: 0\n"),
+    "excluded twice": ("    data_sink: data_sinks.lake\n",
+                       "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        exclude_columns: [Note, b, note]\n"),
+    "excluded not a column": ("    data_sink: data_sinks.lake\n",
+                              "    data_sink: data_sinks.lake\n    tables:\n      orders:\n        exclude_columns: ['two words']\n"),
+}
+
+
+@pytest.mark.parametrize("old, new", SOURCE_AND_TABLE_BAD_FILES.values(), ids=list(SOURCE_AND_TABLE_BAD_FILES))
+def test_bad_source_and_table_settings_give_skipprds_message(tmp_path: Path, old: str, new: str) -> None:
+    """A bad `heartbeat_interval`, `max_retained_wal` or `exclude_columns` entry: the package
+    names the same file, line, key and message as `skipprd validate`."""
+    text = source_keys_config().to_yaml()
+    assert old in text
+    config = tmp_path / "skippr.yml"
+    config.write_text(text.replace(old, new))
+    with pytest.raises(ConfigError) as info:
+        Config.load(config)
+    err = info.value
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert f"error: {config}:{err.line}:{err.column}: {err.path}: {err.message}\n" in proc.stderr, (
+        f"Python: {err}\n{describe(proc)}"
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ pub enum Connect {
         pipeline: String,
         partition_by: Vec<(String, String)>,
         sort_by: Vec<(String, String)>,
+        /// (table, column) pairs of `--exclude-column`.
+        exclude_columns: Vec<(String, String)>,
     },
 }
 
@@ -253,17 +255,21 @@ fn source_tables(doc: &Mapping, pipeline: &str) -> Option<(String, Vec<String>)>
     Some((name.to_string(), tables))
 }
 
-/// Sets `pipelines.<p>.tables.<table>.<field>` from `--partition-by` or `--sort-by`
-/// (`field`): every table given gets the entries given for it, in order, checked as
-/// `validate` checks them; an empty entry clears the list. Other tables and keys are kept.
+/// Sets `pipelines.<p>.tables.<table>.<field>` from `--partition-by`, `--sort-by` or
+/// `--exclude-column` (`field`): every table given gets the entries given for it, in order,
+/// checked as `validate` checks them; an empty entry clears the list. Other tables and keys
+/// are kept.
 fn table_settings(
     doc: &mut Mapping,
     pipeline: &str,
     field: &str,
     given: &[(String, String)],
 ) -> Result<()> {
-    use crate::table::layout::{PartitionEntry, SortEntry};
-    let flag = format!("--{}", field.replace('_', "-"));
+    use crate::table::layout::{column, PartitionEntry, SortEntry};
+    let flag = match field {
+        "exclude_columns" => "--exclude-column".to_string(),
+        other => format!("--{}", other.replace('_', "-")),
+    };
     let listed = source_tables(doc, pipeline);
     let mut tables: Vec<(&str, Vec<String>)> = Vec::new();
     for (table, entry) in given {
@@ -283,14 +289,6 @@ fn table_settings(
                 )));
             }
         }
-        let checked = if entry.trim().is_empty() {
-            Ok(())
-        } else if field == "partition_by" {
-            PartitionEntry::parse(entry).map(|_| ())
-        } else {
-            SortEntry::parse(entry).map(|_| ())
-        };
-        checked.map_err(|e| Error::config(format!("{flag} '{table}={entry}': {e}")))?;
         let at = match tables.iter().position(|(t, _)| *t == table.as_str()) {
             Some(i) => i,
             None => {
@@ -298,9 +296,20 @@ fn table_settings(
                 tables.len() - 1
             }
         };
-        if !entry.trim().is_empty() {
-            tables[at].1.push(entry.trim().to_string());
+        if entry.trim().is_empty() {
+            continue;
         }
+        let checked = match field {
+            "partition_by" => PartitionEntry::parse(entry).map(|_| ()),
+            "sort_by" => SortEntry::parse(entry).map(|_| ()),
+            _ => {
+                // The columns given for this table before: each column once.
+                let before: Vec<String> = tables[at].1.iter().filter_map(|e| column(e)).collect();
+                super::layouts::excluded_column(&before, entry).map(|_| ())
+            }
+        };
+        checked.map_err(|e| Error::config(format!("{flag} '{table}={entry}': {e}")))?;
+        tables[at].1.push(entry.trim().to_string());
     }
     let exists = doc
         .get("pipelines")
@@ -478,10 +487,12 @@ pub fn apply(
             pipeline,
             partition_by,
             sort_by,
+            exclude_columns,
         }) => {
             valid_name("pipeline", &pipeline)?;
             table_settings(&mut doc, &pipeline, "partition_by", &partition_by)?;
             table_settings(&mut doc, &pipeline, "sort_by", &sort_by)?;
+            table_settings(&mut doc, &pipeline, "exclude_columns", &exclude_columns)?;
         }
         Some(Connect::SchemaSink {
             pipeline,

@@ -211,15 +211,9 @@ impl Validator<'_> {
                     p.push(Segment::Index(i));
                     p
                 };
-                match crate::table::layout::column(entry) {
-                    Some(c) if names.contains(&c) => {
-                        self.report(at(), format!("`{entry}` is given twice: give each column once"))
-                    }
-                    Some(c) => names.push(c),
-                    None => self.report(
-                        at(),
-                        format!("`{entry}` is not a column name: write it bare (folded to lower case) or in double quotes"),
-                    ),
+                match excluded_column(&names, entry) {
+                    Ok(c) => names.push(c),
+                    Err(msg) => self.report(at(), msg),
                 }
             }
             if !names.is_empty() {
@@ -227,5 +221,20 @@ impl Validator<'_> {
             }
         }
         out
+    }
+}
+
+/// One `exclude_columns` entry as a column name (bare ones folded to lower case), given
+/// `names`, the table's entries before it; the error is the message `validate` and `connect`
+/// give.
+pub(super) fn excluded_column(names: &[String], entry: &str) -> Result<String, String> {
+    match crate::table::layout::column(entry) {
+        Some(c) if names.contains(&c) => {
+            Err(format!("`{entry}` is given twice: give each column once"))
+        }
+        Some(c) => Ok(c),
+        None => Err(format!(
+            "`{entry}` is not a column name: write it bare (folded to lower case) or in double quotes"
+        )),
     }
 }

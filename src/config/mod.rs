@@ -29,6 +29,7 @@ use crate::error::Error;
 use crate::storage::state_file::StateFile;
 use locate::{display_path, Locator, Position, Segment};
 pub use model::*;
+pub use postgres::{parse_heartbeat_interval, parse_max_retained_wal};
 pub use yaml::expand;
 use yaml::{interpolate, typed_all};
 

@@ -464,11 +464,20 @@ pub struct PostgresSource {
     pub parquet_target_file_size_mb: Option<u64>,
     /// How often a running pipeline writes a logical message to the source, so that its
     /// slot advances even when nothing in this database changes (default `1m`; `0`: never).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A whole number written without quotes (`0`) is taken as its text.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "text_or_integer"
+    )]
     pub heartbeat_interval: Option<String>,
     /// WAL the slot may hold back on the server before status, metrics and the log warn
-    /// (default `10GiB`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// (default `10GiB`). A whole number written without quotes (bytes) is taken as its text.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "text_or_integer"
+    )]
     pub max_retained_wal: Option<String>,
     /// Create the slot as a failover slot (Postgres 17 and later), which standbys that
     /// synchronise slots keep, so the pipeline goes on after a promotion (default false).
@@ -484,6 +493,32 @@ impl PostgresSource {
     pub fn cdc_mode(&self) -> CdcMode {
         self.cdc_mode.unwrap_or_default()
     }
+}
+
+/// A setting written as text, or as a whole number taken as its text (`heartbeat_interval: 0`).
+fn text_or_integer<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<String>, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    deserializer.deserialize_any(V)
 }
 
 /// A data sink definition: exactly one connector key, plus an optional schema sink link.

@@ -12,6 +12,26 @@ use super::{
     DEFAULT_RECONNECT_PEER_TIMEOUT, DEFAULT_SNAPSHOT_PARALLELISM,
 };
 
+/// `heartbeat_interval` as written: a duration (`30s`, `1m`), or `0` for no heartbeat. The
+/// error is the message `validate` and `connect` give.
+pub fn parse_heartbeat_interval(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    parse_duration(text).ok_or_else(|| {
+        format!("`{text}` is not a duration: write e.g. `30s`, `1m` or `0` (no heartbeat)")
+    })
+}
+
+/// `max_retained_wal` as written: a size above zero (`10GiB`, `512MB`), in bytes. The error is
+/// the message `validate` and `connect` give.
+pub fn parse_max_retained_wal(text: &str) -> Result<u64, String> {
+    parse_bytes(text)
+        .filter(|b| *b > 0)
+        .map(|b| b as u64)
+        .ok_or_else(|| format!("`{text}` is not a size: write e.g. `10GiB` or `512MB`"))
+}
+
 impl Validator<'_> {
     pub(super) fn postgres(
         &mut self,
@@ -99,29 +119,17 @@ impl Validator<'_> {
             .heartbeat_interval
             .as_deref()
             .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL);
-        let heartbeat_interval = if heartbeat.trim() == "0" {
-            Some(std::time::Duration::ZERO)
-        } else {
-            parse_duration(heartbeat)
-        };
-        if heartbeat_interval.is_none() {
-            self.report(
-                at("heartbeat_interval"),
-                format!(
-                    "`{heartbeat}` is not a duration: write e.g. `30s`, `1m` or `0` (no heartbeat)"
-                ),
-            );
+        let heartbeat_interval = parse_heartbeat_interval(heartbeat);
+        if let Err(msg) = &heartbeat_interval {
+            self.report(at("heartbeat_interval"), msg.clone());
         }
         let retained = pg
             .max_retained_wal
             .as_deref()
             .unwrap_or(DEFAULT_MAX_RETAINED_WAL);
-        let max_retained_wal = parse_bytes(retained).filter(|b| *b > 0);
-        if max_retained_wal.is_none() {
-            self.report(
-                at("max_retained_wal"),
-                format!("`{retained}` is not a size: write e.g. `10GiB` or `512MB`"),
-            );
+        let max_retained_wal = parse_max_retained_wal(retained);
+        if let Err(msg) = &max_retained_wal {
+            self.report(at("max_retained_wal"), msg.clone());
         }
         let sslmode = pg.sslmode.unwrap_or_default();
         let sslrootcert = self.source_tls(&at, &pg.host, sslmode, pg.sslrootcert.as_deref(), base);
@@ -149,7 +157,7 @@ impl Validator<'_> {
             append_only,
             peer_timeout: parse_duration(DEFAULT_RECONNECT_PEER_TIMEOUT).unwrap_or_default(),
             heartbeat_interval: heartbeat_interval.unwrap_or_default(),
-            max_retained_wal: max_retained_wal.unwrap_or_default() as u64,
+            max_retained_wal: max_retained_wal.unwrap_or_default(),
             failover_slot: pg.failover_slot.unwrap_or(false),
             exclude_columns: Default::default(),
         })

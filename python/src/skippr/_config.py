@@ -764,20 +764,24 @@ class _Reader:
 
     def tables(self, at: Tuple[Segment, ...], entry: Dict[str, Any]) -> Optional[Dict[str, PipelineTable]]:
         """``pipelines.<p>.tables``, if present: each table's :class:`PipelineTable`, with the
-        entries of a flow list that YAML split at their commas joined back."""
+        ``partition_by`` and ``sort_by`` entries of a flow list that YAML split at their commas
+        joined back."""
         if entry.get("tables") is None:
             return None
-        tables = self.mapping(at, entry["tables"], "a mapping from table name to its settings (partition_by, sort_by)")
+        tables = self.mapping(
+            at, entry["tables"], "a mapping from table name to its settings (partition_by, sort_by, exclude_columns)"
+        )
         out: Dict[str, PipelineTable] = {}
         for table, value in tables.items():
             at_t = at + (table,)
-            settings = self.mapping(at_t, value, "the table's settings (partition_by, sort_by)")
+            settings = self.mapping(at_t, value, "the table's settings (partition_by, sort_by, exclude_columns)")
             self.keys(at_t, settings, PipelineTable._fields)
             kwargs: Dict[str, Any] = {}
             starts: Dict[str, List[int]] = {}
             for field in PipelineTable._fields:
                 items = settings.get(field)
-                if isinstance(items, list):
+                # Only layout entries are joined back (a column name has no parentheses).
+                if isinstance(items, list) and field in ("partition_by", "sort_by"):
                     joined = rejoin(items)
                     starts[field] = [i for i, _ in joined]
                     items = [e for _, e in joined]

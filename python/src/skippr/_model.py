@@ -19,6 +19,12 @@ _ENV_WHOLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}\Z")
 _PG_OBJECT_NAME = re.compile(r"[a-z0-9_]{1,63}\Z")
 _DURATION = re.compile(r"\s*([0-9]+)\s*(ms|s|m|h)\s*\Z")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_SIZE = re.compile(r"([0-9]+)(.*)\Z", re.DOTALL)
+_SIZE_SHIFT = {
+    "": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20,
+    "g": 30, "gb": 30, "gib": 30, "t": 40, "tb": 40, "tib": 40,
+}
+_U64 = 2**64
 # Line breaks and other control characters cannot be written on one line of skippr.yml.
 _CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 
@@ -55,6 +61,43 @@ def has_reference(s: str) -> bool:
     Such values are only known then, so their format is left for skipprd to check.
     """
     return "$" in s
+
+
+def duration_ms(text: str) -> Optional[int]:
+    """A duration as skipprd reads one (``500ms``, ``30s``, ``2m``, ``1h``), in milliseconds;
+    None when it is not one."""
+    m = _DURATION.match(text)
+    if m is None or int(m.group(1)) >= _U64:
+        return None
+    ms = int(m.group(1)) * _DURATION_MS[m.group(2)]
+    return ms if ms < _U64 else None
+
+
+def size_bytes(text: str) -> Optional[int]:
+    """A size as skipprd reads one (``512MB``, ``10GiB``, ``1048576``; K, M, G and T are
+    powers of 1024), in bytes; None when it is not one."""
+    m = _SIZE.match(text.strip())
+    if m is None or int(m.group(1)) >= _U64:
+        return None
+    shift = _SIZE_SHIFT.get(m.group(2).strip().lower())
+    if shift is None:
+        return None
+    n = int(m.group(1)) << shift
+    return n if n < _U64 else None
+
+
+def heartbeat_interval_problem(text: str) -> Optional[str]:
+    """What is wrong with ``text`` as ``heartbeat_interval``, as skipprd says it, or None."""
+    if text.strip() == "0" or duration_ms(text) is not None:
+        return None
+    return f"`{text}` is not a duration: write e.g. `30s`, `1m` or `0` (no heartbeat)"
+
+
+def max_retained_wal_problem(text: str) -> Optional[str]:
+    """What is wrong with ``text`` as ``max_retained_wal``, as skipprd says it, or None."""
+    if (size_bytes(text) or 0) > 0:
+        return None
+    return f"`{text}` is not a size: write e.g. `10GiB` or `512MB`"
 
 
 @dataclass(frozen=True)
@@ -152,6 +195,17 @@ class _Check:
         if not low <= value <= high:
             self.fail([field], f"{value} is out of range: {what} must be between {low} and {high}")
         return int(value)
+
+    def flag(self, field: str, value: object) -> Optional[bool]:
+        if value is not None and not isinstance(value, bool):
+            self.fail([field], f"expected true or false, found {describe(value)}")
+        return value
+
+    def text_or_integer(self, field: str, value: object) -> Optional[str]:
+        """A string, or a whole number taken as its text (``0``), as skipprd reads it."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return self.string(field, value, required=False)
 
     def tables(self, field: str, value: object, *, required: bool) -> Optional[Tuple[str, ...]]:
         if value is None:
@@ -568,13 +622,22 @@ class DataSourcePostgres(_Value):
 
     Strings may be :class:`EnvRef` (or ``"${NAME}"``), which skipprd fills from the
     environment. Settings left as ``None`` are not written, and skipprd uses its defaults.
+
+    ``heartbeat_interval`` is how often a running pipeline writes a heartbeat message to the
+    source, so that its slot advances while nothing in this database changes: a duration
+    such as ``"30s"`` or ``"5m"``, or ``"0"`` (or ``0``) for none (skipprd's default ``1m``).
+    ``max_retained_wal`` is the WAL the slot may hold back on the server before ``status``,
+    the metrics and the log warn: a size such as ``"10GiB"`` or ``"512MB"`` (default
+    ``10GiB``). ``failover_slot=True`` creates the slot as a failover slot (Postgres 17 and
+    later), which standbys that synchronise slots keep, so the pipeline goes on after a
+    promotion (default ``False``).
     """
 
     #: Fields in the order they are written.
     _fields = (
         "host", "port", "user", "password", "database", "sslmode", "sslrootcert", "tables", "cdc_mode",
         "publication", "slot", "append_only", "snapshot_parallelism",
-        "parquet_target_file_size_mb",
+        "parquet_target_file_size_mb", "heartbeat_interval", "max_retained_wal", "failover_slot",
     )
     __slots__ = _fields
     host: Text
@@ -593,6 +656,9 @@ class DataSourcePostgres(_Value):
     append_only: Optional[Tuple[str, ...]]
     snapshot_parallelism: Optional[int]
     parquet_target_file_size_mb: Optional[int]
+    heartbeat_interval: Optional[str]
+    max_retained_wal: Optional[str]
+    failover_slot: Optional[bool]
 
     def __init__(
         self,
@@ -611,6 +677,9 @@ class DataSourcePostgres(_Value):
         append_only: Optional[Sequence[str]] = None,
         snapshot_parallelism: Optional[int] = None,
         parquet_target_file_size_mb: Optional[int] = None,
+        heartbeat_interval: Union[str, int, None] = None,
+        max_retained_wal: Union[str, int, None] = None,
+        failover_slot: Optional[bool] = None,
     ) -> None:
         c = _Check("DataSourcePostgres")
         self._set("host", c.text("host", host, required=True))
@@ -655,6 +724,17 @@ class DataSourcePostgres(_Value):
                 "parquet_target_file_size_mb", parquet_target_file_size_mb, 1, 4096, "a size in MiB"
             ),
         )
+        for key, given, problem in (
+            ("heartbeat_interval", heartbeat_interval, heartbeat_interval_problem),
+            ("max_retained_wal", max_retained_wal, max_retained_wal_problem),
+        ):
+            text = c.text_or_integer(key, given)
+            if text is not None and not has_reference(text):
+                message = problem(text)
+                if message is not None:
+                    c.fail([key], message)
+            self._set(key, text)
+        self._set("failover_slot", c.flag("failover_slot", failover_slot))
 
 
 def _ssl_mode(c: _Check, value: object) -> Optional[DataSourcePostgresSourceSslMode]:
@@ -1251,18 +1331,24 @@ class PipelineTable(_Value):
     they are), ``"year(c)"``, ``"month(c)"``, ``"day(c)"``, ``"hour(c)"``, ``"bucket(N, c)"``
     or ``"truncate(W, c)"``; each data file holds the rows of one partition. ``sort_by`` is
     the order of the rows inside each file: ``"column [asc|desc] [nulls first|last]"``.
+    ``exclude_columns`` lists columns left out of the Iceberg table: neither copied nor
+    streamed (each column once).
     A bare column name is folded to lower case; write ``'"Name"'`` for a mixed-case one.
     ``skipprd discover`` checks the entries against the table's columns.
     """
 
-    _fields = ("partition_by", "sort_by")
+    _fields = ("partition_by", "sort_by", "exclude_columns")
     __slots__ = _fields
     #: ``None`` when not given (an empty list is not written).
     partition_by: Optional[Tuple[str, ...]]
     sort_by: Optional[Tuple[str, ...]]
+    exclude_columns: Optional[Tuple[str, ...]]
 
     def __init__(
-        self, partition_by: Optional[Sequence[str]] = None, sort_by: Optional[Sequence[str]] = None
+        self,
+        partition_by: Optional[Sequence[str]] = None,
+        sort_by: Optional[Sequence[str]] = None,
+        exclude_columns: Optional[Sequence[str]] = None,
     ) -> None:
         c = _Check("PipelineTable")
         seen: Dict[str, str] = {}
@@ -1287,6 +1373,19 @@ class PipelineTable(_Value):
                 c.fail(["sort_by"], f"`{column}` is given twice in `sort_by`: give each entry once")
             columns[column] = i
         self._set("sort_by", sorts)
+        excluded = self._entries(c, "exclude_columns", exclude_columns)
+        names: List[str] = []
+        for i, e in enumerate(excluded or ()):
+            name = _layout_column(e)
+            if name is None:
+                c.fail(
+                    ["exclude_columns", i],
+                    f"`{e}` is not a column name: write it bare (folded to lower case) or in double quotes",
+                )
+            if name in names:
+                c.fail(["exclude_columns", i], f"`{e}` is given twice: give each column once")
+            names.append(name)
+        self._set("exclude_columns", excluded)
 
     @staticmethod
     def _entries(c: _Check, field: str, value: object) -> Optional[Tuple[str, ...]]:
