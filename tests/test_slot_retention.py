@@ -311,6 +311,8 @@ def test_heartbeat_moves_the_slot_of_an_idle_server(qskippr: Skippr, qdb: Databa
         deadline = time.monotonic() + 8
         while (confirmed := confirmed_lsn(qdb)) < middle and time.monotonic() < deadline:
             time.sleep(0.5)
+        # Count over a full 12 s from the stream's start, however soon the slot moved.
+        time.sleep(max(0.0, deadline - time.monotonic() - 2))
         beats = heartbeats(qdb)
         assert proc.poll() is None, f"sync exited with {proc.returncode}\n{bg_log(qskippr)}"
     except BaseException:

@@ -273,7 +273,11 @@ def test_retained_wal_past_max_retained_wal_warns_everywhere(synced: Skippr, mdb
                 metrics = scrape(port)
             except OSError:
                 metrics = {}
-            if metrics.get(f"skippr_slot_retained_wal_over_limit{key}") == 1.0:
+            # lag_seconds comes once the stream holds the slot (the first sample may precede it).
+            if (
+                metrics.get(f"skippr_slot_retained_wal_over_limit{key}") == 1.0
+                and f"skippr_slot_lag_seconds{key}" in metrics
+            ):
                 break
             time.sleep(0.5)
         slot_metrics = {k: v for k, v in metrics.items() if k.startswith("skippr_slot_")}
