@@ -191,6 +191,16 @@ def test_publication_column_list_leaving_out_a_column_is_refused(mdb: Database, 
     assert_synced_without(sk, "collist", ["left_out"])
 
 
+def test_publication_row_filter_is_refused(mdb: Database, workdir: Path):
+    mdb.execute("""
+        CREATE TABLE rowfilt (id int PRIMARY KEY, a int);
+        INSERT INTO rowfilt SELECT i, i FROM generate_series(1, 20) i;
+        CREATE PUBLICATION rowfilt_pub FOR TABLE rowfilt WHERE (a > 10);
+    """)
+    sk = pipeline(mdb, workdir, "rowfilt", ["rowfilt"], publication="rowfilt_pub")
+    assert_refused_everywhere(sk, "a publication with a row filter", ["rowfilt", "row filter"])
+
+
 def test_table_dropped_from_the_users_publication_stops_naming_resnapshot(mdb: Database, workdir: Path):
     mdb.execute("""
         CREATE TABLE pub_kept (id int PRIMARY KEY, v text);

@@ -96,6 +96,18 @@ pub const STOP_ERRORS: &[StopError] = &[
         fix: "run the `ALTER PUBLICATION` the message gives (and `--resnapshot` when it says so)",
     },
     StopError {
+        says: &[
+            "the change stream would not carry",
+            "is a stored generated column",
+            "is a virtual generated column",
+            "with a column list that leaves out column",
+            "with a row filter",
+        ],
+        when: "",
+        cause: "a column the snapshot copies would arrive as NULL with every streamed change: a stored generated column before Postgres 18, a virtual generated column, or a column the publication's column list leaves out (or a row filter that leaves out rows)",
+        fix: "leave it out with `pipelines.P.tables.T.exclude_columns: [column]`, or (a stored generated column) move to Postgres 18, or add the column to the publication's column list",
+    },
+    StopError {
         says: &["is a partition of ..., which is also in `tables:`"],
         when: "",
         cause: "a partition and its partitioned table are both listed",

@@ -22,24 +22,23 @@ use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_i
 use crate::source::postgres::snapshot::{copy_tables, TableJob};
 use crate::wal::WalStore;
 
-/// Drops the pipeline's tables, WAL and slot so the next snapshot starts from scratch.
+/// Clears the pipeline's WAL and slot and asks for a new copy of every table (`sync
+/// --resnapshot`), which the next snapshot makes.
 pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Result<()> {
-    let catalog = LocalCatalog::for_sink(&p.sink).await?;
-    let namespace = catalog.ensure_namespace(&config.workspace).await?;
-    for t in &p.source.tables {
-        let ident = iceberg::TableIdent::new(namespace.clone(), t.iceberg_name());
-        if iceberg::Catalog::table_exists(catalog.catalog.as_ref(), &ident)
-            .await
-            .context("looking up a table")?
-        {
-            catalog.forget(&ident);
-            iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
-                .await
-                .with_context(|| format!("dropping Iceberg table {ident} for the re-snapshot"))?;
-        }
+    // The Iceberg tables stay as they are: each is replaced by its new copy in one commit,
+    // so readers see the old rows until then, never an empty or half-copied table. The
+    // state asks for the copy first, so a crash from here on still ends in one.
+    let prior = PipelineState::load(&p.state_file)?;
+    PipelineState {
+        wal_removed_through: prior
+            .as_ref()
+            .map(|s| s.wal_removed_through)
+            .unwrap_or_default(),
+        resnapshot: true,
+        ..PipelineState::default()
     }
+    .save(&p.state_file)?;
     WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?.clear()?;
-    PipelineState::remove(&p.state_file)?;
     if p.source.cdc_mode.needs_replication() {
         let client = connect(&p.source).await?;
         if slot_info(&client, &p.source.slot).await?.is_some() {
@@ -49,7 +48,7 @@ pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Res
                 .with_context(|| format!("dropping replication slot `{}` for the re-snapshot (is another process using it?)", p.source.slot))?;
         }
     }
-    tracing::info!(pipeline = %p.name, "re-snapshot: tables, WAL and slot reset");
+    tracing::info!(pipeline = %p.name, "re-snapshot: WAL and slot reset; every table is copied again and replaced in one commit");
     Ok(())
 }
 
@@ -267,6 +266,11 @@ fn copy_again(
 ) -> Option<String> {
     // Without a state the pipeline predates it: trust the Iceberg table once.
     let prior = prior?;
+    if prior.resnapshot {
+        return Some(
+            "`sync --resnapshot` asked for a new copy (readers see the table as it was until the copy commits)".into(),
+        );
+    }
     let Some(recorded) = recorded else {
         return Some(
             "the pipeline did not follow it for a while (it was left out of `tables:`), so changes made meanwhile are missing".into(),

@@ -29,6 +29,10 @@ pub struct PipelineState {
     /// nothing follows it from then on, so when it comes back it is copied again.
     #[serde(default)]
     pub tables: BTreeMap<String, TableState>,
+    /// `sync --resnapshot` asked for a new copy of every table: each is copied again and
+    /// replaced in one commit, readers seeing it as it was until then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resnapshot: bool,
 }
 
 /// One followed table.

@@ -27,6 +27,9 @@ pub async fn server_version(client: &Client) -> Result<i32> {
     })
 }
 
+/// [`Uncarried::column`] of a row filter: rows, not a column, are left out.
+pub const ROW_FILTER: &str = "(rows)";
+
 /// One column of a followed table that the change stream would not carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uncarried {
@@ -50,19 +53,35 @@ pub async fn uncarried(
     let mut out = Vec::new();
     let publishes_generated = publishes_generated(client, &p.source.publication, version).await?;
     for ts in schemas {
-        let listed: Option<Vec<String>> = if version >= COLUMN_LISTS_VERSION {
-            client
-                .query_opt(
-                    "SELECT attnames::text[] FROM pg_publication_tables
-                     WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                    &[&p.source.publication, &ts.table.schema, &ts.table.name],
-                )
-                .await
-                .context("reading the publication's column lists")?
-                .and_then(|r| r.get(0))
-        } else {
-            None
-        };
+        let (listed, row_filter): (Option<Vec<String>>, Option<String>) =
+            if version >= COLUMN_LISTS_VERSION {
+                client
+                    .query_opt(
+                        "SELECT attnames::text[], rowfilter FROM pg_publication_tables
+                         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                        &[&p.source.publication, &ts.table.schema, &ts.table.name],
+                    )
+                    .await
+                    .context("reading the publication's column lists and row filters")?
+                    .map(|r| (r.get(0), r.get(1)))
+                    .unwrap_or_default()
+            } else {
+                (None, None)
+            };
+        if let Some(filter) = row_filter {
+            out.push(Uncarried {
+                table: ts.table.to_string(),
+                column: ROW_FILTER.into(),
+                detail: format!(
+                    "publication `{}` publishes table {} with a row filter (WHERE {filter}), so changes of rows outside it are never sent and the Iceberg table would drift from the source; remove the filter (ALTER PUBLICATION {} SET TABLE {}) or follow the table through another publication",
+                    p.source.publication,
+                    ts.table,
+                    quote_ident(&p.source.publication),
+                    ts.table.quoted()
+                ),
+                publication_setting: false,
+            });
+        }
         out.extend(classify(
             p,
             ts,

@@ -196,7 +196,7 @@ async fn slot_safety_checks(
         .context("reading max_slot_wal_keep_size")?
         .get(0);
     let mut c = check(
-        "max_slot_wal_keep_size",
+        "WAL retention limit",
         true,
         format!("max_slot_wal_keep_size = {keep}"),
         None,
@@ -255,8 +255,19 @@ async fn replication_checks(
     ));
 
     let version = carried::server_version(client).await?;
-    slot_safety_checks(client, p, version, checks).await?;
     for u in carried::uncarried(client, p, schemas, version).await? {
+        if u.column == carried::ROW_FILTER {
+            checks.push(check(
+                &format!("row filter of {}", u.table),
+                false,
+                u.detail,
+                Some(format!(
+                    "remove the row filter from publication `{}`, or follow the table through another publication",
+                    cfg.publication
+                )),
+            ));
+            continue;
+        }
         let fix = if u.publication_setting {
             generated_columns_fix_sql(&cfg.publication)
         } else {
@@ -482,6 +493,8 @@ async fn replication_checks(
             problem.map(|(_, fix)| fix),
         ));
     }
+    // After the slot checks, which name the slot first.
+    slot_safety_checks(client, p, version, checks).await?;
     Ok(())
 }
 
