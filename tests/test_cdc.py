@@ -1116,8 +1116,18 @@ def test_lost_slot_fails_then_resnapshot_recovers(tiny_wal_db, workdir: Path):
         pytest.skip(f"could not get Postgres to invalidate the slot (slot: {status})")
 
     assert_fails(skippr, must_name=["--resnapshot"], what="the replication slot is lost (wal_status = lost)")
+    before_table = skippr.table("items")
+    old_uuid = str(before_table.metadata.table_uuid)
+    old_snapshot = before_table.current_snapshot().snapshot_id
     resnapshot(skippr)
     assert_synced(skippr, db, ["items"])
+    # Readers saw the old rows until the new copy replaced them in one commit: the same
+    # Iceberg table, one snapshot more, whose parent is the old state (never an empty table).
+    after_table = skippr.table("items")
+    assert str(after_table.metadata.table_uuid) == old_uuid, "the re-snapshot dropped and recreated the table"
+    current = after_table.current_snapshot()
+    assert current.parent_snapshot_id == old_snapshot, (
+        f"the re-snapshot committed more than once: {[s.snapshot_id for s in after_table.snapshots()]}")
     assert slot_row(db)["wal_status"] != "lost"
     before = insert_lsn(db)
     db.execute("DELETE FROM items WHERE id > 90")
