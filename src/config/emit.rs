@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 71] = [
+const KEY_ORDER: [&str; 74] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -36,6 +36,9 @@ const KEY_ORDER: [&str; 71] = [
     "max_connections",
     "max_query_memory",
     "target_partitions",
+    "max_memory",
+    "spill_path",
+    "max_concurrent_statements",
     "data_source",
     "data_sink",
     "commit_interval",

@@ -100,6 +100,12 @@ pub struct QueryConfig {
     pub max_query_memory: usize,
     /// Parts a statement's scans, joins and aggregates are split into.
     pub target_partitions: usize,
+    /// Bytes of memory all statements together may use (`max_query_memory` at most each).
+    pub max_memory: usize,
+    /// Where statements spill; `None`: `tmp/spill` under the storage path.
+    pub spill_path: Option<PathBuf>,
+    /// Statements that run at once; the others queue.
+    pub max_concurrent_statements: usize,
 }
 
 /// Retries after transient faults, resolved (see [`ReconnectSettings`]).

@@ -156,6 +156,41 @@ pub struct QuerySettings {
     /// takes longer than the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_partitions: Option<u64>,
+    /// Memory all statements together may use (default: half of the machine's memory);
+    /// statements spill, then fail one at a time, before the server goes past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<String>,
+    /// Folder the statements' sorts, aggregates and joins spill to, relative to `skippr.yml`
+    /// (default: `tmp/spill` under `skipprd_el_storage_path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spill_path: Option<String>,
+    /// Statements that run at once (default: twice the cores); the next ones wait their turn,
+    /// the wait counting toward their `statement_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_statements: Option<u64>,
+}
+
+/// `skippr.query.max_memory` by default: half of the machine's memory (4 GiB where it
+/// cannot be read).
+pub fn default_max_memory() -> usize {
+    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| {
+                v.split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+    });
+    match total_kib {
+        Some(kib) => usize::try_from(kib.saturating_mul(1024) / 2).unwrap_or(usize::MAX),
+        None => 4 << 30,
+    }
+}
+
+/// `skippr.query.max_concurrent_statements` by default: twice the cores.
+pub fn default_max_concurrent_statements() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
 }
 
 /// Default `skippr.query.statement_timeout`.

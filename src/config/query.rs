@@ -101,7 +101,53 @@ impl Validator<'_> {
                 1
             }
         };
+        let max_memory = match q.max_memory.as_deref() {
+            None => model::default_max_memory().max(max_query_memory),
+            Some(text) => match parse_bytes(text) {
+                Some(b) if b >= 16 * 1024 * 1024 => {
+                    if b < max_query_memory {
+                        self.report(
+                            keys(&["skippr", "query", "max_memory"]),
+                            format!("`{text}` is less than skippr.query.max_query_memory, which is what one statement may use: raise max_memory or lower max_query_memory"),
+                        );
+                    }
+                    b
+                }
+                _ => {
+                    self.report(
+                        keys(&["skippr", "query", "max_memory"]),
+                        format!("`{text}` is not a size of at least 16MiB: write e.g. `4GiB`"),
+                    );
+                    0
+                }
+            },
+        };
+        let max_concurrent_statements = match q.max_concurrent_statements {
+            None => model::default_max_concurrent_statements(),
+            Some(n @ 1..=10_000) => usize::try_from(n).unwrap_or(1),
+            Some(n) => {
+                self.report(
+                    keys(&["skippr", "query", "max_concurrent_statements"]),
+                    format!("{n} is not between 1 and 10000: twice the cores suits most machines"),
+                );
+                1
+            }
+        };
+        let spill_path = match q.spill_path.as_deref() {
+            Some(p) if p.trim().is_empty() => {
+                self.report(
+                    keys(&["skippr", "query", "spill_path"]),
+                    "must not be empty: give a folder, or leave the key out",
+                );
+                None
+            }
+            Some(p) => Some(normalize(&base.join(p))),
+            None => None,
+        };
         QueryConfig {
+            max_memory,
+            spill_path,
+            max_concurrent_statements,
             statement_timeout,
             target_partitions,
             max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),

@@ -509,7 +509,11 @@ pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
 pub async fn session(config: &Config) -> Result<SessionContext> {
     let ws = Workspace::open(config).await?;
     let limits = limits::Limits::from(&config.query);
-    let runtime = limits::session_runtime(limits.max_query_memory).map_err(Error::from)?;
+    let runtime = limits::session_runtime(
+        limits.max_memory,
+        limits.max_query_memory,
+        &limits::spill_path(config),
+    )?;
     let ctx = SessionContext::new_with_config_rt(
         session_config(&config.workspace, config.query.target_partitions)
             .with_extension(Arc::new(limits)),

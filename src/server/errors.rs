@@ -79,6 +79,9 @@ pub fn sqlstate(e: &DataFusionError) -> &'static str {
 pub fn message(e: &DataFusionError) -> String {
     match e.find_root() {
         DataFusionError::External(inner) => inner.to_string(),
+        root @ DataFusionError::ResourcesExhausted(text) => {
+            format!("{root}; {}", crate::query::limits::memory_hint(text))
+        }
         root => root.to_string(),
     }
 }

@@ -268,6 +268,98 @@ impl CancelHandler for Canceller {
     }
 }
 
+/// Admission of statements: at most `skippr.query.max_concurrent_statements` run at once;
+/// the next ones wait their turn in arrival order (tokio's semaphore is fair), the wait
+/// counting toward their `statement_timeout` and ended by a cancel like any other.
+pub struct Admission {
+    slots: Arc<tokio::sync::Semaphore>,
+    queued: std::sync::atomic::AtomicUsize,
+    running: std::sync::atomic::AtomicUsize,
+}
+
+/// A statement's turn: held while its rows stream, given back when dropped.
+pub struct Turn {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    admission: Arc<Admission>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let running = self.admission.running.fetch_sub(1, Ordering::Relaxed) - 1;
+        crate::telemetry::metrics::set(
+            "skippr_statements_running",
+            "Statements of the gateway running now.",
+            &[],
+            running as f64,
+        );
+    }
+}
+
+impl Admission {
+    pub fn new(max_concurrent: usize) -> Arc<Self> {
+        Arc::new(Self {
+            slots: Arc::new(tokio::sync::Semaphore::new(max_concurrent.max(1))),
+            queued: Default::default(),
+            running: Default::default(),
+        })
+    }
+
+    /// Waits for a turn (run it under the statement's interruptions).
+    pub async fn enter(self: &Arc<Self>) -> PgWireResult<Turn> {
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let waiting = Waiting::new(self);
+                let permit = self.slots.clone().acquire_owned().await.map_err(|_| {
+                    PgWireError::ApiError(Box::new(crate::error::Error::fatal(
+                        "the gateway is shutting down",
+                    )))
+                })?;
+                drop(waiting);
+                permit
+            }
+        };
+        let running = self.running.fetch_add(1, Ordering::Relaxed) + 1;
+        crate::telemetry::metrics::set(
+            "skippr_statements_running",
+            "Statements of the gateway running now.",
+            &[],
+            running as f64,
+        );
+        Ok(Turn {
+            _permit: permit,
+            admission: self.clone(),
+        })
+    }
+}
+
+/// Counts a statement in the queue while it waits (however the wait ends).
+struct Waiting<'a>(&'a Admission);
+
+impl<'a> Waiting<'a> {
+    fn new(a: &'a Admission) -> Self {
+        let queued = a.queued.fetch_add(1, Ordering::Relaxed) + 1;
+        publish_queued(queued);
+        Self(a)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let queued = self.0.queued.fetch_sub(1, Ordering::Relaxed) - 1;
+        publish_queued(queued);
+    }
+}
+
+fn publish_queued(n: usize) {
+    crate::telemetry::metrics::set(
+        "skippr_statements_queued",
+        "Statements of the gateway waiting for their turn (skippr.query.max_concurrent_statements).",
+        &[],
+        n as f64,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

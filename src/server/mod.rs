@@ -63,6 +63,8 @@ pub struct Shared {
     max_connections: usize,
     /// Memory one statement may use, in bytes.
     max_query_memory: usize,
+    /// Statements' turns (`skippr.query.max_concurrent_statements`).
+    admission: Arc<limits::Admission>,
     /// Statements running now (a graceful stop waits for them).
     in_flight: AtomicUsize,
     idle: Notify,
@@ -126,8 +128,14 @@ impl Gateway {
         };
         // Our own information_schema (the engine's, plus key constraints) replaces the
         // built-in one.
-        let ctx = SessionContext::new_with_config(
+        // One memory pool for every statement of the server (see `query::limits`).
+        let spill = cfg
+            .spill_path
+            .clone()
+            .unwrap_or_else(|| ws.storage_path.join("tmp").join("spill"));
+        let ctx = SessionContext::new_with_config_rt(
             query::session_config(&ws.name, cfg.target_partitions).with_information_schema(false),
+            query::limits::server_runtime(cfg.max_memory, &spill)?,
         );
         query::register(&ctx, &ws)?;
         let pg = pg::setup(&ctx, ws.clone())?;
@@ -163,6 +171,7 @@ impl Gateway {
                 default_timeout_ms: cfg.statement_timeout.map_or(0, |d| d.as_millis()),
                 max_connections: cfg.max_connections,
                 max_query_memory: cfg.max_query_memory,
+                admission: limits::Admission::new(cfg.max_concurrent_statements),
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),

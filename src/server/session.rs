@@ -128,6 +128,7 @@ impl ConnHandlers {
             exec: Exec {
                 interrupts: interrupts.clone(),
                 memory: shared.max_query_memory,
+                admission: shared.admission.clone(),
             },
             models,
             views,

@@ -525,6 +525,8 @@ fn float_text(v: f64, sci: String, precision: i32, positional: String) -> String
 pub struct Exec {
     pub interrupts: Arc<Interrupts>,
     pub memory: usize,
+    /// The server's statements' turns (`max_concurrent_statements`).
+    pub admission: Arc<super::limits::Admission>,
 }
 
 /// Plans `df` physically and starts it with its own memory pool; the batches end with an
@@ -533,6 +535,8 @@ pub async fn execute(
     df: DataFrame,
     exec: &Exec,
 ) -> PgWireResult<impl futures::Stream<Item = Result<RecordBatch, Interrupted>> + Send + 'static> {
+    // Its turn first: waiting counts toward the statement's timeout and ends with a cancel.
+    let turn = exec.interrupts.run(exec.admission.enter()).await?;
     let task = df.task_ctx();
     let runtime = statement_runtime(&task.runtime_env(), exec.memory)
         .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
@@ -547,7 +551,11 @@ pub async fn execute(
         .await?;
     let batches = datafusion::physical_plan::execute_stream(physical, task)
         .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
-    Ok(exec.interrupts.clone().guard(batches))
+    // The turn is given back when the rows have been sent (or the stream dropped).
+    Ok(exec.interrupts.clone().guard(batches).map(move |b| {
+        let _turn = &turn;
+        b
+    }))
 }
 
 /// A task context for a point lookup of `state`, with its own memory pool. A lookup's plan
