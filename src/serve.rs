@@ -17,6 +17,8 @@ use crate::telemetry::{endpoint, metrics};
 const QUERY_GRACE: Duration = Duration::from_secs(30);
 /// How long a stop waits for the pipelines to flush, commit and acknowledge.
 const PIPELINE_GRACE: Duration = Duration::from_secs(30);
+/// Worker threads of the pipelines' own runtime.
+const INGEST_THREADS: usize = 2;
 /// How often the list of tables is read again (a first snapshot creates tables while serving).
 const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -38,17 +40,29 @@ pub async fn run(config: &Config) -> Result<()> {
     ));
     services.spawn(refresh_tables(ws.clone(), stop_rx.clone()));
 
+    // The pipelines run on threads of their own: statements of the gateway keep the main
+    // runtime's workers busy while they compute, and the ingest loop, the WAL appender and
+    // the commit path must never wait behind them (the OS shares the cores between both).
+    let ingest = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(INGEST_THREADS)
+        .thread_name("skippr-ingest")
+        .enable_all()
+        .build()
+        .map_err(|e| crate::error::Error::fatal(format!("cannot start the ingest runtime: {e}")))?;
     let mut pipelines = JoinSet::new();
     for p in &config.pipelines {
         let (config, p, rx) = (config.clone(), p.clone(), stop_rx.clone());
         // A pipeline rides out transient faults by itself (see `supervise`); one that fails
         // for good is marked `failed` in skippr.tables, and the gateway keeps answering
         // over what it committed and what its WAL holds.
-        pipelines.spawn(async move {
-            crate::supervise::run(&config, &p, crate::supervise::Mode::Serve, rx)
-                .await
-                .map(|_| ())
-        });
+        pipelines.spawn_on(
+            async move {
+                crate::supervise::run(&config, &p, crate::supervise::Mode::Serve, rx)
+                    .await
+                    .map(|_| ())
+            },
+            ingest.handle(),
+        );
     }
 
     let mut stop = stop_rx.clone();
@@ -82,6 +96,8 @@ pub async fn run(config: &Config) -> Result<()> {
             Err(e) => tracing::warn!(error = %e, "service task failed"),
         }
     }
+    // Dropping a runtime may not block inside another one.
+    ingest.shutdown_background();
     tracing::info!("skipprd serve stopped");
     Ok(())
 }
