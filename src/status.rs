@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::error::Result;
 use crate::query::{committed_lsn_text, tail_lag_seconds, Workspace};
-use crate::source::postgres::slot::human_bytes;
+use crate::telemetry::human_bytes;
 
 /// One table of a pipeline.
 #[derive(Debug, Serialize)]
@@ -118,9 +118,17 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
             tables.push(TableStatus {
                 table: format!("{}.{}", ws.name, s.table.identifier().name()),
                 committed_lsn: committed_lsn_text(&s.table),
-                lag_bytes: pos
-                    .current
-                    .map(|cur| cur.0.saturating_sub(committed.unwrap_or_default().0)),
+                // A table with nothing in the WAL tail has every change through what the
+                // slot acknowledged, however long ago it last committed.
+                lag_bytes: pos.current.map(|cur| {
+                    let through = match pos.confirmed_flush {
+                        Some(acked) if s.tail.changes == 0 => {
+                            committed.unwrap_or_default().max(acked)
+                        }
+                        _ => committed.unwrap_or_default(),
+                    };
+                    cur.0.saturating_sub(through.0)
+                }),
                 lag_seconds: tail_lag_seconds(&s.tail),
                 tail_changes: s.tail.changes,
                 last_commit_time: snap.and_then(|sn| {

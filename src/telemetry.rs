@@ -12,6 +12,24 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
 
+/// A byte count for people: `0 B`, `12.3 MiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = UNITS[0];
+    for u in &UNITS[1..] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    format!("{v:.1} {unit}")
+}
+
 /// Default levels. The replication client logs a broken stream at ERROR itself; skipprd
 /// reports every such error it gets (a retry at WARN, a fault that needs a person at ERROR),
 /// so the client's own lines are left out.

@@ -5,24 +5,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use super::{State, Status};
-
-/// A byte count for people: `0 B`, `12.3 MiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    format!("{v:.1} {unit}")
-}
+pub use crate::telemetry::human_bytes;
 
 /// Progress of one query on stderr: on a terminal one line rewritten in place, otherwise a
 /// line per state change and every ten seconds.

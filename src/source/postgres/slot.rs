@@ -393,9 +393,9 @@ impl SlotHealth {
                 out.push(format!(
                     "slot `{}` holds {} of WAL on the server, past data_sources.{}.Postgres.max_retained_wal ({}): {}",
                     cfg.slot,
-                    human_bytes(retained),
+                    crate::telemetry::human_bytes(retained),
                     cfg.name,
-                    human_bytes(cfg.max_retained_wal),
+                    crate::telemetry::human_bytes(cfg.max_retained_wal),
                     if self.active {
                         "the pipeline is behind the server; see its lag and the log"
                     } else {
@@ -417,24 +417,6 @@ impl SlotHealth {
         }
         out
     }
-}
-
-/// `1.5 GiB`, `12.0 MiB`, `512 bytes`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} bytes");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    format!("{v:.1} {unit}")
 }
 
 /// Reads the slot's health; `Ok(None)` when the slot does not exist.
