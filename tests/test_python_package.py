@@ -711,6 +711,13 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("duplicate schema sink", lambda: snippet_config().schema_sink("lake_schema", DataSinkLocalIceberg(warehouse="w")), "schema_sinks.lake_schema", "already defined with other settings"),
     ("relinking a schema sink", lambda: snippet_config().data_sink("lake", snippet_config().data_sinks["lake"].sink, schema_sink="other"), "data_sinks.lake", "already defined with other settings"),
     ("save without workspace", lambda: Config().to_yaml(), "skippr.workspace", "is not set"),
+    ("max memory", lambda: QuerySettings(max_memory="lots"), "QuerySettings.max_memory", "`lots` is not a size of at least 16MiB: write e.g. `4GiB`"),
+    ("max memory small", lambda: QuerySettings(max_memory="1MiB"), "QuerySettings.max_memory", "`1MiB` is not a size of at least 16MiB"),
+    ("max memory below a statement's", lambda: QuerySettings(max_query_memory="256MiB", max_memory="128MiB"), "QuerySettings.max_memory", "`128MiB` is less than skippr.query.max_query_memory, which is what one statement may use: raise max_memory or lower max_query_memory"),
+    ("max query memory", lambda: QuerySettings(max_query_memory="512KiB"), "QuerySettings.max_query_memory", "`512KiB` is not a size of at least 1MiB: write e.g. `512MiB` or `2GiB`"),
+    ("spill path", lambda: QuerySettings(spill_path=" "), "QuerySettings.spill_path", "must not be empty: give a folder, or leave the key out"),
+    ("statements zero", lambda: QuerySettings(max_concurrent_statements=0), "QuerySettings.max_concurrent_statements", "0 is not between 1 and 10000: twice the cores suits most machines"),
+    ("statements text", lambda: QuerySettings(max_concurrent_statements="8"), "QuerySettings.max_concurrent_statements", "expected a number of statements (1-10000), found a string"),  # type: ignore[arg-type]
 ]
 
 
@@ -830,6 +837,9 @@ def gateway_config() -> Config:
         max_connections=250,
         max_query_memory="512MiB",
         target_partitions=8,
+        max_memory="2GiB",
+        spill_path="./spill",
+        max_concurrent_statements=16,
     ))
     cfg.metrics(MetricsSettings(listen="127.0.0.1:9187"))
     return cfg
@@ -842,7 +852,8 @@ def test_gateway_settings_round_trip_and_survive_connect(tmp_path: Path) -> None
     text = cfg.to_yaml()
     assert "    users:\n      - name: analyst\n        password: ${ANALYST_PASSWORD}\n" in text, text
     assert ("      key: server.key\n    statement_timeout: 30s\n    max_connections: 250\n"
-            "    max_query_memory: 512MiB\n    target_partitions: 8\n") in text, text
+            "    max_query_memory: 512MiB\n    target_partitions: 8\n    max_memory: 2GiB\n"
+            "    spill_path: ./spill\n    max_concurrent_statements: 16\n") in text, text
     with pytest.raises(ConfigError):
         QuerySettings(max_connections=0)
     with pytest.raises(ConfigError, match="target_partitions"):
@@ -1076,6 +1087,76 @@ def test_bad_source_and_table_settings_give_skipprds_message(tmp_path: Path, old
     assert f"error: {config}:{err.line}:{err.column}: {err.path}: {err.message}\n" in proc.stderr, (
         f"Python: {err}\n{describe(proc)}"
     )
+
+
+QUERY_BAD_SETTINGS = {
+    "max memory": "max_memory: lots\n",
+    "max memory small": "max_memory: 1MiB\n",
+    "max memory below a statement's": "max_query_memory: 256MiB\n    max_memory: 128MiB\n",
+    "max query memory": "max_query_memory: 10KiB\n",
+    "statements zero": "max_concurrent_statements: 0\n",
+    "statements too many": "max_concurrent_statements: 10001\n",
+    "spill path empty": "spill_path: ''\n",
+}
+
+
+def with_query_section(lines: str) -> str:
+    text = source_keys_config().to_yaml()
+    mode = "  skipprd_el_storage_mode: local\n"
+    assert mode in text, text
+    return text.replace(mode, mode + "  query:\n    " + lines)
+
+
+@pytest.mark.parametrize("lines", QUERY_BAD_SETTINGS.values(), ids=list(QUERY_BAD_SETTINGS))
+def test_bad_query_limits_give_skipprds_message(tmp_path: Path, lines: str) -> None:
+    """A bad `max_memory`, `max_query_memory`, `spill_path` or `max_concurrent_statements`:
+    the package names the same file, line, key and message as `skipprd validate`."""
+    config = tmp_path / "skippr.yml"
+    config.write_text(with_query_section(lines))
+    with pytest.raises(ConfigError) as info:
+        Config.load(config)
+    err = info.value
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert f"error: {config}:{err.line}:{err.column}: {err.path}: {err.message}\n" in proc.stderr, (
+        f"Python: {err}\n{describe(proc)}"
+    )
+
+
+def test_query_limits_are_written_in_connects_order(tmp_path: Path) -> None:
+    """The server's memory, spill folder and admission settings, in any order in the file,
+    are written by the package in the order `skipprd connect` writes them (the bytes are
+    the same), read back equal, and pass `skipprd validate`; `max_memory` alone below the
+    default `max_query_memory` is accepted by both."""
+    shuffled = with_query_section(
+        "max_concurrent_statements: 3\n    spill_path: ./spill\n    max_memory: 96MiB\n"
+        "    target_partitions: 2\n    max_query_memory: 64MiB\n    statement_timeout: 1min\n"
+    )
+    loaded = Config.from_yaml(shuffled)
+    q = loaded.get_query()
+    assert q == QuerySettings(statement_timeout="1min", max_query_memory="64MiB", target_partitions=2,
+                              max_memory="96MiB", spill_path="./spill", max_concurrent_statements=3)
+    text = loaded.to_yaml()
+    assert ("  query:\n    statement_timeout: 1min\n    max_query_memory: 64MiB\n    target_partitions: 2\n"
+            "    max_memory: 96MiB\n    spill_path: ./spill\n    max_concurrent_statements: 3\n") in text, text
+    assert Config.from_yaml(text) == loaded
+    alone = with_query_section("max_memory: 512MiB\n")
+    assert Config.from_yaml(alone).get_query() == QuerySettings(max_memory="512MiB")
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    config.write_text(shuffled)
+    proc = run_binary(["--config", str(config), "connect", "data-sink", "localiceberg", "--pipeline", "app",
+                       "--name", "lake", "--warehouse", "./w"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    config.write_text(alone)
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
 
 
 # --------------------------------------------------------------------------------------------

@@ -74,20 +74,29 @@ impl Validator<'_> {
                 format!("{max_connections} is not between 1 and 100000"),
             );
         }
-        let memory = q
-            .max_query_memory
-            .as_deref()
-            .unwrap_or(model::DEFAULT_MAX_QUERY_MEMORY);
-        let max_query_memory = match parse_bytes(memory) {
-            Some(b) if b >= 1024 * 1024 => b,
-            _ => {
-                self.report(
-                    keys(&["skippr", "query", "max_query_memory"]),
-                    format!(
-                        "`{memory}` is not a size of at least 1MiB: write e.g. `512MiB` or `2GiB`"
-                    ),
-                );
-                0
+        // One statement may use `max_query_memory` (1GiB unless set; at most an explicit
+        // `max_memory` then, so that `max_memory: 512MiB` alone is a whole setting).
+        let max_query_memory = match q.max_query_memory.as_deref() {
+            Some(memory) => match parse_bytes(memory) {
+                Some(b) if b >= 1024 * 1024 => b,
+                _ => {
+                    self.report(
+                        keys(&["skippr", "query", "max_query_memory"]),
+                        format!(
+                            "`{memory}` is not a size of at least 1MiB: write e.g. `512MiB` or `2GiB`"
+                        ),
+                    );
+                    0
+                }
+            },
+            None => {
+                let default =
+                    parse_bytes(model::DEFAULT_MAX_QUERY_MEMORY).unwrap_or(1024 * 1024 * 1024);
+                q.max_memory
+                    .as_deref()
+                    .and_then(parse_bytes)
+                    .filter(|b| *b >= 16 * 1024 * 1024)
+                    .map_or(default, |b| b.min(default))
             }
         };
         let target_partitions = match q.target_partitions {
@@ -105,7 +114,7 @@ impl Validator<'_> {
             None => model::default_max_memory().max(max_query_memory),
             Some(text) => match parse_bytes(text) {
                 Some(b) if b >= 16 * 1024 * 1024 => {
-                    if b < max_query_memory {
+                    if q.max_query_memory.is_some() && b < max_query_memory {
                         self.report(
                             keys(&["skippr", "query", "max_memory"]),
                             format!("`{text}` is less than skippr.query.max_query_memory, which is what one statement may use: raise max_memory or lower max_query_memory"),

@@ -286,17 +286,16 @@ pub struct Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         let running = self.admission.running.fetch_sub(1, Ordering::Relaxed) - 1;
-        crate::telemetry::metrics::set(
-            "skippr_statements_running",
-            "Statements of the gateway running now.",
-            &[],
-            running as f64,
-        );
+        publish_running(running);
     }
 }
 
 impl Admission {
+    /// Publishes both gauges at 0 at once, so that they exist before the first statement
+    /// (a dashboard or an alert on `skippr_statements_queued` sees 0, not "no data").
     pub fn new(max_concurrent: usize) -> Arc<Self> {
+        publish_queued(0);
+        publish_running(0);
         Arc::new(Self {
             slots: Arc::new(tokio::sync::Semaphore::new(max_concurrent.max(1))),
             queued: Default::default(),
@@ -320,12 +319,7 @@ impl Admission {
             }
         };
         let running = self.running.fetch_add(1, Ordering::Relaxed) + 1;
-        crate::telemetry::metrics::set(
-            "skippr_statements_running",
-            "Statements of the gateway running now.",
-            &[],
-            running as f64,
-        );
+        publish_running(running);
         Ok(Turn {
             _permit: permit,
             admission: self.clone(),
@@ -349,6 +343,15 @@ impl Drop for Waiting<'_> {
         let queued = self.0.queued.fetch_sub(1, Ordering::Relaxed) - 1;
         publish_queued(queued);
     }
+}
+
+fn publish_running(n: usize) {
+    crate::telemetry::metrics::set(
+        "skippr_statements_running",
+        "Statements of the gateway running now.",
+        &[],
+        n as f64,
+    );
 }
 
 fn publish_queued(n: usize) {

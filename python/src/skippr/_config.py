@@ -384,8 +384,10 @@ class Config:
                 query["max_connections"] = self._query.max_connections
             if self._query.max_query_memory is not None:
                 query["max_query_memory"] = self._query.max_query_memory
-            if self._query.target_partitions is not None:
-                query["target_partitions"] = self._query.target_partitions
+            for key in ("target_partitions", "max_memory", "spill_path", "max_concurrent_statements"):
+                value = getattr(self._query, key)
+                if value is not None:
+                    query[key] = value
             skippr["query"] = query
         if self._metrics is not None:
             metrics: Dict[str, Node] = {}
@@ -658,8 +660,7 @@ class _Reader:
             q = self.mapping(at_q, settings["query"], "a mapping (listen, users, tls, ...)")
             self.keys(
                 at_q, q,
-                ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory",
-                 "target_partitions"),
+                QuerySettings._fields,
             )
             users = []
             raw_users = q.get("users") or []
@@ -682,6 +683,9 @@ class _Reader:
                 "max_connections": q.get("max_connections"),
                 "max_query_memory": q.get("max_query_memory"),
                 "target_partitions": q.get("target_partitions"),
+                "max_memory": q.get("max_memory"),
+                "spill_path": q.get("spill_path"),
+                "max_concurrent_statements": q.get("max_concurrent_statements"),
             }))
         if "metrics" in settings:
             at_m: Tuple[Segment, ...] = ("skippr", "metrics")

@@ -421,12 +421,18 @@ class QuerySettings(_Value):
     only loopback clients may connect. ``statement_timeout`` is the sessions' default
     (``"30s"``, ``"5min"``; skipprd's default ``5min``), ``max_connections`` the most clients
     at once (default 100), ``max_query_memory`` the memory one statement may use
-    (``"512MiB"``; default ``1GiB``), ``target_partitions`` how many parts a statement's
-    scans, joins and aggregates are split into (default: twice the cores).
+    (``"512MiB"``; default ``1GiB``, or ``max_memory`` when that is less),
+    ``target_partitions`` how many parts a statement's scans, joins and aggregates are split
+    into (default: twice the cores). ``max_memory`` is the memory all statements together may
+    use (``"4GiB"``, at least ``16MiB`` and at least ``max_query_memory``; default: half of
+    the machine's memory), ``spill_path`` the folder their sorts, aggregates and joins spill
+    to, relative to ``skippr.yml`` (default: ``tmp/spill`` under the storage path), and
+    ``max_concurrent_statements`` how many statements run at once (1 to 10000; default:
+    twice the cores), the next ones waiting their turn within their ``statement_timeout``.
     """
 
     _fields = ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory",
-               "target_partitions")
+               "target_partitions", "max_memory", "spill_path", "max_concurrent_statements")
     __slots__ = _fields
     listen: Optional[Text]
     users: Tuple[QueryUser, ...]
@@ -435,6 +441,9 @@ class QuerySettings(_Value):
     max_connections: Optional[int]
     max_query_memory: Optional[str]
     target_partitions: Optional[int]
+    max_memory: Optional[str]
+    spill_path: Optional[Text]
+    max_concurrent_statements: Optional[int]
 
     def __init__(
         self,
@@ -445,6 +454,9 @@ class QuerySettings(_Value):
         max_connections: Optional[int] = None,
         max_query_memory: Optional[str] = None,
         target_partitions: Optional[int] = None,
+        max_memory: Optional[str] = None,
+        spill_path: Optional[Text] = None,
+        max_concurrent_statements: Optional[int] = None,
     ) -> None:
         c = _Check("QuerySettings")
         self._set("listen", c.text("listen", listen, required=False))
@@ -466,11 +478,49 @@ class QuerySettings(_Value):
             "max_connections",
             c.integer("max_connections", max_connections, 1, 100000, "a number of connections"),
         )
-        self._set("max_query_memory", c.string("max_query_memory", max_query_memory, required=False))
+        query_memory = c.string("max_query_memory", max_query_memory, required=False)
+        query_bytes = None
+        if query_memory is not None and not has_reference(query_memory):
+            query_bytes = size_bytes(query_memory)
+            if query_bytes is None or query_bytes < 1 << 20:
+                c.fail(
+                    ["max_query_memory"],
+                    f"`{query_memory}` is not a size of at least 1MiB: write e.g. `512MiB` or `2GiB`",
+                )
+        self._set("max_query_memory", query_memory)
         self._set(
             "target_partitions",
             c.integer("target_partitions", target_partitions, 1, 1024, "a number of parts"),
         )
+        memory = c.string("max_memory", max_memory, required=False)
+        if memory is not None and not has_reference(memory):
+            memory_bytes = size_bytes(memory)
+            if memory_bytes is None or memory_bytes < 16 << 20:
+                c.fail(["max_memory"], f"`{memory}` is not a size of at least 16MiB: write e.g. `4GiB`")
+            if query_bytes is not None and memory_bytes < query_bytes:
+                c.fail(
+                    ["max_memory"],
+                    f"`{memory}` is less than skippr.query.max_query_memory, which is what one "
+                    "statement may use: raise max_memory or lower max_query_memory",
+                )
+        self._set("max_memory", memory)
+        spill = c.text("spill_path", spill_path, required=False)
+        if isinstance(spill, str) and not spill.strip():
+            c.fail(["spill_path"], "must not be empty: give a folder, or leave the key out")
+        self._set("spill_path", spill)
+        statements = max_concurrent_statements
+        if statements is not None:
+            if isinstance(statements, bool) or not isinstance(statements, int):
+                c.fail(
+                    ["max_concurrent_statements"],
+                    f"expected a number of statements (1-10000), found {describe(statements)}",
+                )
+            if not 1 <= statements <= 10000:
+                c.fail(
+                    ["max_concurrent_statements"],
+                    f"{statements} is not between 1 and 10000: twice the cores suits most machines",
+                )
+        self._set("max_concurrent_statements", statements)
 
 
 class MetricsSettings(_Value):
