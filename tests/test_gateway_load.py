@@ -5,7 +5,7 @@ and fail one at a time, while the gateway's memory stays bounded and the ingest 
   long one runs; the wait counts toward its `statement_timeout` (57014 within ~1 s), shows in
   the metrics (`skippr_statements_queued` 1), ends with a cancel request (57014 at once), and
   once the long statement ends the next one runs and answers.
-- `skippr.query.max_memory: 96MiB` with `max_query_memory: 64MiB`: two sorts that each need
+- `skippr.query.max_memory: 96MiB` with `max_query_memory: 48MiB`: two sorts that each need
   far more than the pool run at once and answer correctly by spilling (files appear under
   `skippr.query.spill_path` while they run, and are gone after); a hash join that cannot spill
   fails alone with 53200 naming the setting, while another session's sort answers and the
@@ -41,7 +41,10 @@ from test_gateway_clients import (
 
 MiB = 1024 * 1024
 MAX_MEMORY_MIB = 96
-MAX_QUERY_MEMORY_MIB = 64
+#: Two statements together fit the pool: a sort's final merge then never meets a pool that
+#: the other statement filled (DataFusion 53.1 fails it with 53200 instead of waiting or
+#: spilling more, see the expected failure at the end), so these tests cannot flake on it.
+MAX_QUERY_MEMORY_MIB = 48
 
 #: A statement that runs for minutes unless it is stopped (the engine yields while it runs).
 SLOW = "SELECT count(*) FROM generate_series(1, 100000000000) AS g(v) WHERE v % 7 = 3"
@@ -369,7 +372,7 @@ def memory_settings(**more: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def mgw(database, tmp_path_factory) -> Iterator[MemoryGateway]:
-    """A pool of 96 MiB for all statements, 64 MiB each, spilling in `<work>/spill-here`.
+    """A pool of 96 MiB for all statements, 48 MiB each, spilling in `<work>/spill-here`.
     Statements in one part each (`target_partitions: 1`): a sort split into parts fails at
     these sizes (see `test_a_sort_split_into_parts_answers_by_spilling`)."""
     workdir = tmp_path_factory.mktemp("load-memory") / "work"
