@@ -308,6 +308,23 @@ def test_a_waiting_statement_times_out_in_the_queue_then_runs_after(qgw, long_ro
         b.close()
 
 
+def test_a_cursor_read_at_the_clients_pace_holds_no_turn(qgw):
+    """With one turn for the server, a session that opened a cursor and fetched part of it
+    (its rows now wait for the client) does not keep the turn: another session's statement,
+    and the same session's next one, run at once."""
+    with qgw.connect() as a, qgw.connect() as b:
+        a.execute("BEGIN")
+        a.execute("DECLARE c CURSOR FOR SELECT * FROM generate_series(1, 1000000) AS g(v)")
+        assert a.execute("FETCH 10 FROM c").fetchall() == [(i,) for i in range(1, 11)]
+        b.execute("SET statement_timeout = '5s'")
+        assert b.execute(f"SELECT count(*) FROM {qgw.schema}.items").fetchone()[0] > 0
+        a.execute("SET LOCAL statement_timeout = '5s'")
+        assert a.execute("SELECT 1").fetchone() == (1,)
+        assert a.execute("FETCH 5 FROM c").fetchall() == [(i,) for i in range(11, 16)]
+        a.execute("COMMIT")
+    wait_for("nothing runs", lambda: metric(qgw, "skippr_statements_running") == 0, 5, qgw)
+
+
 def test_a_cancel_ends_a_queued_statement(qgw):
     """psycopg's `conn.cancel()` on a statement waiting for its turn ends it with 57014 at
     once; the connection stays usable."""

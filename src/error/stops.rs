@@ -29,6 +29,12 @@ pub const STOP_ERRORS: &[StopError] = &[
         fix: "`ALTER SYSTEM SET wal_level = logical;` and restart Postgres",
     },
     StopError {
+        says: &["the change stream needs Postgres 14 or later"],
+        when: "",
+        cause: "the source runs Postgres 13, whose pgoutput cannot send logical messages",
+        fix: "upgrade the server to Postgres 14 or later, or use `cdc_mode: snapshot_only`",
+    },
+    StopError {
         says: &["lacks the REPLICATION privilege"],
         when: "",
         cause: "the role cannot replicate",

@@ -294,6 +294,12 @@ pub(super) async fn check_replication_ready(
         }
     }
     let version = carried::server_version(client).await?;
+    if version < carried::MIN_VERSION {
+        return Err(Error::source_err(format!(
+            "the source runs Postgres {}, but the change stream needs Postgres 14 or later (pgoutput sends logical messages, which skipprd's heartbeats and `sync --once` rely on, from 14 on); upgrade the server, or use cdc_mode: snapshot_only",
+            version / 10_000
+        )));
+    }
     if cfg.failover_slot && version < FAILOVER_SLOTS_VERSION {
         return Err(Error::config(format!(
             "data_sources.{}.Postgres.failover_slot is set, but the source runs Postgres {} and failover slots need Postgres 17 or later; remove the key, or upgrade the server",

@@ -28,12 +28,9 @@ pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Res
     // The Iceberg tables stay as they are: each is replaced by its new copy in one commit,
     // so readers see the old rows until then, never an empty or half-copied table. The
     // state asks for the copy first, so a crash from here on still ends in one.
-    let prior = PipelineState::load(&p.state_file)?;
+    // The WAL is cleared below, so nothing of it was removed (the server's LSNs may even
+    // start lower, on a server restored from a backup).
     PipelineState {
-        wal_removed_through: prior
-            .as_ref()
-            .map(|s| s.wal_removed_through)
-            .unwrap_or_default(),
         resnapshot: true,
         ..PipelineState::default()
     }
@@ -80,6 +77,9 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             .as_ref()
             .map(|s| s.wal_removed_through)
             .unwrap_or_default(),
+        // A re-snapshot stays asked for until every copy is done (a crash or a retry in
+        // between copies again, rather than trusting the old table's LSNs).
+        resnapshot: prior.as_ref().is_some_and(|s| s.resnapshot),
         ..PipelineState::default()
     };
     let mut report = SyncReport::default();
@@ -94,7 +94,10 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             todo.push(job(ts, table, false)?);
             continue;
         };
-        check_owner(&table, &ts, p)?;
+        // `--resnapshot` is also how a table is handed over from another pipeline.
+        if !prior.as_ref().is_some_and(|s| s.resnapshot) {
+            check_owner(&table, &ts, p)?;
+        }
         let recorded = prior.as_ref().and_then(|s| s.table(&ts.table));
         match copy_again(prior.as_ref(), recorded, &ts, lsn) {
             None => {
@@ -221,6 +224,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             t.watermark = lsn;
         }
     }
+    state.resnapshot = false;
     state.save(&p.state_file)?;
     Ok(report)
 }

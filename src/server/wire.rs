@@ -551,9 +551,12 @@ pub async fn execute(
         .await?;
     let batches = datafusion::physical_plan::execute_stream(physical, task)
         .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
-    // The turn is given back when the rows have been sent (or the stream dropped).
+    // The turn is given back with the first batch (the blocking work of sorts, aggregates
+    // and join builds is done by then), at the end, or when the stream is dropped: never
+    // held while a client reads at its own pace (a cursor, a portal fetched in parts).
+    let mut turn = Some(turn);
     Ok(exec.interrupts.clone().guard(batches).map(move |b| {
-        let _turn = &turn;
+        turn.take();
         b
     }))
 }

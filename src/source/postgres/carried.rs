@@ -9,6 +9,9 @@ use crate::change::schema::TableSchema;
 use crate::config::{quote_ident, PipelineConfig};
 use crate::error::{Context, Result};
 
+/// The first Postgres version the change stream runs on: pgoutput sends logical messages
+/// (`messages 'true'`) from 14 on.
+pub const MIN_VERSION: i32 = 140_000;
 /// The first Postgres version whose pgoutput can send stored generated columns
 /// (`publish_generated_columns = stored`).
 pub const GENERATED_COLUMNS_VERSION: i32 = 180_000;
