@@ -83,8 +83,9 @@ async fn partitions_changed(p: &PipelineConfig) -> Result<Option<TableRef>> {
 /// alone cannot tell. Check the catalog and stop with a clear error instead.
 pub(super) async fn check_source(p: &PipelineConfig) -> Result<()> {
     let client = crate::source::postgres::connect::connect(&p.source).await?;
+    let mut schemas = Vec::with_capacity(p.source.tables.len());
     for t in &p.source.tables {
-        crate::source::postgres::schema::describe(&client, t).await?;
+        schemas.push(crate::source::postgres::schema::describe_followed(&client, p, t).await?);
     }
     let published =
         crate::source::postgres::slot::publication_tables(&client, &p.source.publication)
@@ -100,6 +101,19 @@ pub(super) async fn check_source(p: &PipelineConfig) -> Result<()> {
                 p.name
             )));
         }
+    }
+    // A publication changed while the pipeline ran (a column list, a row filter, generated
+    // columns no longer sent) would land columns as NULL from then on.
+    let version = carried::server_version(&client).await?;
+    if let Some(u) = carried::uncarried(&client, p, &schemas, version)
+        .await?
+        .into_iter()
+        .next()
+    {
+        return Err(Error::source_err(format!(
+            "{}; the publication changed while the pipeline ran, so changes since may have lost the column: fix it, then run `skipprd sync --pipeline {} --resnapshot`",
+            u.detail, p.name
+        )));
     }
     Ok(())
 }

@@ -142,7 +142,12 @@ fn classify(
     }
     if let Some(listed) = listed {
         for c in &ts.columns {
-            let generated = ts.generated.iter().any(|(g, _)| g == &c.name);
+            // Before 18 a generated column is refused above; on 18 a stored one must be in
+            // the list (a column list wins over publish_generated_columns), a virtual one
+            // is refused above.
+            let generated = ts.generated.iter().any(|(g, kind)| {
+                g == &c.name && (version < GENERATED_COLUMNS_VERSION || *kind == 'v')
+            });
             if !listed.contains(&c.name) && !generated {
                 out.push(Uncarried {
                     table: ts.table.to_string(),
@@ -277,6 +282,11 @@ mod tests {
         let out = classify(&p, &ts, 150_000, None, Some(&listed));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].column, "c");
+        assert!(out[0].detail.contains("column list"));
+        // On 18 a stored generated column left out of the list is not carried either.
+        let gen = table(&["id", "a", "b"], &[("b", 's')]);
+        let out = classify(&p, &gen, 180_000, Some(true), Some(&listed));
+        assert_eq!(out.len(), 1, "{out:?}");
         assert!(out[0].detail.contains("column list"));
     }
 }

@@ -212,7 +212,19 @@ async fn slot_safety_checks(
     checks.push(c);
     if cfg.failover_slot {
         let ok = version >= FAILOVER_SLOTS_VERSION;
-        checks.push(check(
+        let waits_for_standby = if ok {
+            client
+                .query_one(
+                    "SELECT coalesce(current_setting('synchronized_standby_slots', true), '') <> ''",
+                    &[],
+                )
+                .await
+                .context("reading synchronized_standby_slots")?
+                .get::<_, bool>(0)
+        } else {
+            true
+        };
+        let mut c = check(
             "failover slot",
             ok,
             if ok {
@@ -230,7 +242,11 @@ async fn slot_safety_checks(
                 "remove data_sources.{}.Postgres.failover_slot, or upgrade the server to Postgres 17 or later",
                 cfg.name
             )),
-        ));
+        );
+        if !waits_for_standby {
+            c.warning = Some("synchronized_standby_slots is empty: the primary may send changes the standby's copy of the slot has not reached, and after a promotion they would be missing; name the standby's physical slot in synchronized_standby_slots on the primary".into());
+        }
+        checks.push(c);
     }
     Ok(())
 }
