@@ -162,6 +162,17 @@ def test_exclude_columns_leaves_generated_and_sensitive_columns_out(mdb: Databas
     assert files_containing(sk.warehouse, marker.encode()) == [], \
         "the excluded column's values are in the warehouse"
 
+    # Another set of excluded columns on the synced table: refused (the rows in the lake were
+    # copied with the old set), until --resnapshot copies the table with the new one.
+    sk = pipeline(mdb, workdir, "gen_excluded", ["gen_excluded"], exclude={"gen_excluded": ["a_doubled"]})
+    proc = sk.run("sync", "--pipeline", "app", "--once", check=False)
+    assert_no_panic(proc)
+    assert proc.returncode != 0, describe_run(proc, "a changed exclude_columns was accepted on a synced table")
+    for word in ("exclude_columns", "--resnapshot"):
+        assert word in proc.stderr, describe_run(proc, f"the refusal does not name {word!r}")
+    sync(sk, "--resnapshot")
+    assert_synced_without(sk, "gen_excluded", ["a_doubled"])
+
 
 def test_exclude_columns_naming_a_missing_or_key_column_is_refused(mdb: Database, workdir: Path):
     mdb.execute("CREATE TABLE gen_badexclude (id int PRIMARY KEY, a int)")

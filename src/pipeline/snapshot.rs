@@ -107,12 +107,24 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                 let partitions = recorded
                     .map(|r| r.partitions.clone())
                     .unwrap_or_else(|| ts.partitions.clone());
+                let excluded = recorded.map(|r| r.excluded.clone()).unwrap_or_default();
+                if excluded != p.source.excluded(&ts.table) {
+                    return Err(Error::config(format!(
+                        "pipelines.{}.tables.{}.exclude_columns changed since the table was copied (then [{}], now [{}]): the rows already in the lake keep the columns as they were copied, so run `skipprd sync --pipeline {} --resnapshot` to copy the table with the new set",
+                        p.name,
+                        ts.table,
+                        excluded.join(", "),
+                        p.source.excluded(&ts.table).join(", "),
+                        p.name
+                    )));
+                }
                 state.tables.insert(
                     ts.table.to_string(),
                     TableState {
                         watermark,
                         partitions,
                         copying_at: None,
+                        excluded,
                     },
                 );
                 if ts.partitioned {
@@ -170,7 +182,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                 let name: String = row.get(0);
                 let lsn = Lsn::parse(&row.get::<_, String>(1)).map_err(Error::fatal)?;
                 report.copied = names(&todo);
-                mark_copying(&mut state, &todo, lsn, &p.state_file)?;
+                mark_copying(cfg, &mut state, &todo, lsn, &p.state_file)?;
                 copy_tables(cfg, &name, lsn, todo, &catalog, &p.name).await?;
                 exporter
                     .batch_execute("COMMIT")
@@ -193,7 +205,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                 };
                 report.copied = names(&todo);
                 let lsn = exported.consistent_point;
-                mark_copying(&mut state, &todo, lsn, &p.state_file)?;
+                mark_copying(cfg, &mut state, &todo, lsn, &p.state_file)?;
                 copy_tables(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
                 drop(exported.session);
             }
@@ -207,7 +219,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                 }
             };
             // No snapshot: each new table starts empty at the slot's position.
-            mark_copying(&mut state, &todo, start, &p.state_file)?;
+            mark_copying(cfg, &mut state, &todo, start, &p.state_file)?;
             for job in todo {
                 if job.replace {
                     commit::replace(&catalog, &job.table, Vec::new(), start, "cdc", &p.name)
@@ -242,6 +254,7 @@ fn job(schema: TableSchema, table: iceberg::table::Table, replace: bool) -> Resu
 /// Records the tables about to be copied at `lsn` before the copy starts, so that a copy cut
 /// short is found and started over (see [`TableState::copying_at`]).
 fn mark_copying(
+    source: &crate::config::PostgresConfig,
     state: &mut PipelineState,
     todo: &[TableJob],
     lsn: Lsn,
@@ -254,6 +267,7 @@ fn mark_copying(
                 watermark: Lsn::default(),
                 partitions: j.schema.partitions.clone(),
                 copying_at: Some(lsn),
+                excluded: source.excluded(&j.schema.table).to_vec(),
             },
         );
     }

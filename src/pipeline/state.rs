@@ -56,6 +56,11 @@ pub struct TableState {
         with = "opt_lsn_text"
     )]
     pub copying_at: Option<Lsn>,
+    /// The columns left out of the table when it was copied (`exclude_columns`): another
+    /// set now would leave its earlier values in the lake, or its new columns NULL, so it
+    /// asks for a new copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded: Vec<String>,
 }
 
 /// LSNs are kept as Postgres prints them, so the file reads like `pg_replication_slots`.
@@ -201,6 +206,7 @@ mod tests {
                 watermark: Lsn(10),
                 partitions: vec!["p".into()],
                 copying_at: Some(Lsn(7)),
+                excluded: Vec::new(),
             },
         );
         s.save(&path).unwrap();
