@@ -419,11 +419,14 @@ impl SlotHealth {
     }
 }
 
-/// Reads the slot's health; `Ok(None)` when the slot does not exist.
+/// Reads the slot's health; `Ok(None)` when the slot does not exist. On a standby (a slot
+/// there, Postgres 16+) the server's position is what it has replayed.
 pub async fn read_health(client: &Client, slot: &str) -> Result<Option<SlotHealth>> {
     let row = client
         .query_opt(
-            "SELECT s.confirmed_flush_lsn::text, s.restart_lsn::text, pg_current_wal_lsn()::text,
+            "SELECT s.confirmed_flush_lsn::text, s.restart_lsn::text,
+                    (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                          ELSE pg_current_wal_lsn() END)::text,
                     s.wal_status, s.safe_wal_size, s.active,
                     (SELECT extract(epoch FROM r.flush_lag)::float8
                      FROM pg_stat_replication r WHERE r.pid = s.active_pid)
