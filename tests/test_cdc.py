@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 import pytest
@@ -93,6 +93,20 @@ def table_lsn(skippr: Skippr, name: str) -> int | None:
     assert lsn is not None, f"current snapshot of {name} lacks skippr.lsn: {summary}"
     assert LSN_RE.match(lsn), f"skippr.lsn {lsn!r} of {name} is not a Postgres LSN"
     return lsn_to_int(lsn)
+
+
+def sync_round(skippr: Skippr, db: Database, tables: Sequence[str], changed: Sequence[str],
+               statements: Sequence[str], *, in_one_tx: bool = False, **readers: Any) -> None:
+    """Runs `statements` (one transaction with `in_one_tx`), then `sync --once`, and checks
+    every table of `tables` against Postgres, `changed` among them."""
+    before = insert_lsn(db)
+    if in_one_tx:
+        tx(db, *statements)
+    else:
+        for st in statements:
+            db.execute(st)
+    skippr.sync_once()
+    assert_synced(skippr, db, tables, changed_since=before, changed=changed, **readers)
 
 
 def assert_synced(
@@ -314,14 +328,7 @@ def test_cdc_rounds_inserts_updates_deletes_key_changes_truncate(skippr: Skippr,
     assert (skippr.workdir / ".skippr" / "wal" / "app").is_dir(), "no WAL folder at <config dir>/.skippr/wal/app"
 
     def round_(changed: Sequence[str], *statements: str, in_one_tx: bool = False) -> None:
-        before = insert_lsn(db)
-        if in_one_tx:
-            tx(db, *statements)
-        else:
-            for st in statements:
-                db.execute(st)
-        skippr.sync_once()
-        assert_synced(skippr, db, MAIN_TABLES, changed_since=before, changed=changed)
+        sync_round(skippr, db, MAIN_TABLES, changed, statements, in_one_tx=in_one_tx)
 
     # round 1: inserts
     round_(["accounts", "orders", "sales.invoices"],

@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 import pytest
 
 from conftest import Database, Skippr, pg_table_spec
-from test_cdc import SLOT, assert_synced, insert_lsn, slot_row, tx
+from test_cdc import SLOT, assert_synced, slot_row, sync_round
 
 READERS = ("pyiceberg", "duckdb")
 
@@ -88,14 +88,7 @@ def test_snapshot_cdc_truncate_and_added_column(version_db, workdir: Path):
         f"Postgres {version}: no pgoutput slot {SLOT} after the snapshot: {s}"
 
     def round_(changed: Sequence[str], *statements: str, in_one_tx: bool = False) -> None:
-        before = insert_lsn(db)
-        if in_one_tx:
-            tx(db, *statements)
-        else:
-            for st in statements:
-                db.execute(st)
-        skippr.sync_once()
-        assert_synced(skippr, db, TABLES, changed_since=before, changed=changed, readers=READERS)
+        sync_round(skippr, db, TABLES, changed, statements, in_one_tx=in_one_tx, readers=READERS)
 
     # inserts, updates (to and from NULL), deletes, a key change
     round_(["items", "shop.events"],
