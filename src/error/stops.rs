@@ -114,6 +114,12 @@ pub const STOP_ERRORS: &[StopError] = &[
         fix: "leave it out with `pipelines.P.tables.T.exclude_columns: [column]`, or (a stored generated column) move to Postgres 18, or add the column to the publication's column list",
     },
     StopError {
+        says: &["the publication changed while the pipeline ran"],
+        when: "",
+        cause: "a column list, a row filter or a change to generated columns on the publication while the pipeline ran: changes since then may lack the column",
+        fix: "undo the publication change (or leave the column out with `exclude_columns`), then `skipprd sync --pipeline P --resnapshot`",
+    },
+    StopError {
         says: &["is a partition of ..., which is also in `tables:`"],
         when: "",
         cause: "a partition and its partitioned table are both listed",
