@@ -1013,6 +1013,63 @@ def test_dropped_slot_fails_then_resnapshot_recovers(skippr: Skippr, db):
     assert_synced(skippr, db, MAIN_TABLES, changed_since=before, changed=["accounts", "orders"])
 
 
+def test_resnapshot_of_a_table_whose_columns_changed_swaps_in_one_commit(skippr: Skippr, db):
+    """A table whose columns changed while nothing followed them is copied again under its new
+    columns (and its layout bound to them); readers see the old table until that one commit."""
+    db.execute("""
+        CREATE TABLE reshaped (id integer PRIMARY KEY, amount integer, note text, created date NOT NULL);
+        INSERT INTO reshaped SELECT i, i, 'n' || i, DATE '2026-01-01' + (i % 5) FROM generate_series(1, 300) i;
+    """)
+    layout = {"tables": {"reshaped": {"partition_by": ["day(created)"], "sort_by": ["amount"]}}}
+    skippr.write_config(["reshaped"], extra_pipeline=layout)
+    skippr.sync_once()
+    assert_synced(skippr, db, ["reshaped"], readers=("pyiceberg",))
+    before = skippr.read_pyiceberg("reshaped", ["id"])
+    before_duck = skippr.read_duckdb("reshaped", ["id"])
+
+    db.execute("ALTER TABLE reshaped ALTER COLUMN amount TYPE numeric(12,2), DROP COLUMN note, "
+               "ADD COLUMN label text DEFAULT 'x'")
+    db.execute("UPDATE reshaped SET amount = amount * 1.5, label = 'y' WHERE id < 50")
+    db.execute("INSERT INTO reshaped (id, amount, created) VALUES (1001, 2.25, DATE '2026-02-01')")
+
+    # The copy pauses just before its one commit: every reader still sees the old table.
+    point = "before-catalog-swap"
+    proc = skippr.start("sync", "--pipeline", "app", "--once", "--resnapshot",
+                        env={"SKIPPR_TEST_PAUSE_AT": point})
+    try:
+        deadline = time.monotonic() + 120
+        while f"paused at {point}" not in (skippr.workdir / "bg.stderr").read_text(errors="replace"):
+            assert proc.poll() is None, f"the re-snapshot exited before its commit\n{bg_log(skippr)}"
+            assert time.monotonic() < deadline, f"the re-snapshot did not reach its commit\n{bg_log(skippr)}"
+            time.sleep(0.1)
+        assert skippr.read_pyiceberg("reshaped", ["id"]) == before, "PyIceberg saw the table change before the copy committed"
+        assert skippr.read_duckdb("reshaped", ["id"]) == before_duck, "DuckDB saw the table change before the copy committed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert skippr.read_pyiceberg("reshaped", ["id"]) == before, "a killed re-snapshot changed the table"
+
+    resnapshot(skippr)
+    assert_synced(skippr, db, ["reshaped"])
+    from conftest import load_iceberg_table
+    t = load_iceberg_table(skippr.warehouse, skippr.workspace, "reshaped")
+    schema = t.schema()
+    assert [f.name for f in schema.fields] == ["id", "amount", "created", "label"], schema
+    created = schema.find_field("created").field_id
+    spec = t.spec()
+    assert [(f.source_id, str(f.transform)) for f in spec.fields] == [(created, "day")], spec
+    assert [f.source_id for f in t.sort_order().fields] == [schema.find_field("amount").field_id]
+    for task in t.scan().plan_files():
+        assert task.file.partition is not None and task.file.spec_id == spec.spec_id, task.file.file_path
+
+    # and the stream goes on under the new columns
+    before_lsn = insert_lsn(db)
+    db.execute("UPDATE reshaped SET amount = amount + 1, label = 'z' WHERE id BETWEEN 100 AND 120")
+    db.execute("DELETE FROM reshaped WHERE id > 290")
+    skippr.sync_once()
+    assert_synced(skippr, db, ["reshaped"], changed_since=before_lsn, changed=["reshaped"])
+
+
 def test_dropped_table_fails_naming_it(skippr: Skippr, db):
     db.execute("""
         CREATE TABLE keep_me (id integer PRIMARY KEY, v text);

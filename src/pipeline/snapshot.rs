@@ -15,7 +15,7 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::config::{CdcMode, Config, PipelineConfig};
 use crate::error::{Context, Error, Result};
-use crate::sink::iceberg::{commit, evolve, schema as ice_schema};
+use crate::sink::iceberg::{commit, evolve, reshape::Reshape, schema as ice_schema};
 use crate::source::postgres::connect::connect;
 use crate::source::postgres::schema::{check_partition_overlap, describe_followed, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
@@ -91,7 +91,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
         let table = evolve::apply_layout(&catalog, &table, &layout).await?;
         let Some(lsn) = commit::committed_lsn(&table) else {
             remove_uncommitted_files(&table)?;
-            todo.push(job(ts, table, false)?);
+            todo.push(job(ts, table, false, None)?);
             continue;
         };
         // `--resnapshot` is also how a table is handed over from another pipeline.
@@ -134,14 +134,15 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             }
             Some(reason) => {
                 tracing::warn!(table = %ts.table, committed_lsn = %lsn, reason = %reason, "copying the table again");
-                let (table, replace) = if same_columns(&table, &ts) {
-                    (table, true)
+                if same_columns(&table, &ts) {
+                    todo.push(job(ts, table, true, None)?);
                 } else {
-                    // The source's columns changed while nothing followed them: start the
-                    // Iceberg table afresh from the source's current shape.
-                    (recreate(&catalog, &namespace, &ts, &layout).await?, false)
-                };
-                todo.push(job(ts, table, replace)?);
+                    // The source's columns changed while nothing followed them: the copy is
+                    // written under the source's current shape, which becomes the table's
+                    // with the copy's rows in one commit.
+                    let (staged, reshape) = Reshape::stage(&table, &ts, &layout)?;
+                    todo.push(job(ts, staged, true, Some(reshape))?);
+                }
             }
         }
     }
@@ -221,12 +222,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             // No snapshot: each new table starts empty at the slot's position.
             mark_copying(cfg, &mut state, &todo, start, &p.state_file)?;
             for job in todo {
-                if job.replace {
-                    commit::replace(&catalog, &job.table, Vec::new(), start, "cdc", &p.name)
-                        .await?;
-                } else {
-                    commit::append(&catalog, &job.table, Vec::new(), start, "cdc", &p.name).await?;
-                }
+                job.land(&catalog, Vec::new(), start, "cdc", &p.name).await?;
                 report.copied.push(job.schema.table.to_string());
             }
         }
@@ -241,13 +237,19 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
     Ok(report)
 }
 
-fn job(schema: TableSchema, table: iceberg::table::Table, replace: bool) -> Result<TableJob> {
+fn job(
+    schema: TableSchema,
+    table: iceberg::table::Table,
+    replace: bool,
+    reshape: Option<Reshape>,
+) -> Result<TableJob> {
     let arrow = ice_schema::arrow_schema(&table)?;
     Ok(TableJob {
         schema,
         table,
         arrow,
         replace,
+        reshape,
     })
 }
 
@@ -326,21 +328,6 @@ fn same_columns(table: &iceberg::table::Table, ts: &TableSchema) -> bool {
         && recorded.iter().zip(&ts.columns).all(|(r, c)| {
             r.field.is_none() && r.name == c.name && r.oid == c.type_oid && r.typmod == c.typmod
         })
-}
-
-/// Drops the Iceberg table and creates it again from the source's current shape.
-async fn recreate(
-    catalog: &LocalCatalog,
-    namespace: &iceberg::NamespaceIdent,
-    ts: &TableSchema,
-    layout: &crate::table::layout::Layout,
-) -> Result<iceberg::table::Table> {
-    let ident = iceberg::TableIdent::new(namespace.clone(), ts.table.iceberg_name());
-    catalog.forget(&ident);
-    iceberg::Catalog::drop_table(catalog.catalog.as_ref(), &ident)
-        .await
-        .with_context(|| format!("dropping Iceberg table {ident} to copy it again"))?;
-    ice_schema::create_or_load(catalog, namespace, ts, layout).await
 }
 
 fn names(todo: &[TableJob]) -> Vec<String> {

@@ -17,13 +17,19 @@ use crate::error::{Context, Error, Result};
 
 /// Builds the Iceberg schema of a source table.
 pub fn iceberg_schema(ts: &TableSchema) -> Result<Schema> {
+    iceberg_schema_from(ts, 1)
+}
+
+/// Builds the Iceberg schema of a source table with field ids from `first_id` on (a table
+/// given a new shape keeps its old ids unused, as the Iceberg spec asks).
+pub fn iceberg_schema_from(ts: &TableSchema, first_id: i32) -> Result<Schema> {
     let n = ts.columns.len() as i32;
-    // Top-level fields take ids 1..=n; nested (list element) ids follow.
-    let mut next_nested = n;
+    // Top-level fields take ids first_id..first_id+n; nested (list element) ids follow.
+    let mut next_nested = first_id - 1 + n;
     let mut fields = Vec::with_capacity(ts.columns.len());
     let mut identifier = Vec::new();
     for (i, c) in ts.columns.iter().enumerate() {
-        let id = i as i32 + 1;
+        let id = first_id + i as i32;
         let ty = c.pg.iceberg_type(&mut next_nested);
         let in_key = ts.primary_key.iter().any(|k| k == &c.name);
         let field = if c.not_null || in_key {
@@ -73,23 +79,7 @@ pub async fn create_or_load(
             .with_context(|| format!("loading Iceberg table {ident}"));
     }
     let schema = iceberg_schema(ts)?;
-    let props = HashMap::from([
-        (PROP_SOURCE.to_string(), ts.table.to_string()),
-        (PROP_PRIMARY_KEY.to_string(), ts.primary_key.join(",")),
-        (
-            PROP_COLUMNS.to_string(),
-            serde_json::to_string(
-                &ts.columns
-                    .iter()
-                    .map(|c| SourceColumn::new(&c.name, c.type_oid, c.typmod, Some(c.attnum)))
-                    .collect::<Vec<_>>(),
-            )?,
-        ),
-        (
-            "write.parquet.compression-codec".to_string(),
-            "zstd".to_string(),
-        ),
-    ]);
+    let props = table_properties(ts)?;
     layout
         .check(&schema, &ts.table.to_string())
         .map_err(|problems| {
@@ -119,6 +109,28 @@ pub async fn create_or_load(
         .with_context(|| format!("creating Iceberg table {ident}"))?;
     tracing::info!(table = %ident, source = %ts.table, "created Iceberg table");
     Ok(table)
+}
+
+/// The table properties that record `ts`: source name, primary key and source columns
+/// (what the stream's schema changes are compared with).
+pub fn table_properties(ts: &TableSchema) -> Result<HashMap<String, String>> {
+    Ok(HashMap::from([
+        (PROP_SOURCE.to_string(), ts.table.to_string()),
+        (PROP_PRIMARY_KEY.to_string(), ts.primary_key.join(",")),
+        (
+            PROP_COLUMNS.to_string(),
+            serde_json::to_string(
+                &ts.columns
+                    .iter()
+                    .map(|c| SourceColumn::new(&c.name, c.type_oid, c.typmod, Some(c.attnum)))
+                    .collect::<Vec<_>>(),
+            )?,
+        ),
+        (
+            "write.parquet.compression-codec".to_string(),
+            "zstd".to_string(),
+        ),
+    ]))
 }
 
 /// The Arrow schema matching the table's current Iceberg schema (with field ids).

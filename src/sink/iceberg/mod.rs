@@ -9,6 +9,7 @@ pub mod evolve;
 pub mod keyindex;
 pub mod maintenance;
 pub mod models;
+pub mod reshape;
 pub mod rowdelta;
 pub mod writer;
 

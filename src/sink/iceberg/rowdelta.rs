@@ -166,6 +166,25 @@ pub async fn commit(
     commit_metadata(catalog, table, &new_files, |b| add_current(b, snapshot)).await
 }
 
+/// Replaces every file of `base` with `data`, written against `staged` (the table with
+/// `change` applied in memory), applying `change` and the new snapshot in one metadata commit.
+pub async fn replace_reshaped(
+    catalog: &LocalCatalog,
+    base: &Table,
+    staged: &Table,
+    data: Vec<DataFile>,
+    props: HashMap<String, String>,
+    change: impl FnOnce(TableMetadataBuilder) -> iceberg::Result<TableMetadataBuilder>,
+) -> Result<Table> {
+    let pipeline = props.get(super::SUMMARY_PIPELINE).cloned();
+    let (snapshot, new_files) =
+        new_snapshot(staged, data, Vec::new(), true, props, &Specs::new()).await?;
+    if let Some(pipeline) = &pipeline {
+        crate::storage::lease::ensure_held(pipeline)?;
+    }
+    commit_metadata(catalog, base, &new_files, |b| add_current(change(b)?, snapshot)).await
+}
+
 /// Like [`commit`] (without deletes), but the new metadata is only written and made durable,
 /// not made current: the returned table is the table as it will be once a catalog swap (or
 /// a new catalog entry) names its metadata location. Models of the gateway commit several

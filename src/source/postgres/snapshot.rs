@@ -21,7 +21,7 @@ use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::config::{quote_ident, PostgresConfig};
 use crate::error::{Context, Error, Result};
-use crate::sink::iceberg::{commit, writer::TableWriter};
+use crate::sink::iceberg::{commit, reshape::Reshape, writer::TableWriter};
 
 /// Blocks (8 KiB pages) a copy connection takes on at least: below this, splitting a table
 /// costs more than it saves.
@@ -35,6 +35,30 @@ pub struct TableJob {
     /// The Iceberg table already holds rows (a table copied again): the copy replaces them
     /// in one snapshot instead of adding to them.
     pub replace: bool,
+    /// The source's columns changed since the table was made: `table` is the table staged
+    /// under its new shape, which becomes current with the copy's rows in one commit.
+    pub reshape: Option<Reshape>,
+}
+
+impl TableJob {
+    /// Commits `files` as the table's copy at `lsn`: appended to a new table, or replacing
+    /// the rows (and, reshaped, the columns) of one copied again, in one snapshot.
+    pub async fn land(
+        &self,
+        catalog: &LocalCatalog,
+        files: Vec<DataFile>,
+        lsn: Lsn,
+        phase: &str,
+        pipeline: &str,
+    ) -> Result<Table> {
+        match &self.reshape {
+            Some(r) => r.commit(catalog, &self.table, files, lsn, phase, pipeline).await,
+            None if self.replace => {
+                commit::replace(catalog, &self.table, files, lsn, phase, pipeline).await
+            }
+            None => commit::append(catalog, &self.table, files, lsn, phase, pipeline).await,
+        }
+    }
 }
 
 /// One ctid range of one table.
@@ -128,13 +152,9 @@ pub async fn copy_tables(
                     let table_files = files.remove(&job_index).unwrap_or_default();
                     let rows = counters[job_index].load(Ordering::Relaxed);
                     let n_files = table_files.len();
-                    let committed = if job.replace {
-                        commit::replace(catalog, &job.table, table_files, lsn, "snapshot", pipeline)
-                            .await
-                    } else {
-                        commit::append(catalog, &job.table, table_files, lsn, "snapshot", pipeline)
-                            .await
-                    };
+                    let committed = job
+                        .land(catalog, table_files, lsn, "snapshot", pipeline)
+                        .await;
                     if let Err(e) = committed {
                         result = Err(e);
                         break;
