@@ -266,6 +266,29 @@ def test_postgres_18_carries_stored_generated_columns(mdb18: Database, workdir: 
         assert nulls == [], f"a_doubled landed as NULL for ids {nulls}"
 
 
+def test_postgres_18_users_publication_is_not_altered(mdb18: Database, workdir: Path):
+    """A publication the user made and named is never changed behind their back: its missing
+    `publish_generated_columns` is refused with the SQL to run, and honoured once run."""
+    mdb18.execute("""
+        CREATE TABLE gen18u (id int PRIMARY KEY, a int, a_doubled int GENERATED ALWAYS AS (a * 2) STORED);
+        INSERT INTO gen18u (id, a) SELECT i, i FROM generate_series(1, 20) i;
+        CREATE PUBLICATION users_gen_pub FOR TABLE gen18u;
+    """)
+    sk = pipeline(mdb18, workdir, "gen18u", ["gen18u"], publication="users_gen_pub")
+    assert_refused_everywhere(sk, "a user's publication that does not send generated columns",
+                              ["a_doubled", "publish_generated_columns = stored", "exclude_columns"])
+    gencols = mdb18.scalar("SELECT pubgencols::text FROM pg_publication WHERE pubname = 'users_gen_pub'")
+    assert gencols == "n", f"skipprd changed the user's publication (pubgencols {gencols!r})"
+
+    mdb18.execute("ALTER PUBLICATION users_gen_pub SET (publish_generated_columns = stored)")
+    sync(sk)
+    mdb18.execute("INSERT INTO gen18u (id, a) VALUES (21, 21); UPDATE gen18u SET a = -a WHERE id < 4")
+    sync(sk)
+    sk.assert_table_matches("gen18u")
+    nulls = [r["id"] for r in sk.read_pyiceberg("gen18u", ["id"]) if r["a_doubled"] is None]
+    assert nulls == [], f"a_doubled landed as NULL for ids {nulls}"
+
+
 def test_postgres_18_virtual_generated_column_is_refused(mdb18: Database, workdir: Path):
     mdb18.execute("""
         CREATE TABLE gen18v (id int PRIMARY KEY, a int, a_virtual int GENERATED ALWAYS AS (a * 3) VIRTUAL);

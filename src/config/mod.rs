@@ -139,6 +139,9 @@ pub struct PostgresConfig {
     pub tables: Vec<TableRef>,
     pub cdc_mode: CdcMode,
     pub publication: String,
+    /// `publication` was named in skippr.yml (the user's publication: skipprd changes its
+    /// settings only when it made it, see `slot::publication_is_ours`).
+    pub publication_named: bool,
     pub slot: String,
     pub snapshot_parallelism: usize,
     pub parquet_target_file_size: u64,

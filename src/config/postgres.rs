@@ -151,6 +151,7 @@ impl Validator<'_> {
                 .publication
                 .clone()
                 .unwrap_or_else(|| default_name.clone()),
+            publication_named: pg.publication.is_some(),
             slot: pg.slot.clone().unwrap_or(default_name),
             snapshot_parallelism: parallelism,
             parquet_target_file_size: file_mb * 1024 * 1024,

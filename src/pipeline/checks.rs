@@ -321,11 +321,13 @@ pub(super) async fn check_replication_ready(
             version / 10_000
         )));
     }
-    // `sync` sets the publication's `publish_generated_columns` itself (ensure_publication).
+    // `sync` sets the publication's `publish_generated_columns` itself (ensure_publication),
+    // on a publication it made.
+    let ours = crate::source::postgres::slot::publication_is_ours(client, cfg).await?;
     let refused: Vec<_> = carried::uncarried(client, p, schemas, version)
         .await?
         .into_iter()
-        .filter(|u| !u.publication_setting)
+        .filter(|u| !(u.publication_setting && ours))
         .collect();
     if !refused.is_empty() {
         let mut message = format!(

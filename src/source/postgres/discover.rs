@@ -285,7 +285,20 @@ async fn replication_checks(
             continue;
         }
         let fix = if u.publication_setting {
-            generated_columns_fix_sql(&cfg.publication)
+            if crate::source::postgres::slot::publication_is_ours(client, cfg).await? {
+                format!(
+                    "`sync` runs this itself: {}",
+                    generated_columns_fix_sql(&cfg.publication)
+                )
+            } else {
+                format!(
+                    "run {} (skipprd does not change a publication it did not make), or add `exclude_columns: [{}]` under pipelines.{}.tables.{} in skippr.yml",
+                    generated_columns_fix_sql(&cfg.publication),
+                    u.column,
+                    p.name,
+                    u.table
+                )
+            }
         } else {
             format!(
                 "add `exclude_columns: [{}]` under pipelines.{}.tables.{} in skippr.yml{}",

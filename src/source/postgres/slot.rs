@@ -141,14 +141,15 @@ pub fn publication_fix_sql(
 ) -> Option<String> {
     match existing {
         None => Some(format!(
-            "CREATE PUBLICATION {} FOR TABLE {}{};",
+            "CREATE PUBLICATION {} FOR TABLE {}{}; COMMENT ON PUBLICATION {} IS '{PUBLICATION_COMMENT}';",
             quote_ident(publication),
             tables
                 .iter()
                 .map(TableRef::quoted)
                 .collect::<Vec<_>>()
                 .join(", "),
-            options.with_clause()
+            options.with_clause(),
+            quote_ident(publication),
         )),
         Some(have) => {
             let missing: Vec<_> = tables.iter().filter(|t| !have.contains(t)).collect();
@@ -192,6 +193,13 @@ pub async fn ensure_publication(
             .context("reading pg_publication.pubgencols")?
             .get::<_, bool>(0);
         if !sends {
+            if !publication_is_ours(client, cfg).await? {
+                return Err(Error::config(format!(
+                    "publication `{}` does not send stored generated columns, and skipprd does not change the settings of a publication it did not make (other subscribers may read it); run {} or leave the columns out with `exclude_columns`",
+                    cfg.publication,
+                    generated_columns_fix_sql(&cfg.publication)
+                )));
+            }
             sql.push_str(&generated_columns_fix_sql(&cfg.publication));
         }
     }
@@ -211,6 +219,32 @@ pub async fn ensure_publication(
     })?;
     tracing::info!(publication = %cfg.publication, "publication ready");
     Ok(())
+}
+
+/// The comment skipprd gives a publication it makes: the mark that it may change its settings.
+pub const PUBLICATION_COMMENT: &str = "made by skipprd";
+
+/// Whether skipprd may change the publication's settings: it has the pipeline's default name,
+/// or skipprd made it (its comment says so), or it does not exist yet. A publication the user
+/// made and named in skippr.yml may serve other subscribers, whose streams a changed setting
+/// would change under them: it is left as it is, and what it lacks is refused with the SQL.
+pub async fn publication_is_ours(client: &Client, cfg: &PostgresConfig) -> Result<bool> {
+    if !cfg.publication_named {
+        return Ok(true);
+    }
+    let row = client
+        .query_opt(
+            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+            &[&cfg.publication],
+        )
+        .await
+        .context("reading the publication's comment")?;
+    Ok(match row {
+        None => true,
+        Some(r) => r
+            .get::<_, Option<String>>(0)
+            .is_some_and(|c| c == PUBLICATION_COMMENT),
+    })
 }
 
 /// A slot just created with an exported snapshot. Keep `session` alive and idle while other
