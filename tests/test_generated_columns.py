@@ -177,9 +177,9 @@ def test_exclude_columns_leaves_generated_and_sensitive_columns_out(mdb: Databas
 def test_exclude_columns_naming_a_missing_or_key_column_is_refused(mdb: Database, workdir: Path):
     mdb.execute("CREATE TABLE gen_badexclude (id int PRIMARY KEY, a int)")
     sk = pipeline(mdb, workdir, "gen_badexclude", ["gen_badexclude"], exclude={"gen_badexclude": ["no_such_col"]})
-    assert_refused_everywhere(sk, "exclude_columns naming a column the table lacks", ["no_such_col", "exclude_columns"])
+    assert_refused_everywhere(sk, "exclude_columns naming a column the table lacks", ["no_such_col", "pipelines.app.tables.gen_badexclude.exclude_columns"])
     sk = pipeline(mdb, workdir, "gen_badexclude", ["gen_badexclude"], exclude={"gen_badexclude": ["id"]})
-    assert_refused_everywhere(sk, "exclude_columns naming the primary key", ["`id`", "exclude_columns"])
+    assert_refused_everywhere(sk, "exclude_columns naming the primary key", ["`id`", "pipelines.app.tables.gen_badexclude.exclude_columns"])
 
 
 def test_publication_column_list_leaving_out_a_column_is_refused(mdb: Database, workdir: Path):

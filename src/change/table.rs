@@ -37,6 +37,16 @@ impl TableRef {
         }
     }
 
+    /// The table as a key under `pipelines.<p>.tables` names it: `name` in `public` (as
+    /// users write it), `schema.name` elsewhere.
+    pub fn config_key(&self) -> String {
+        if self.schema == "public" {
+            self.name.clone()
+        } else {
+            self.to_string()
+        }
+    }
+
     /// Quoted for SQL: `"schema"."name"`.
     pub fn quoted(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
@@ -58,4 +68,19 @@ pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_alphabetic() || c == '_')
         && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_keys_name_tables_as_users_write_them() {
+        let public = TableRef::parse("public.orders").expect("a table name");
+        assert_eq!(public.config_key(), "orders");
+        assert_eq!(public, TableRef::parse("orders").expect("a table name"));
+        let other = TableRef::parse("sales.orders").expect("a table name");
+        assert_eq!(other.config_key(), "sales.orders");
+        assert_eq!(other.iceberg_name(), "sales_orders");
+    }
 }

@@ -112,7 +112,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                     return Err(Error::config(format!(
                         "pipelines.{}.tables.{}.exclude_columns changed since the table was copied (then [{}], now [{}]): the rows already in the lake keep the columns as they were copied, so run `skipprd sync --pipeline {} --resnapshot` to copy the table with the new set",
                         p.name,
-                        ts.table,
+                        ts.table.config_key(),
                         excluded.join(", "),
                         p.source.excluded(&ts.table).join(", "),
                         p.name
@@ -222,7 +222,8 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             // No snapshot: each new table starts empty at the slot's position.
             mark_copying(cfg, &mut state, &todo, start, &p.state_file)?;
             for job in todo {
-                job.land(&catalog, Vec::new(), start, "cdc", &p.name).await?;
+                job.land(&catalog, Vec::new(), start, "cdc", &p.name)
+                    .await?;
                 report.copied.push(job.schema.table.to_string());
             }
         }

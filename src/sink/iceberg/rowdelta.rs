@@ -182,7 +182,10 @@ pub async fn replace_reshaped(
     if let Some(pipeline) = &pipeline {
         crate::storage::lease::ensure_held(pipeline)?;
     }
-    commit_metadata(catalog, base, &new_files, |b| add_current(change(b)?, snapshot)).await
+    commit_metadata(catalog, base, &new_files, |b| {
+        add_current(change(b)?, snapshot)
+    })
+    .await
 }
 
 /// Like [`commit`] (without deletes), but the new metadata is only written and made durable,

@@ -37,6 +37,8 @@ pub const ROW_FILTER: &str = "(rows)";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uncarried {
     pub table: String,
+    /// The table as its key under `pipelines.<p>.tables` names it.
+    pub key: String,
     pub column: String,
     /// Why, and the ways out.
     pub detail: String,
@@ -74,6 +76,7 @@ pub async fn uncarried(
         if let Some(filter) = row_filter {
             out.push(Uncarried {
                 table: ts.table.to_string(),
+                key: ts.table.config_key(),
                 column: ROW_FILTER.into(),
                 detail: format!(
                     "publication `{}` publishes table {} with a row filter (WHERE {filter}), so changes of rows outside it are never sent and the Iceberg table would drift from the source; remove the filter (ALTER PUBLICATION {} SET TABLE {}) or follow the table through another publication",
@@ -109,7 +112,8 @@ fn classify(
     let exclude = |c: &str| {
         format!(
             "`pipelines.{}.tables.{}.exclude_columns: [{c}]` (the column stays in Postgres and out of the lake)",
-            p.name, ts.table
+            p.name,
+            ts.table.config_key()
         )
     };
     for (column, kind) in &ts.generated {
@@ -135,6 +139,7 @@ fn classify(
         };
         out.push(Uncarried {
             table: ts.table.to_string(),
+            key: ts.table.config_key(),
             column: column.clone(),
             detail,
             publication_setting: *kind == 's' && version >= GENERATED_COLUMNS_VERSION,
@@ -151,6 +156,7 @@ fn classify(
             if !listed.contains(&c.name) && !generated {
                 out.push(Uncarried {
                     table: ts.table.to_string(),
+                key: ts.table.config_key(),
                     column: c.name.clone(),
                     detail: format!(
                         "publication `{}` publishes table {} with a column list that leaves out column `{}`, so every streamed insert and update would land it as NULL; add it to the publication's column list (ALTER PUBLICATION {} SET TABLE ...), or leave it out with {}",

@@ -99,8 +99,9 @@ pub async fn discover(p: &PipelineConfig, workspace: &str) -> Result<Report> {
                 false,
                 e.message().to_string(),
                 Some(format!(
-                    "correct pipelines.{}.tables.{t}.exclude_columns in skippr.yml",
-                    p.name
+                    "correct pipelines.{}.tables.{}.exclude_columns in skippr.yml",
+                    p.name,
+                    t.config_key()
                 )),
             )),
             Err(e) => checks.push(check(
@@ -296,7 +297,7 @@ async fn replication_checks(
                     generated_columns_fix_sql(&cfg.publication),
                     u.column,
                     p.name,
-                    u.table
+                    u.key
                 )
             }
         } else {
@@ -304,7 +305,7 @@ async fn replication_checks(
                 "add `exclude_columns: [{}]` under pipelines.{}.tables.{} in skippr.yml{}",
                 u.column,
                 p.name,
-                u.table,
+                u.key,
                 if version < carried::GENERATED_COLUMNS_VERSION {
                     ", or move to Postgres 18"
                 } else {

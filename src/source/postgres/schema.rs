@@ -182,16 +182,17 @@ pub async fn describe_followed(
     let mut ts = describe(client, table).await?;
     let excluded = p.source.excluded(table);
     let pipeline = &p.name;
+    let key = table.config_key();
     for name in excluded {
         if !ts.columns.iter().any(|c| &c.name == name) {
             return Err(Error::config(format!(
-                "pipelines.{pipeline}.tables.{table}.exclude_columns names `{name}`, which table {table} does not have (its columns: {}); correct or remove the entry",
+                "pipelines.{pipeline}.tables.{key}.exclude_columns names `{name}`, which table {table} does not have (its columns: {}); correct or remove the entry",
                 ts.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
             )));
         }
         if ts.primary_key.contains(name) {
             return Err(Error::config(format!(
-                "pipelines.{pipeline}.tables.{table}.exclude_columns names `{name}`, a column of the table's primary key: rows are merged by their key, so it must be kept; remove the entry"
+                "pipelines.{pipeline}.tables.{key}.exclude_columns names `{name}`, a column of the table's primary key: rows are merged by their key, so it must be kept; remove the entry"
             )));
         }
     }

@@ -52,7 +52,10 @@ impl TableJob {
         pipeline: &str,
     ) -> Result<Table> {
         match &self.reshape {
-            Some(r) => r.commit(catalog, &self.table, files, lsn, phase, pipeline).await,
+            Some(r) => {
+                r.commit(catalog, &self.table, files, lsn, phase, pipeline)
+                    .await
+            }
             None if self.replace => {
                 commit::replace(catalog, &self.table, files, lsn, phase, pipeline).await
             }
