@@ -64,6 +64,9 @@ pub struct PipelineStatus {
     pub warnings: Vec<String>,
     /// Bytes of Skippr's WAL on disk (changes not yet committed to Iceberg).
     pub wal_bytes: u64,
+    /// The commit rounds of the process that runs (or last ran) the pipeline: how many, the
+    /// last one's duration and tables, p50, p99 and max over the last 1000.
+    pub commit_rounds: crate::telemetry::state::Rounds,
     pub tables: Vec<TableStatus>,
 }
 
@@ -90,11 +93,14 @@ fn summary_u64(snapshot: &iceberg::spec::Snapshot, key: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The recorded state of a pipeline: `(state, error)`.
-fn recorded_state(config: &Config, pipeline: &str) -> (String, Option<String>) {
+/// The recorded state of a pipeline: `(state, error, rounds)`.
+fn recorded_state(
+    config: &Config,
+    pipeline: &str,
+) -> (String, Option<String>, crate::telemetry::state::Rounds) {
     crate::telemetry::state::read(&config.storage_path, pipeline)
-        .map(|s| (s.state.as_str().to_string(), s.error))
-        .unwrap_or_else(|| ("unknown".to_string(), None))
+        .map(|s| (s.state.as_str().to_string(), s.error, s.rounds))
+        .unwrap_or_else(|| ("unknown".to_string(), None, Default::default()))
 }
 
 /// Collects the status of `only` (or every pipeline).
@@ -107,7 +113,7 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
             continue;
         }
         let pos = crate::source::postgres::slot::health(&p.source).await;
-        let (state, error) = recorded_state(config, &p.name);
+        let (state, error, commit_rounds) = recorded_state(config, &p.name);
         let mut tables = Vec::new();
         for s in states
             .iter()
@@ -157,6 +163,7 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
             warnings: pos.warnings(&p.source),
             source_error: pos.error,
             wal_bytes: folder_bytes(&config.storage_path.join("wal").join(&p.name)),
+            commit_rounds,
             tables,
         });
     }
@@ -213,6 +220,18 @@ pub fn render_text(report: &[PipelineStatus]) -> String {
             s.push_str(&format!("  warning: {w}\n"));
         }
         s.push_str(&format!("  WAL on disk: {} bytes\n", p.wal_bytes));
+        let r = &p.commit_rounds;
+        if let Some(last) = r.last_seconds {
+            let secs = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+            s.push_str(&format!(
+                "  commit rounds: {}, last {last:.3} s ({} tables), p50 {} s, p99 {} s, max {} s\n",
+                r.count,
+                r.last_tables,
+                secs(r.p50_seconds),
+                secs(r.p99_seconds),
+                secs(r.max_seconds)
+            ));
+        }
         s.push_str(&format!(
             "  {:<32} {:>14} {:>12} {:>9} {:>8} {:>12} {:>6} {:>7}  {}\n",
             "table",

@@ -218,6 +218,8 @@ def test_partitions_schema_changes_slot_health_heartbeat_and_lost_slot(version_d
     assert p["wal_status"] in ("reserved", "extended"), f"Postgres {version}: {p}"
     assert isinstance(p["retained_wal_bytes"], int) and p["retained_wal_bytes"] >= 0, p
     assert isinstance(p["lag_bytes"], int) and p["lag_bytes"] >= 0, p
+    rounds = p["commit_rounds"]
+    assert rounds["count"] >= 1 and rounds["last_tables"] >= 1 and rounds["p99_seconds"] > 0, rounds
 
     # the heartbeat: the server writes only to a table no pipeline follows, and the slot follows
     proc = start_streaming(skippr)

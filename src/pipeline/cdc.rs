@@ -42,9 +42,17 @@ pub struct Sinks<T: TableSink> {
     budget: u64,
     /// Changes applied since the budget of all tables together was last checked.
     since_check: u32,
+    /// The pipeline whose rounds the metrics and the state file record (see [`Sinks::named`]).
+    pipeline: Option<String>,
 }
 
 impl<T: TableSink> Sinks<T> {
+    /// Records each commit round under `pipeline` (metrics, `skipprd status`).
+    pub fn named(mut self, pipeline: &str) -> Self {
+        self.pipeline = Some(pipeline.to_string());
+        self
+    }
+
     /// Saves what makes the next start fast (each table's key index), once a run ended with
     /// everything committed.
     pub fn keep_indexes(&mut self) {
@@ -80,6 +88,7 @@ impl<T: TableSink> Sinks<T> {
             state_file,
             budget,
             since_check: 0,
+            pipeline: None,
         }
     }
 
@@ -276,6 +285,9 @@ impl<T: TableSink> Sinks<T> {
         let staged = started.elapsed();
         let in_one = round.finish().await?;
         if pending > 0 {
+            if let Some(p) = &self.pipeline {
+                crate::telemetry::state::round_done(p, started.elapsed().as_secs_f64(), pending);
+            }
             tracing::debug!(
                 tables = pending,
                 in_one_request = in_one,
@@ -390,7 +402,8 @@ impl Tables for IcebergTables<'_> {
             self.p.source.append_only.clone(),
             self.p.state_file.clone(),
             self.p.transaction_memory_budget,
-        ))
+        )
+        .named(&self.p.name))
     }
 
     async fn check_source(&self) -> Result<()> {

@@ -13,18 +13,30 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Label pairs of one series.
 type Labels = Vec<(&'static str, String)>;
 type Counters = Family<Labels, Counter<f64, AtomicU64>>;
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Buckets of the duration histograms, in seconds: 10 ms to 2 minutes.
+const SECONDS_BUCKETS: [f64; 14] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
+];
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(SECONDS_BUCKETS)
+}
 
 #[derive(Default)]
 struct Metrics {
     registry: Registry,
     counters: HashMap<&'static str, Counters>,
     gauges: HashMap<&'static str, Gauges>,
+    histograms: HashMap<&'static str, Histograms>,
 }
 
 static METRICS: LazyLock<Mutex<Metrics>> = LazyLock::new(Mutex::default);
@@ -79,6 +91,28 @@ pub fn set(name: &'static str, help: &'static str, l: &[(&'static str, &str)], v
             .clone()
     };
     family.get_or_create(&labels(l)).set(v);
+}
+
+/// Observes a duration in seconds in a histogram (buckets from 10 ms to 2 minutes).
+pub fn observe_seconds(name: &'static str, help: &'static str, l: &[(&'static str, &str)], v: f64) {
+    let family = {
+        let mut m = metrics();
+        let Metrics {
+            registry,
+            histograms,
+            ..
+        } = &mut *m;
+        histograms
+            .entry(name)
+            .or_insert_with(|| {
+                let family =
+                    Histograms::new_with_constructor(seconds_histogram as fn() -> Histogram);
+                registry.register(name, help_text(help), family.clone());
+                family
+            })
+            .clone()
+    };
+    family.get_or_create(&labels(l)).observe(v);
 }
 
 /// A gateway statement was answered as a lookup by primary key, without the planner.

@@ -73,12 +73,35 @@ pub struct PipelineStatus {
     pub reconnects: u64,
     /// The process that runs the pipeline.
     pub pid: u32,
+    /// Its commit rounds since the process started.
+    #[serde(default)]
+    pub rounds: Rounds,
+}
+
+/// How many rounds the percentiles of [`Rounds`] are taken over (the most recent ones).
+const ROUND_WINDOW: usize = 1000;
+
+/// The commit rounds of a pipeline that committed at least one table, since the process
+/// started: each commits only the tables with changes, so its time follows the tables that
+/// change, not the tables that exist.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rounds {
+    pub count: u64,
+    pub last_seconds: Option<f64>,
+    /// Tables the last round committed.
+    pub last_tables: u64,
+    /// Over the last 1000 rounds.
+    pub p50_seconds: Option<f64>,
+    pub p99_seconds: Option<f64>,
+    pub max_seconds: Option<f64>,
 }
 
 struct Entry {
     status: PipelineStatus,
     /// The storage folder, when the state is also written to a file.
     storage: Option<PathBuf>,
+    /// Durations of the most recent rounds, oldest first.
+    recent: std::collections::VecDeque<f64>,
 }
 
 static PIPELINES: Mutex<BTreeMap<String, Entry>> = Mutex::new(BTreeMap::new());
@@ -111,12 +134,14 @@ pub fn register(pipeline: &str, storage: &Path) {
         since_unix_ms: now_ms(),
         reconnects: 0,
         pid: std::process::id(),
+        rounds: Rounds::default(),
     };
     let mut all = pipelines();
     let reconnects = all.get(pipeline).map(|e| e.status.reconnects).unwrap_or(0);
     let entry = all.entry(pipeline.to_string()).or_insert(Entry {
         status,
         storage: None,
+        recent: Default::default(),
     });
     entry.storage = Some(storage.to_path_buf());
     entry.status.reconnects = reconnects;
@@ -156,6 +181,36 @@ pub fn retry(pipeline: &str, state: State, error: String) {
         }
     }
     set(pipeline, state, Some(error));
+}
+
+/// Records a commit round of `pipeline` that committed `tables` tables in `seconds`: the
+/// `skippr_commit_round_seconds` histogram, and the figures of the state file.
+pub fn round_done(pipeline: &str, seconds: f64, tables: usize) {
+    metrics::observe_seconds(
+        "skippr_commit_round_seconds",
+        "Duration of a pipeline's commit rounds (those that committed at least one table), in seconds.",
+        &[("pipeline", pipeline)],
+        seconds,
+    );
+    let mut all = pipelines();
+    let Some(entry) = all.get_mut(pipeline) else {
+        return;
+    };
+    if entry.recent.len() == ROUND_WINDOW {
+        entry.recent.pop_front();
+    }
+    entry.recent.push_back(seconds);
+    let mut sorted: Vec<f64> = entry.recent.iter().copied().collect();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    let r = &mut entry.status.rounds;
+    r.count += 1;
+    r.last_seconds = Some(seconds);
+    r.last_tables = tables as u64;
+    r.p50_seconds = Some(at(0.5));
+    r.p99_seconds = Some(at(0.99));
+    r.max_seconds = sorted.last().copied();
+    publish(entry);
 }
 
 /// The state of a pipeline of this process.
@@ -237,5 +292,31 @@ mod tests {
         let other = read(dir.path(), "state_test_p").unwrap();
         assert_eq!(other.state, State::Streaming);
         assert!(read(dir.path(), "no_such_pipeline").is_none());
+    }
+
+    #[test]
+    fn commit_rounds_are_counted_with_their_percentiles() {
+        let dir = tempfile::tempdir().unwrap();
+        register("rounds_test_p", dir.path());
+        for i in 1..=100 {
+            round_done("rounds_test_p", i as f64 / 100.0, 3);
+        }
+        let file: PipelineStatus = serde_json::from_str(
+            &std::fs::read_to_string(state_file(dir.path(), "rounds_test_p")).unwrap(),
+        )
+        .unwrap();
+        let r = file.rounds;
+        assert_eq!((r.count, r.last_tables), (100, 3));
+        assert_eq!(r.last_seconds, Some(1.0));
+        assert_eq!(r.max_seconds, Some(1.0));
+        assert_eq!(r.p50_seconds, Some(0.51));
+        assert_eq!(r.p99_seconds, Some(0.99));
+        let text = metrics::render();
+        assert!(text.contains("skippr_commit_round_seconds_count{pipeline=\"rounds_test_p\"} 100"));
+        assert!(text.contains("skippr_commit_round_seconds_bucket{le=\"0.5\",pipeline=\"rounds_test_p\"} 50"), "{text}");
+        // A state file from before rounds were recorded still reads.
+        let old = r#"{"pipeline":"p","state":"streaming","error":null,"since_unix_ms":1,"reconnects":0,"pid":1}"#;
+        let s: PipelineStatus = serde_json::from_str(old).unwrap();
+        assert_eq!(s.rounds, Rounds::default());
     }
 }
