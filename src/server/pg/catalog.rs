@@ -31,8 +31,10 @@ use crate::query::{Workspace, CATALOG};
 use crate::sink::iceberg::PROP_PRIMARY_KEY;
 
 use super::catalog_types::Typed;
+use super::stat_activity;
 use super::types::{column_types, ColumnTypes, TYPE_OIDS};
 use super::udf;
+use crate::server::activity::Backends;
 
 pub(super) use self::extended::{Extended, Extra};
 
@@ -43,6 +45,8 @@ pub struct PgShared {
     ws: Arc<Workspace>,
     defs: Definitions,
     namespaces: Arc<Namespaces>,
+    /// The gateway's sessions (`pg_stat_activity`).
+    backends: Arc<Backends>,
 }
 
 impl PgShared {
@@ -66,13 +70,18 @@ impl PgShared {
             defs: self.defs.clone(),
             namespaces: self.namespaces.clone(),
             models: Some((models, temp_schema.to_string())),
+            backends: self.backends.clone(),
         }))
     }
 }
 
 /// Registers `pg_catalog` (with primary keys) and the Postgres functions clients call;
 /// returns what each session's own `pg_catalog` is built from.
-pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
+pub fn setup(
+    ctx: &SessionContext,
+    ws: Arc<Workspace>,
+    backends: Arc<Backends>,
+) -> Result<PgShared> {
     setup_pg_catalog(ctx, CATALOG, EmptyContextProvider)
         .map_err(|e| Error::fatal(format!("cannot set up pg_catalog: {e}")))?;
     let catalog = ctx
@@ -90,6 +99,7 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
         ws: ws.clone(),
         defs: defs.clone(),
         namespaces: Arc::default(),
+        backends: backends.clone(),
     };
     catalog
         .register_schema(
@@ -100,6 +110,7 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
                 defs: defs.clone(),
                 namespaces: shared.namespaces.clone(),
                 models: None,
+                backends,
             }),
         )
         .map_err(Error::from)?;
@@ -204,6 +215,8 @@ pub(super) struct PgCatalog {
     namespaces: Arc<Namespaces>,
     /// The session's models and temporary schema.
     pub(super) models: Option<(Arc<dyn ModelsView>, String)>,
+    /// The gateway's sessions (`pg_stat_activity`).
+    backends: Arc<Backends>,
 }
 
 /// Schema oids that stay the same. pg_catalog hands out a schema's oid anew whenever its
@@ -472,11 +485,16 @@ impl SchemaProvider for PgCatalog {
     }
 
     fn table_names(&self) -> Vec<String> {
-        self.inner.table_names()
+        let mut names = self.inner.table_names();
+        names.push(stat_activity::NAME.to_string());
+        names
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         let models = self.models.is_some();
+        if name.eq_ignore_ascii_case(stat_activity::NAME) {
+            return Ok(Some(stat_activity::table(self.backends.clone())));
+        }
         let extra = match name.to_ascii_lowercase().as_str() {
             "pg_index" => Extra::Index,
             "pg_constraint" => Extra::Constraint,
@@ -507,13 +525,14 @@ impl SchemaProvider for PgCatalog {
                 defs: self.defs.clone(),
                 namespaces: self.namespaces.clone(),
                 models: self.models.clone(),
+                backends: self.backends.clone(),
             }),
             extra,
         })))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.inner.table_exist(name)
+        self.inner.table_exist(name) || name.eq_ignore_ascii_case(stat_activity::NAME)
     }
 }
 
