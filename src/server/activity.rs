@@ -200,16 +200,16 @@ impl Backends {
         let by = caller.ident.get();
         let by_user = by.map(|i| i.user.as_str()).unwrap_or_default();
         if !self.may_signal(by_user, &ident.user) {
-            tracing::info!(pid, by_pid = ?by.map(|i| i.pid), by_user = %by_user, user = %ident.user, signal = ?signal, "refused a signal to another user's session");
+            tracing::info!(pid, by_pid = by.map_or(0, |i| i.pid), by_user = %by_user, user = %ident.user, signal = ?signal, "refused a signal to another user's session");
             return Err(refusal(signal));
         }
         match signal {
             Signal::Cancel => {
-                tracing::info!(pid, by_pid = ?by.map(|i| i.pid), by_user = %by_user, "pg_cancel_backend: cancelling the session's statement");
+                tracing::info!(pid, by_pid = by.map_or(0, |i| i.pid), by_user = %by_user, "pg_cancel_backend: cancelling the session's statement");
                 target.interrupts.cancel();
             }
             Signal::Terminate => {
-                tracing::info!(pid, by_pid = ?by.map(|i| i.pid), by_user = %by_user, "pg_terminate_backend: closing the session");
+                tracing::info!(pid, by_pid = by.map_or(0, |i| i.pid), by_user = %by_user, "pg_terminate_backend: closing the session");
                 target.terminate.send_replace(true);
             }
         }
@@ -448,7 +448,7 @@ impl Statement<'_> {
         if let Some(statement) = query {
             let ident = self.backend.ident.get();
             tracing::info!(
-                pid = ?ident.map(|i| i.pid),
+                pid = ident.map_or(0, |i| i.pid),
                 user = %ident.map(|i| i.user.as_str()).unwrap_or_default(),
                 duration_ms = took.as_millis() as u64,
                 rows = self.backend.rows.load(Ordering::Relaxed),
