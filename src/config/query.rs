@@ -149,7 +149,7 @@ impl Validator<'_> {
                 None => {
                     self.report(
                         keys(&["skippr", "query", "log_min_duration"]),
-                        format!("`{text}` is not a duration: write e.g. `250ms`, `2s` or `1min` (`0` logs every statement; leave the key out to log none)"),
+                        format!("`{text}` is not a duration: write e.g. `250ms`, `2s` or `1min` (`0ms` logs every statement; leave the key out to log none)"),
                     );
                     None
                 }
