@@ -143,8 +143,9 @@ def running(conn: psycopg.Connection, pid: int) -> Callable[[], tuple | None]:
 
 def test_pg_stat_activity_lists_the_sessions_live(agw):
     """A second session sees the first running its long statement (`active`, its text), an
-    idle one as `idle`, and itself as `active` with its own query; the columns have Postgres's
-    types, and `pg_catalog.pg_stat_activity` is the same relation."""
+    idle one as `idle`, and itself as `active` with its own query; another user (not an admin)
+    sees who the session is but not its statement; the columns have Postgres's types, and
+    `pg_catalog.pg_stat_activity` is the same relation."""
     a = Run(agw, "alice", SLOW).start()
     try:
         with connect(agw, "bob") as idle, connect(agw, "root") as observer:
@@ -153,6 +154,11 @@ def test_pg_stat_activity_lists_the_sessions_live(agw):
             assert row[1] == "alice" and row[4] is None and row[6] == "client backend", row
             assert "slow_marker" in row[5] and "generate_series" in row[5], row
             assert activity(observer, idle.info.backend_pid)[1:4] == ("bob", "idle", None)
+            # Another user's session: who it is, not what it does (as Postgres without
+            # pg_read_all_stats); an admin (root, above) sees everything.
+            hidden = idle.execute("SELECT usename, state, query, client_addr, query_start "
+                                  "FROM pg_stat_activity WHERE pid = %s", (a.pid,)).fetchone()
+            assert hidden == ("alice", None, "<insufficient privilege>", None, None), hidden
             cur = observer.execute(
                 "SELECT application_name, state FROM pg_catalog.pg_stat_activity WHERE pid = %s",
                 (idle.info.backend_pid,))

@@ -131,6 +131,8 @@ pub struct Activity {
     /// Waits for its turn (`wait_event_type` [`QUEUE_WAIT`]).
     pub queued: bool,
     pub query: String,
+    /// Whether the reader may see more than who the session is (see [`Backends::snapshot`]).
+    pub visible: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -164,13 +166,26 @@ impl Backends {
         lock(&self.sessions).get(&pid).and_then(Weak::upgrade)
     }
 
-    /// Every session started, by process id, as it is now.
-    pub fn snapshot(&self) -> Vec<Activity> {
+    /// Every session started, by process id, as it is now; as `viewer` may see it (`None`:
+    /// the server itself, which sees everything). A session sees the details of those it may
+    /// signal; of the others only who they are (as Postgres shows them without
+    /// `pg_read_all_stats`).
+    pub fn snapshot(&self, viewer: Option<&Backend>) -> Vec<Activity> {
         let live: Vec<Arc<Backend>> = lock(&self.sessions)
             .values()
             .filter_map(Weak::upgrade)
             .collect();
-        live.iter().filter_map(|b| b.activity()).collect()
+        let viewer = viewer.map(|v| v.ident.get().map(|i| i.user.as_str()));
+        live.iter()
+            .filter_map(|b| b.activity())
+            .map(|mut a| {
+                a.visible = match viewer {
+                    None => true,
+                    Some(user) => self.may_signal(user.unwrap_or_default(), &a.user),
+                };
+                a
+            })
+            .collect()
     }
 
     /// Whether `caller` may signal a session of `target` (see the module doc).
@@ -400,6 +415,7 @@ impl Backend {
             state: name,
             queued: state.active && self.queued.load(Ordering::Relaxed),
             query: state.query.clone(),
+            visible: true,
         })
     }
 }
@@ -506,7 +522,7 @@ mod tests {
     fn a_session_shows_its_statement_while_it_runs_then_idles() {
         let backends = Backends::new(HashSet::new(), true, None);
         let (b, registration) = session(&backends, 100_001, "ann");
-        let row = |b: &Backends| b.snapshot().pop().map(|a| (a.state, a.query, a.queued));
+        let row = |b: &Backends| b.snapshot(None).pop().map(|a| (a.state, a.query, a.queued));
         assert_eq!(row(&backends), Some(("idle", String::new(), false)));
         let running = b.begin("SELECT 1", &meta("ann"));
         b.queued().store(true, Ordering::Relaxed);
@@ -517,12 +533,15 @@ mod tests {
             row(&backends),
             Some(("idle in transaction", "SELECT 1".into(), false))
         );
-        let snapshot = backends.snapshot();
+        let snapshot = backends.snapshot(None);
         assert!(snapshot[0].xact_start.is_some());
         drop(b.begin("COMMIT", &meta("ann")));
         assert_eq!(row(&backends).map(|r| r.0), Some("idle in transaction"));
         drop(registration);
-        assert!(backends.snapshot().is_empty(), "gone with its connection");
+        assert!(
+            backends.snapshot(None).is_empty(),
+            "gone with its connection"
+        );
     }
 
     #[test]
@@ -539,6 +558,19 @@ mod tests {
         let (bob, _b) = session(&backends, 8, "bob");
         let (ann2, _a2) = session(&backends, 9, "ann");
         let (root, _r) = session(&backends, 10, "root");
+        let seen = |viewer: &Backend| -> Vec<(i32, bool)> {
+            let rows = backends.snapshot(Some(viewer));
+            rows.iter().map(|a| (a.pid, a.visible)).collect()
+        };
+        assert_eq!(
+            seen(&bob),
+            vec![(7, false), (8, true), (9, false), (10, false)]
+        );
+        assert_eq!(
+            seen(&ann),
+            vec![(7, true), (8, false), (9, true), (10, false)]
+        );
+        assert!(seen(&root).iter().all(|(_, visible)| *visible));
         let refused = backends.signal(&bob, 7, Signal::Cancel);
         assert_eq!(
             refused.err().map(|e| (e.code, e.message)),

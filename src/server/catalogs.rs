@@ -10,6 +10,7 @@ use std::sync::{Arc, Weak};
 use datafusion::catalog::{CatalogProvider, CatalogProviderList, SchemaProvider};
 use datafusion::error::{DataFusionError, Result as DfResult};
 
+use super::activity::Backend;
 use super::models::SessionModels;
 use super::pg::info_schema::InfoSchema;
 use super::Shared;
@@ -159,12 +160,13 @@ impl CatalogProvider for SessionCatalog {
     }
 }
 
-/// The engine state of one session: the shared one, with the session's own catalogs
-/// (its models, temporary tables, `pg_catalog` and `information_schema`).
+/// The engine state of one session (`backend`): the shared one, with the session's own
+/// catalogs (its models, temporary tables, `pg_catalog` and `information_schema`).
 pub(super) fn session_state(
     shared: &Shared,
     models: &Arc<SessionModels>,
     views: &Arc<ViewHandle>,
+    backend: &Arc<Backend>,
 ) -> crate::error::Result<datafusion::execution::SessionState> {
     let catalogs =
         SessionCatalogs::new(shared.base.catalog_list().clone(), models.clone(), |list| {
@@ -173,10 +175,12 @@ pub(super) fn session_state(
                 "information_schema".to_string(),
                 Arc::new(InfoSchema::new(list.clone(), shared.ws.clone())),
             );
-            if let Ok(pg) = shared
-                .pg
-                .session_schema(list, models.clone(), models.temp_schema())
-            {
+            if let Ok(pg) = shared.pg.session_schema(
+                list,
+                models.clone(),
+                models.temp_schema(),
+                backend.clone(),
+            ) {
                 own.insert("pg_catalog".to_string(), pg);
             }
             own.insert(models.temp_schema().to_string(), models.temp_provider());

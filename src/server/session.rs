@@ -80,7 +80,10 @@ impl ConnHandlers {
             shared.max_query_memory,
         ));
         let views = Arc::new(ViewHandle::default());
-        let ctx = SessionContext::new_with_state(session_state(&shared, &models, &views)?);
+        let interrupts = Arc::new(Interrupts::default());
+        let activity = Backend::new(shared.backends.clone(), interrupts.clone());
+        let state = session_state(&shared, &models, &views, &activity)?;
+        let ctx = SessionContext::new_with_state(state);
         models.bind(&ctx);
         for udf in fence::udfs(views.clone()) {
             ctx.register_udf(udf);
@@ -89,8 +92,6 @@ impl ConnHandlers {
         ctx.register_udf(current_setting(mirror.clone(), &shared.workspace));
         ctx.register_udf(set_config(mirror.clone()));
         let relations = Relations::default();
-        let interrupts = Arc::new(Interrupts::default());
-        let activity = Backend::new(shared.backends.clone(), interrupts.clone());
         for udf in relations
             .udfs()
             .into_iter()

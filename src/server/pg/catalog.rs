@@ -34,7 +34,7 @@ use super::catalog_types::Typed;
 use super::stat_activity;
 use super::types::{column_types, ColumnTypes, TYPE_OIDS};
 use super::udf;
-use crate::server::activity::Backends;
+use crate::server::activity::{Backend, Backends};
 
 pub(super) use self::extended::{Extended, Extra};
 
@@ -50,13 +50,14 @@ pub struct PgShared {
 }
 
 impl PgShared {
-    /// The `pg_catalog` of one session: over its catalogs `list`, with the models as
-    /// `models` shows them and its temporary schema.
+    /// The `pg_catalog` of one session (`viewer`): over its catalogs `list`, with the models
+    /// as `models` shows them and its temporary schema.
     pub fn session_schema(
         &self,
         list: Arc<dyn CatalogProviderList>,
         models: Arc<dyn ModelsView>,
         temp_schema: &str,
+        viewer: Arc<Backend>,
     ) -> Result<Arc<dyn SchemaProvider>> {
         let inner = PgCatalogSchemaProvider::try_new(
             list,
@@ -71,6 +72,7 @@ impl PgShared {
             namespaces: self.namespaces.clone(),
             models: Some((models, temp_schema.to_string())),
             backends: self.backends.clone(),
+            viewer: Some(viewer),
         }))
     }
 }
@@ -111,6 +113,7 @@ pub fn setup(
                 namespaces: shared.namespaces.clone(),
                 models: None,
                 backends,
+                viewer: None,
             }),
         )
         .map_err(Error::from)?;
@@ -217,6 +220,9 @@ pub(super) struct PgCatalog {
     pub(super) models: Option<(Arc<dyn ModelsView>, String)>,
     /// The gateway's sessions (`pg_stat_activity`).
     backends: Arc<Backends>,
+    /// The session reading this catalog (`None`: the server's own), which sees the details
+    /// of the sessions it may signal only.
+    viewer: Option<Arc<Backend>>,
 }
 
 /// Schema oids that stay the same. pg_catalog hands out a schema's oid anew whenever its
@@ -493,7 +499,8 @@ impl SchemaProvider for PgCatalog {
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         let models = self.models.is_some();
         if name.eq_ignore_ascii_case(stat_activity::NAME) {
-            return Ok(Some(stat_activity::table(self.backends.clone())));
+            let viewer = self.viewer.clone();
+            return Ok(Some(stat_activity::table(self.backends.clone(), viewer)));
         }
         let extra = match name.to_ascii_lowercase().as_str() {
             "pg_index" => Extra::Index,
@@ -526,6 +533,7 @@ impl SchemaProvider for PgCatalog {
                 namespaces: self.namespaces.clone(),
                 models: self.models.clone(),
                 backends: self.backends.clone(),
+                viewer: self.viewer.clone(),
             }),
             extra,
         })))

@@ -34,14 +34,23 @@ pub const NAME: &str = "pg_stat_activity";
 /// What `backend_type` says of every session: each is a client's.
 const BACKEND_TYPE: &str = "client backend";
 
-/// `pg_stat_activity` over `backends`, its columns typed as Postgres types them.
-pub fn table(backends: Arc<Backends>) -> Arc<dyn TableProvider> {
-    Typed::wrap("pg_catalog", NAME, Arc::new(StatActivity { backends }))
+/// What `query` shows of a session the reader may not see the details of (as Postgres).
+const HIDDEN: &str = "<insufficient privilege>";
+
+/// `pg_stat_activity` over `backends` as session `viewer` sees it (`None`: the server, which
+/// sees everything), its columns typed as Postgres types them.
+pub fn table(backends: Arc<Backends>, viewer: Option<Arc<Backend>>) -> Arc<dyn TableProvider> {
+    Typed::wrap(
+        "pg_catalog",
+        NAME,
+        Arc::new(StatActivity { backends, viewer }),
+    )
 }
 
 /// The sessions of the gateway, one row each, read when scanned.
 struct StatActivity {
     backends: Arc<Backends>,
+    viewer: Option<Arc<Backend>>,
 }
 
 impl std::fmt::Debug for StatActivity {
@@ -91,7 +100,8 @@ fn micros(t: SystemTime) -> Option<i64> {
         .and_then(|d| i64::try_from(d.as_micros()).ok())
 }
 
-/// The rows of `sessions`.
+/// The rows of `sessions`. Of a session the reader may not see, only who it is (database,
+/// pid, user, application) and [`HIDDEN`] as its query, the rest NULL, as Postgres shows it.
 fn batch(sessions: &[Activity]) -> DfResult<RecordBatch> {
     let schema = schema();
     let nulls = |t: &DataType| arrow::array::new_null_array(t, sessions.len());
@@ -110,7 +120,8 @@ fn batch(sessions: &[Activity]) -> DfResult<RecordBatch> {
                 .with_timezone("+00:00"),
         )
     };
-    let queued = |a: &Activity, what: &'static str| a.queued.then(|| what.to_string());
+    let queued =
+        |a: &Activity, what: &'static str| (a.visible && a.queued).then(|| what.to_string());
     let columns: Vec<ArrayRef> = vec![
         nulls(&DataType::Int32),
         texts(&|a| Some(a.database.clone())),
@@ -119,21 +130,27 @@ fn batch(sessions: &[Activity]) -> DfResult<RecordBatch> {
         nulls(&DataType::Int32),
         texts(&|a| Some(a.user.clone())),
         texts(&|a| Some(a.application_name.clone())),
-        texts(&|a| a.client.map(|c| c.ip().to_string())),
+        texts(&|a| a.client.filter(|_| a.visible).map(|c| c.ip().to_string())),
         nulls(&DataType::Utf8),
-        ints(&|a| a.client.map(|c| i32::from(c.port()))),
-        times(&|a| Some(a.backend_start)),
-        times(&|a| a.xact_start),
-        times(&|a| a.query_start),
-        times(&|a| a.state_change),
+        ints(&|a| a.client.filter(|_| a.visible).map(|c| i32::from(c.port()))),
+        times(&|a| a.visible.then_some(a.backend_start)),
+        times(&|a| a.xact_start.filter(|_| a.visible)),
+        times(&|a| a.query_start.filter(|_| a.visible)),
+        times(&|a| a.state_change.filter(|_| a.visible)),
         texts(&|a| queued(a, QUEUE_WAIT.0)),
         texts(&|a| queued(a, QUEUE_WAIT.1)),
-        texts(&|a| Some(a.state.to_string())),
+        texts(&|a| a.visible.then(|| a.state.to_string())),
         nulls(&DataType::Utf8),
         nulls(&DataType::Utf8),
         Arc::new(Int64Array::new_null(sessions.len())),
-        texts(&|a| Some(a.query.clone())),
-        texts(&|_| Some(BACKEND_TYPE.to_string())),
+        texts(&|a| {
+            Some(if a.visible {
+                a.query.clone()
+            } else {
+                HIDDEN.to_string()
+            })
+        }),
+        texts(&|a| a.visible.then(|| BACKEND_TYPE.to_string())),
     ];
     Ok(RecordBatch::try_new(schema, columns)?)
 }
@@ -159,7 +176,7 @@ impl TableProvider for StatActivity {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let rows = batch(&self.backends.snapshot())?;
+        let rows = batch(&self.backends.snapshot(self.viewer.as_deref()))?;
         Ok(MemorySourceConfig::try_new_exec(
             &[vec![rows]],
             schema(),
@@ -255,7 +272,7 @@ mod tests {
     async fn the_table_lists_the_sessions_as_they_are_when_scanned() -> DfResult<()> {
         let backends = Backends::new(HashSet::new(), true, None);
         let ctx = datafusion::prelude::SessionContext::new();
-        ctx.register_table("pg_stat_activity", table(backends.clone()))?;
+        ctx.register_table("pg_stat_activity", table(backends.clone(), None))?;
         async fn count(ctx: &datafusion::prelude::SessionContext) -> DfResult<usize> {
             let sql = "SELECT pid, state, query, wait_event_type, usename FROM pg_stat_activity";
             let batches = ctx.sql(sql).await?.collect().await?;
@@ -277,7 +294,7 @@ mod tests {
         for want in ["100000", "active", "SELECT 42", "5555", "127.0.0.1"] {
             assert!(text.contains(want), "{want} not in\n{text}");
         }
-        let typed = table(backends).schema();
+        let typed = table(backends, None).schema();
         let pg = |c: &str| {
             typed
                 .field_with_name(c)
@@ -290,6 +307,31 @@ mod tests {
             pg("query_start").as_deref(),
             Some("timestamp with time zone")
         );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn another_users_session_shows_only_who_it_is() -> DfResult<()> {
+        let backends = Backends::new(HashSet::new(), false, None);
+        let meta = |u: &str| HashMap::from([("user".to_string(), u.to_string())]);
+        let ann = Backend::new(backends.clone(), Arc::new(Interrupts::default()));
+        let _a = ann.register(1, &meta("ann"), "127.0.0.1:5555".parse().ok());
+        let _s = ann.begin("SELECT secret", &meta("ann"));
+        let bob = Backend::new(backends.clone(), Arc::new(Interrupts::default()));
+        let _b = bob.register(2, &meta("bob"), None);
+        let ctx = datafusion::prelude::SessionContext::new();
+        ctx.register_table("pg_stat_activity", table(backends, Some(bob.clone())))?;
+        let sql = "SELECT pid, usename, state, query, client_port, backend_type \
+                   FROM pg_stat_activity ORDER BY pid";
+        let batches = ctx.sql(sql).await?.collect().await?;
+        let text = arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
+        assert!(text.contains(HIDDEN), "{text}");
+        assert!(
+            !text.contains("SELECT secret") && !text.contains("5555"),
+            "{text}"
+        );
+        assert!(text.contains("ann") && text.contains("idle"), "{text}");
+        assert_eq!(text.matches(BACKEND_TYPE).count(), 1, "{text}");
         Ok(())
     }
 }
