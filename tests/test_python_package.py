@@ -1159,6 +1159,38 @@ def test_query_limits_are_written_in_connects_order(tmp_path: Path) -> None:
     assert proc.returncode == 0, describe(proc)
 
 
+def test_admins_and_the_slow_statement_log_are_written_in_connects_order(tmp_path: Path) -> None:
+    """`users[].admin` and `log_min_duration` are read, written where `skipprd connect`
+    writes them (the bytes are the same), read back equal, and pass `skipprd validate`; a user
+    without `admin` is not one, and a config without them still loads."""
+    shuffled = with_query_section(
+        "log_min_duration: 250ms\n    users:\n    - admin: true\n      password: a\n      name: ann\n"
+        "    - name: bob\n      password: b\n    max_concurrent_statements: 3\n"
+    )
+    loaded = Config.from_yaml(shuffled)
+    q = loaded.get_query()
+    assert q == QuerySettings(users=[QueryUser("ann", "a", admin=True), QueryUser("bob", "b")],
+                              max_concurrent_statements=3, log_min_duration="250ms")
+    assert [u.admin for u in q.users] == [True, False]
+    text = loaded.to_yaml()
+    assert ("  query:\n    users:\n      - name: ann\n        password: a\n        admin: true\n"
+            "      - name: bob\n        password: b\n    max_concurrent_statements: 3\n"
+            "    log_min_duration: 250ms\n") in text, text
+    assert Config.from_yaml(text) == loaded
+    with pytest.raises(ConfigError):
+        QueryUser("ann", "a", admin="yes")  # type: ignore[arg-type]
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    config.write_text(shuffled)
+    proc = run_binary(["--config", str(config), "connect", "data-sink", "localiceberg", "--pipeline", "app",
+                       "--name", "lake", "--warehouse", "./w"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+
+
 # --------------------------------------------------------------------------------------------
 # Iceberg REST catalogs
 # --------------------------------------------------------------------------------------------

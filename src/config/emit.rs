@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 74] = [
+const KEY_ORDER: [&str; 76] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -39,6 +39,7 @@ const KEY_ORDER: [&str; 74] = [
     "max_memory",
     "spill_path",
     "max_concurrent_statements",
+    "log_min_duration",
     "data_source",
     "data_sink",
     "commit_interval",
@@ -64,6 +65,7 @@ const KEY_ORDER: [&str; 74] = [
     "port",
     "user",
     "password",
+    "admin",
     "key",
     "database",
     "sslmode",

@@ -106,6 +106,10 @@ pub struct QueryConfig {
     pub spill_path: Option<PathBuf>,
     /// Statements that run at once; the others queue.
     pub max_concurrent_statements: usize,
+    /// The users of `users` that may cancel and terminate any user's sessions.
+    pub admins: std::collections::HashSet<String>,
+    /// Statements that take at least this long are logged when they end; `None`: none are.
+    pub log_min_duration: Option<std::time::Duration>,
 }
 
 /// Retries after transient faults, resolved (see [`ReconnectSettings`]).

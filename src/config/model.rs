@@ -168,6 +168,11 @@ pub struct QuerySettings {
     /// the wait counting toward their `statement_timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_statements: Option<u64>,
+    /// Statements that take at least this long (`250ms`, `2s`; `0` for every one) are logged
+    /// at INFO when they end, with their text, session, user, duration and rows (default:
+    /// none are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_min_duration: Option<String>,
 }
 
 /// `skippr.query.max_memory` by default: half of the machine's memory (4 GiB where it
@@ -211,6 +216,10 @@ pub fn default_target_partitions() -> usize {
 pub struct QueryUser {
     pub name: String,
     pub password: String,
+    /// May cancel and terminate any user's sessions (`pg_cancel_backend`,
+    /// `pg_terminate_backend`); a user without it reaches only its own sessions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 /// PEM files for the gateway's TLS.

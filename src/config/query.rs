@@ -142,6 +142,19 @@ impl Validator<'_> {
                 1
             }
         };
+        let log_min_duration = match q.log_min_duration.as_deref() {
+            None => None,
+            Some(text) => match parse_pg_duration(text) {
+                Some(d) => Some(d),
+                None => {
+                    self.report(
+                        keys(&["skippr", "query", "log_min_duration"]),
+                        format!("`{text}` is not a duration: write e.g. `250ms`, `2s` or `1min` (`0ms` logs every statement; leave the key out to log none)"),
+                    );
+                    None
+                }
+            },
+        };
         let spill_path = match q.spill_path.as_deref() {
             Some(p) if p.trim().is_empty() => {
                 self.report(
@@ -157,6 +170,13 @@ impl Validator<'_> {
             max_memory,
             spill_path,
             max_concurrent_statements,
+            log_min_duration,
+            admins: q
+                .users
+                .iter()
+                .filter(|u| u.admin)
+                .map(|u| u.name.clone())
+                .collect(),
             statement_timeout,
             target_partitions,
             max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),

@@ -1301,6 +1301,48 @@ fn server_memory_spill_and_admission_default_and_round_trip() {
 }
 
 #[test]
+fn admins_and_the_slow_statement_log_default_off_and_round_trip() {
+    let c = load(GOOD).unwrap();
+    assert!(c.query.admins.is_empty());
+    assert_eq!(c.query.log_min_duration, None);
+    let text = with_query(
+        "users:\n  - name: ann\n    password: a\n    admin: true\n  - name: bob\n    password: b\n    admin: false\n  - name: cy\n    password: c\nlog_min_duration: 250ms",
+    );
+    let c = load(&text).unwrap();
+    assert_eq!(
+        c.query.admins,
+        std::collections::HashSet::from(["ann".to_string()])
+    );
+    assert_eq!(c.query.users.len(), 3);
+    assert_eq!(
+        c.query.log_min_duration,
+        Some(std::time::Duration::from_millis(250))
+    );
+    // The canonical writer keeps them, `admin` after the password.
+    let written = emit::to_canonical_yaml(&serde_yaml::from_str(&text).unwrap());
+    assert!(
+        written.contains("- name: ann\n        password: a\n        admin: true\n"),
+        "{written}"
+    );
+    assert!(written.contains("log_min_duration: 250ms"), "{written}");
+    let again = load(&written).unwrap().query;
+    assert_eq!(
+        (again.admins, again.log_min_duration),
+        (c.query.admins.clone(), c.query.log_min_duration)
+    );
+    // `0ms` logs every statement.
+    let c = load(&with_query("log_min_duration: 0ms")).unwrap();
+    assert_eq!(c.query.log_min_duration, Some(std::time::Duration::ZERO));
+    let p = one_error(&with_query("log_min_duration: soon"));
+    assert_eq!(p.path, "skippr.query.log_min_duration", "{p}");
+    assert!(p.to_string().contains("`soon` is not a duration"), "{p}");
+    let p = one_error(&with_query(
+        "users:\n  - name: ann\n    password: a\n    admin: yes please",
+    ));
+    assert!(p.path.starts_with("skippr.query.users"), "{p}");
+}
+
+#[test]
 fn bad_server_memory_spill_and_admission_name_the_key() {
     let cases: [(&str, &str, &[&str]); 6] = [
         (

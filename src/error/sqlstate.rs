@@ -3,6 +3,8 @@
 
 /// `00000`: a notice that something was skipped.
 pub const SUCCESSFUL_COMPLETION: &str = "00000";
+/// `01000`: a warning (a signal sent to a process that is not a session of the gateway).
+pub const WARNING: &str = "01000";
 /// `08001`: the source refused a connection.
 pub const SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION: &str = "08001";
 /// `08006`: the connection broke.

@@ -10,9 +10,13 @@ use std::sync::{Arc, Weak};
 use datafusion::catalog::{CatalogProvider, CatalogProviderList, SchemaProvider};
 use datafusion::error::{DataFusionError, Result as DfResult};
 
+use super::activity::Backend;
 use super::models::SessionModels;
+use super::pg::info_schema::InfoSchema;
+use super::Shared;
 use crate::query::models::{ModelSchema, ModelsView};
-use crate::query::CATALOG;
+use crate::query::view::ViewHandle;
+use crate::query::{LiveSchema, CATALOG};
 
 /// A session's catalogs: the shared list with the default catalog seen through
 /// [`SessionCatalog`]. The session holds it strongly; the schemas inside it that read it
@@ -154,4 +158,43 @@ impl CatalogProvider for SessionCatalog {
             "schema {name} cannot be registered in a gateway session"
         )))
     }
+}
+
+/// The engine state of one session (`backend`): the shared one, with the session's own
+/// catalogs (its models, temporary tables, `pg_catalog` and `information_schema`).
+pub(super) fn session_state(
+    shared: &Shared,
+    models: &Arc<SessionModels>,
+    views: &Arc<ViewHandle>,
+    backend: &Arc<Backend>,
+) -> crate::error::Result<datafusion::execution::SessionState> {
+    let catalogs =
+        SessionCatalogs::new(shared.base.catalog_list().clone(), models.clone(), |list| {
+            let mut own: HashMap<String, Arc<dyn SchemaProvider>> = HashMap::new();
+            own.insert(
+                "information_schema".to_string(),
+                Arc::new(InfoSchema::new(list.clone(), shared.ws.clone())),
+            );
+            if let Ok(pg) = shared.pg.session_schema(
+                list,
+                models.clone(),
+                models.temp_schema(),
+                backend.clone(),
+            ) {
+                own.insert("pg_catalog".to_string(), pg);
+            }
+            own.insert(models.temp_schema().to_string(), models.temp_provider());
+            // The live tables in this session's read views (one LSN per statement).
+            own.insert(
+                shared.workspace.clone(),
+                Arc::new(LiveSchema(shared.ws.clone(), views.clone())),
+            );
+            own
+        })
+        .map_err(crate::error::Error::from)?;
+    Ok(
+        datafusion::execution::SessionStateBuilder::new_from_existing(shared.base.clone())
+            .with_catalog_list(catalogs)
+            .build(),
+    )
 }

@@ -2,7 +2,8 @@
 //! through the frame check ([`super::frames`]) and handed to the protocol library's
 //! dispatcher. The loop owns the connection's stream, plain or TLS, so it can end the
 //! session in the protocol's own terms: 08P01 for a message that breaks the protocol, 57P01
-//! when the server shuts down (mid-statement too, once the grace period is over).
+//! when the server shuts down (mid-statement too, once the grace period is over) or when
+//! `pg_terminate_backend` names the session (at once, whatever it is doing).
 
 use std::io;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::codec::{Framed, FramedParts};
 
+use super::activity::TERMINATED_MESSAGE;
 use super::frames::{violation_of, Checked};
 use super::session::{ConnHandlers, Stmt};
 use crate::error::sqlstate;
@@ -73,6 +75,7 @@ pub(super) async fn serve(
     let copy = handlers.copy_handler();
     let cancel = handlers.cancel_handler();
     let errors = handlers.error_handler();
+    let terminated = handlers.terminated();
     let mut authenticated = false;
     loop {
         let starting = matches!(
@@ -88,6 +91,10 @@ pub(super) async fn serve(
             biased;
             _ = wait_true(closing.clone()) => {
                 goodbye(&mut socket, ADMIN_SHUTDOWN, SHUTDOWN_MESSAGE).await;
+                return Ok(());
+            }
+            _ = wait_true(terminated.clone()) => {
+                goodbye(&mut socket, ADMIN_SHUTDOWN, TERMINATED_MESSAGE).await;
                 return Ok(());
             }
             _ = &mut startup_timeout, if starting => return Ok(()),
@@ -110,7 +117,8 @@ pub(super) async fn serve(
         };
         let outcome = tokio::select! {
             biased;
-            _ = wait_true(closing.clone()) => None,
+            _ = wait_true(closing.clone()) => Err(SHUTDOWN_MESSAGE),
+            _ = wait_true(terminated.clone()) => Err(TERMINATED_MESSAGE),
             r = process_message(
                 message,
                 &mut socket,
@@ -119,15 +127,15 @@ pub(super) async fn serve(
                 extended.clone(),
                 copy.clone(),
                 cancel.clone(),
-            ) => Some(r),
+            ) => Ok(r),
         };
         match outcome {
-            None => {
-                goodbye(&mut socket, ADMIN_SHUTDOWN, SHUTDOWN_MESSAGE).await;
+            Err(why) => {
+                goodbye(&mut socket, ADMIN_SHUTDOWN, why).await;
                 return Ok(());
             }
-            Some(Ok(())) => {}
-            Some(Err(mut e)) => {
+            Ok(Ok(())) => {}
+            Ok(Err(mut e)) => {
                 errors.on_error(&socket, &mut e);
                 let info = ErrorInfo::from(e);
                 let fatal = info.is_fatal();

@@ -14,6 +14,39 @@ use crate::query::view::LSN_WAIT_MESSAGE;
 /// Maps query-engine errors to Postgres SQLSTATEs before they are sent.
 pub struct SqlStateErrors;
 
+/// An error raised inside the engine (by a function) with Postgres's own SQLSTATE, message
+/// and detail, sent to the client as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgError {
+    pub code: &'static str,
+    pub message: String,
+    pub detail: Option<String>,
+}
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PgError {}
+
+impl From<PgError> for DataFusionError {
+    fn from(e: PgError) -> Self {
+        DataFusionError::External(Box::new(e))
+    }
+}
+
+/// The DETAIL of an engine error, when it has one (see [`PgError`]).
+pub fn detail(e: &DataFusionError) -> Option<String> {
+    match e.find_root() {
+        DataFusionError::External(inner) => inner
+            .downcast_ref::<PgError>()
+            .and_then(|p| p.detail.clone()),
+        _ => None,
+    }
+}
+
 /// The SQLSTATE for a query-engine error.
 pub fn sqlstate(e: &DataFusionError) -> &'static str {
     let root = e.find_root();
@@ -54,6 +87,9 @@ pub fn sqlstate(e: &DataFusionError) -> &'static str {
         }
         DataFusionError::Execution(m) if m.contains("Divide by zero") => sqlstate::DIVISION_BY_ZERO,
         DataFusionError::ResourcesExhausted(_) => sqlstate::OUT_OF_MEMORY,
+        DataFusionError::External(inner) if inner.is::<PgError>() => inner
+            .downcast_ref::<PgError>()
+            .map_or(sqlstate::INTERNAL_ERROR, |p| p.code),
         DataFusionError::External(inner) => match inner.downcast_ref::<Error>() {
             Some(err) => match err.kind() {
                 ErrorKind::Query if err.message().starts_with(LSN_WAIT_MESSAGE) => {
@@ -93,18 +129,17 @@ impl ErrorHandler for SqlStateErrors {
     {
         let mapped = match error {
             PgWireError::ApiError(inner) => {
-                let (code, message) = if let Some(df) = inner.downcast_ref::<DataFusionError>() {
-                    (sqlstate(df), message(df))
-                } else if inner.downcast_ref::<ParserError>().is_some() {
-                    (sqlstate::SYNTAX_ERROR, inner.to_string())
-                } else {
-                    (sqlstate::INTERNAL_ERROR, inner.to_string())
-                };
-                Some(ErrorInfo::new(
-                    "ERROR".to_string(),
-                    code.to_string(),
-                    message,
-                ))
+                let (code, message, more) =
+                    if let Some(df) = inner.downcast_ref::<DataFusionError>() {
+                        (sqlstate(df), message(df), detail(df))
+                    } else if inner.downcast_ref::<ParserError>().is_some() {
+                        (sqlstate::SYNTAX_ERROR, inner.to_string(), None)
+                    } else {
+                        (sqlstate::INTERNAL_ERROR, inner.to_string(), None)
+                    };
+                let mut info = ErrorInfo::new("ERROR".to_string(), code.to_string(), message);
+                info.detail = more;
+                Some(info)
             }
             _ => None,
         };
@@ -129,6 +164,16 @@ mod tests {
         let text = message(&e);
         assert!(text.contains("no pipeline p"), "{text}");
         assert!(!text.contains("External error"), "{text}");
+        let pg: DataFusionError = PgError {
+            code: sqlstate::INSUFFICIENT_PRIVILEGE,
+            message: "permission denied to cancel query".into(),
+            detail: Some("Only the user ...".into()),
+        }
+        .into();
+        let wrapped = DataFusionError::Context("evaluating".into(), Box::new(pg));
+        assert_eq!(sqlstate(&wrapped), sqlstate::INSUFFICIENT_PRIVILEGE);
+        assert_eq!(message(&wrapped), "permission denied to cancel query");
+        assert_eq!(detail(&wrapped).as_deref(), Some("Only the user ..."));
         let plain = DataFusionError::Plan("bad plan".into());
         assert!(message(&plain).contains("bad plan"));
     }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use crate::error::sqlstate;
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DfResult;
+use datafusion::logical_expr::LogicalPlan;
 use futures::{Stream, StreamExt};
 use pgwire::api::cancel::CancelHandler;
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
@@ -303,12 +305,13 @@ impl Admission {
         })
     }
 
-    /// Waits for a turn (run it under the statement's interruptions).
-    pub async fn enter(self: &Arc<Self>) -> PgWireResult<Turn> {
+    /// Waits for a turn (run it under the statement's interruptions); `queued` is set while
+    /// it waits (`pg_stat_activity.wait_event_type`).
+    pub async fn enter(self: &Arc<Self>, queued: &AtomicBool) -> PgWireResult<Turn> {
         let permit = match self.slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                let waiting = Waiting::new(self);
+                let waiting = Waiting::new(self, queued);
                 let permit = self.slots.clone().acquire_owned().await.map_err(|_| {
                     PgWireError::ApiError(Box::new(crate::error::Error::fatal(
                         "the gateway is shutting down",
@@ -327,22 +330,54 @@ impl Admission {
     }
 }
 
-/// Counts a statement in the queue while it waits (however the wait ends).
-struct Waiting<'a>(&'a Admission);
+/// Counts a statement in the queue while it waits (however the wait ends), and marks its
+/// session as waiting.
+struct Waiting<'a>(&'a Admission, &'a AtomicBool);
 
 impl<'a> Waiting<'a> {
-    fn new(a: &'a Admission) -> Self {
+    fn new(a: &'a Admission, session: &'a AtomicBool) -> Self {
+        session.store(true, Ordering::SeqCst);
         let queued = a.queued.fetch_add(1, Ordering::Relaxed) + 1;
         publish_queued(queued);
-        Self(a)
+        Self(a, session)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
+        self.1.store(false, Ordering::SeqCst);
         let queued = self.0.queued.fetch_sub(1, Ordering::Relaxed) - 1;
         publish_queued(queued);
     }
+}
+
+/// Whether a statement's plan waits for a turn: any that reads a table, runs a table function
+/// (`generate_series`), unnests or recurses does. One that reads only the catalog
+/// (`pg_catalog`, `information_schema`) or no table at all runs at once, so that
+/// `pg_stat_activity`, `pg_cancel_backend` and a client's catalog queries answer while every
+/// turn is taken.
+pub fn needs_turn(plan: &LogicalPlan) -> bool {
+    let mut needs = false;
+    let _ = plan.apply_with_subqueries(|node| {
+        let light = match node {
+            LogicalPlan::TableScan(scan) => matches!(
+                scan.table_name.schema(),
+                Some("pg_catalog" | "information_schema")
+            ),
+            LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => true,
+            LogicalPlan::Unnest(_) | LogicalPlan::RecursiveQuery(_) | LogicalPlan::Extension(_) => {
+                false
+            }
+            other => !other.inputs().is_empty(),
+        };
+        if light {
+            Ok(TreeNodeRecursion::Continue)
+        } else {
+            needs = true;
+            Ok(TreeNodeRecursion::Stop)
+        }
+    });
+    needs
 }
 
 fn publish_running(n: usize) {
@@ -413,6 +448,51 @@ mod tests {
             Some(Interruption::Cancel),
             "a pending cancel still applies"
         );
+    }
+
+    #[tokio::test]
+    async fn only_statements_that_read_data_wait_for_a_turn() -> DfResult<()> {
+        let ctx = datafusion::prelude::SessionContext::new();
+        for sql in [
+            "CREATE SCHEMA pg_catalog",
+            "CREATE TABLE t AS SELECT 1 AS x",
+            "CREATE TABLE pg_catalog.pg_stat_activity AS SELECT 1 AS x",
+        ] {
+            ctx.sql(sql).await?.collect().await?;
+        }
+        async fn needs(ctx: &datafusion::prelude::SessionContext, sql: &str) -> DfResult<bool> {
+            let plan = ctx.sql(sql).await?.into_optimized_plan()?;
+            Ok(needs_turn(&plan))
+        }
+        assert!(!needs(&ctx, "SELECT 1").await?);
+        assert!(!needs(&ctx, "SELECT x FROM pg_catalog.pg_stat_activity").await?);
+        assert!(needs(&ctx, "SELECT x FROM t").await?);
+        assert!(needs(&ctx, "SELECT count(*) FROM generate_series(1, 10)").await?);
+        let sub = "SELECT x FROM pg_catalog.pg_stat_activity WHERE x IN (SELECT x FROM t)";
+        assert!(needs(&ctx, sub).await?);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_statement_waiting_for_its_turn_marks_its_session() -> PgWireResult<()> {
+        let admission = Admission::new(1);
+        let (a, b) = (AtomicBool::new(false), Arc::new(AtomicBool::new(false)));
+        let first = admission.enter(&a).await?;
+        assert!(!a.load(Ordering::SeqCst));
+        let waiter = {
+            let (admission, b) = (admission.clone(), b.clone());
+            tokio::spawn(async move { admission.enter(&b).await.map(drop) })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !b.load(Ordering::SeqCst) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(b.load(Ordering::SeqCst), "the second statement waits");
+        drop(first);
+        let done = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+        assert!(matches!(done, Ok(Ok(Ok(())))));
+        assert!(!b.load(Ordering::SeqCst), "no longer waiting");
+        Ok(())
     }
 
     #[tokio::test]

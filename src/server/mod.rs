@@ -5,6 +5,7 @@
 
 use crate::error::sqlstate;
 
+mod activity;
 mod auth;
 mod catalogs;
 mod conn;
@@ -65,6 +66,10 @@ pub struct Shared {
     max_query_memory: usize,
     /// Statements' turns (`skippr.query.max_concurrent_statements`).
     admission: Arc<limits::Admission>,
+    /// The sessions, as `pg_stat_activity` lists them and signals reach them.
+    backends: Arc<activity::Backends>,
+    /// Process ids (and cancel keys) of the connections, unique in the process.
+    pids: Arc<dyn pgwire::api::PidSecretKeyGenerator>,
     /// Statements running now (a graceful stop waits for them).
     in_flight: AtomicUsize,
     idle: Notify,
@@ -138,7 +143,12 @@ impl Gateway {
             query::limits::server_runtime(cfg.max_memory, &spill)?,
         );
         query::register(&ctx, &ws)?;
-        let pg = pg::setup(&ctx, ws.clone())?;
+        let backends = activity::Backends::new(
+            cfg.admins.clone(),
+            cfg.users.is_empty(),
+            cfg.log_min_duration,
+        );
+        let pg = pg::setup(&ctx, ws.clone(), backends.clone())?;
         // Rules that must run before the engine's type coercion go first.
         let mut base = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state());
         if let Some(analyzer) = base.analyzer().as_mut() {
@@ -172,6 +182,8 @@ impl Gateway {
                 max_connections: cfg.max_connections,
                 max_query_memory: cfg.max_query_memory,
                 admission: limits::Admission::new(cfg.max_concurrent_statements),
+                backends,
+                pids: Arc::new(pgwire::api::RandomPidSecretKeyGenerator::default()),
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),

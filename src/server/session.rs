@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::catalog::SchemaProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::execution::context::SQLOptions;
 use datafusion::logical_expr::{Expr, LogicalPlan};
@@ -36,7 +35,8 @@ use pgwire::messages::simplequery::Query;
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::types::format::FormatOptions;
 
-use super::catalogs::SessionCatalogs;
+use super::activity::{portal_text, Backend};
+use super::catalogs::session_state;
 use super::copy;
 use super::errors::SqlStateErrors;
 use super::limits::{Canceller, Interrupts};
@@ -44,9 +44,9 @@ use super::lookup::Lookup;
 use super::models::txn::TransactionHook;
 use super::models::SessionModels;
 use super::pg::fence;
-use super::pg::info_schema::InfoSchema;
 use super::pg::regclass::Relations;
 use super::pg::rewrite::compatibility_parser;
+use super::pg::stat_activity;
 use super::prepared::{self, Prepared};
 use super::readonly::{classify, Allowed};
 use super::settings::{current_setting, set_config, Mirror, SettingsHook};
@@ -57,7 +57,6 @@ use super::wire::{self, Exec};
 use super::Shared;
 use crate::error::sqlstate;
 use crate::query::view::ViewHandle;
-use crate::query::LiveSchema;
 use crate::telemetry::metrics;
 
 /// The handlers of one client connection.
@@ -81,7 +80,10 @@ impl ConnHandlers {
             shared.max_query_memory,
         ));
         let views = Arc::new(ViewHandle::default());
-        let ctx = SessionContext::new_with_state(session_state(&shared, &models, &views)?);
+        let interrupts = Arc::new(Interrupts::default());
+        let activity = Backend::new(shared.backends.clone(), interrupts.clone());
+        let state = session_state(&shared, &models, &views, &activity)?;
+        let ctx = SessionContext::new_with_state(state);
         models.bind(&ctx);
         for udf in fence::udfs(views.clone()) {
             ctx.register_udf(udf);
@@ -90,7 +92,11 @@ impl ConnHandlers {
         ctx.register_udf(current_setting(mirror.clone(), &shared.workspace));
         ctx.register_udf(set_config(mirror.clone()));
         let relations = Relations::default();
-        for udf in relations.udfs() {
+        for udf in relations
+            .udfs()
+            .into_iter()
+            .chain(stat_activity::udfs(activity.clone()))
+        {
             ctx.register_udf(udf);
         }
         let ctx = Arc::new(ctx);
@@ -109,7 +115,6 @@ impl ConnHandlers {
                 models: models.clone(),
             })),
         ];
-        let interrupts = Arc::new(Interrupts::default());
         let service = Arc::new(Session {
             ctx: ctx.clone(),
             parser: Arc::new(WireParser {
@@ -129,54 +134,19 @@ impl ConnHandlers {
                 interrupts: interrupts.clone(),
                 memory: shared.max_query_memory,
                 admission: shared.admission.clone(),
+                activity: activity.clone(),
             },
             models,
             views,
             shared: shared.clone(),
         });
-        let startup = Arc::new(Startup::new(shared.clone(), interrupts, admitted));
+        let startup = Arc::new(Startup::new(shared.clone(), interrupts, activity, admitted));
         Ok(Self {
             service,
             startup,
             shared,
         })
     }
-}
-
-/// The engine state of one session: the shared one, with the session's own catalogs
-/// (its models, temporary tables, `pg_catalog` and `information_schema`).
-fn session_state(
-    shared: &Shared,
-    models: &Arc<SessionModels>,
-    views: &Arc<ViewHandle>,
-) -> crate::error::Result<datafusion::execution::SessionState> {
-    let catalogs =
-        SessionCatalogs::new(shared.base.catalog_list().clone(), models.clone(), |list| {
-            let mut own: HashMap<String, Arc<dyn SchemaProvider>> = HashMap::new();
-            own.insert(
-                "information_schema".to_string(),
-                Arc::new(InfoSchema::new(list.clone(), shared.ws.clone())),
-            );
-            if let Ok(pg) = shared
-                .pg
-                .session_schema(list, models.clone(), models.temp_schema())
-            {
-                own.insert("pg_catalog".to_string(), pg);
-            }
-            own.insert(models.temp_schema().to_string(), models.temp_provider());
-            // The live tables in this session's read views (one LSN per statement).
-            own.insert(
-                shared.workspace.clone(),
-                Arc::new(LiveSchema(shared.ws.clone(), views.clone())),
-            );
-            own
-        })
-        .map_err(crate::error::Error::from)?;
-    Ok(
-        datafusion::execution::SessionStateBuilder::new_from_existing(shared.base.clone())
-            .with_catalog_list(catalogs)
-            .build(),
-    )
 }
 
 impl PgWireServerHandlers for ConnHandlers {
@@ -198,6 +168,13 @@ impl PgWireServerHandlers for ConnHandlers {
 
     fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
         Arc::new(Canceller(self.shared.cancel_keys.clone()))
+    }
+}
+
+impl ConnHandlers {
+    /// Turns true when the session is terminated (`pg_terminate_backend`).
+    pub(super) fn terminated(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.service.exec.activity.terminated()
     }
 }
 
@@ -577,8 +554,14 @@ impl SimpleQueryHandler for Session {
     {
         let _running = self.shared.begin();
         let started = Instant::now();
+        let statement = self.exec.activity.begin(&query.query, client.metadata());
         // Each statement runs and sends its rows under its own limits (see simple.rs).
         let result = self.query_message(client, query).await;
+        statement.end(
+            client.transaction_status(),
+            client.metadata(),
+            result.is_ok(),
+        );
         self.finish(started, result.is_ok());
         result
     }
@@ -685,7 +668,15 @@ impl ExtendedQueryHandler for Session {
         let _running = self.shared.begin();
         let _limits = self.begin(&*client);
         let started = Instant::now();
+        let text = portal_text(client, message.name.as_deref());
+        let statement = self.exec.activity.begin(&text, client.metadata());
         let result = self._on_execute(client, message).await;
+        statement.end(
+            client.transaction_status(),
+            client.metadata(),
+            result.is_ok(),
+        );
+        self.exec.activity.send_notices(client).await?;
         self.finish(started, result.is_ok());
         result
     }
@@ -743,6 +734,9 @@ impl ExtendedQueryHandler for Session {
                     .await?;
                 if let Some((schema, batches)) = found {
                     metrics::key_lookup();
+                    self.exec
+                        .activity
+                        .count_rows(batches.iter().map(|b| b.num_rows()).sum());
                     let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
                     let zone = client.metadata().get("timezone").cloned();
                     let response = wire::encode_batches(

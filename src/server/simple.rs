@@ -54,7 +54,10 @@ impl Session {
                     self.exec.interrupts.restart(statement_timeout(&*client));
                 }
                 let response = self.statement_response(client, statement, *allowed).await?;
-                if !send_response(client, response).await? {
+                let sent = send_response(client, response).await?;
+                // Notices the statement raised (a signal's WARNING) follow its response.
+                self.exec.activity.send_notices(client).await?;
+                if !sent {
                     break;
                 }
             }

@@ -1,7 +1,8 @@
 //! Gateway, a connection's start-up: before authentication a client is refused when TLS is
 //! configured and it did not ask for it (28000, as `hostssl`), or when every connection
 //! slot is taken (53300, as Postgres); then SCRAM-SHA-256 (users configured) or loopback
-//! trust; then the connection's cancel key is registered and its session defaults set.
+//! trust, with a process id unique in the process; then the connection's cancel key is
+//! registered, the session is listed (`pg_stat_activity`) and its defaults are set.
 
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
@@ -12,21 +13,27 @@ use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::auth::sasl::scram::ScramAuth;
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::{DefaultServerParameterProvider, StartupHandler};
-use pgwire::api::{ClientInfo, PgWireConnectionState};
+use pgwire::api::{ClientInfo, PgWireConnectionState, PidSecretKeyGenerator};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
+use super::activity::{Backend, Registration};
 use super::auth;
 use super::limits::{CancelKey, Interrupts};
 use super::settings::STATEMENT_TIMEOUT_KEY;
 use super::Shared;
 use crate::error::sqlstate;
 
-/// Trust for loopback clients when no users are configured.
-pub struct Trust;
+/// Trust for loopback clients when no users are configured; process ids from the server's
+/// generator.
+pub struct Trust(Arc<dyn PidSecretKeyGenerator>);
 
 #[async_trait]
-impl NoopStartupHandler for Trust {}
+impl NoopStartupHandler for Trust {
+    fn pid_secret_key_generator(&self) -> &dyn PidSecretKeyGenerator {
+        self.0.as_ref()
+    }
+}
 
 /// How a connection authenticates.
 enum Auth {
@@ -43,6 +50,9 @@ pub struct Startup {
     admitted: bool,
     /// The cancel key, registered once start-up is done; removed with the connection.
     key: Mutex<Option<CancelKey>>,
+    /// The session as `pg_stat_activity` lists it, once start-up is done.
+    backend: Arc<Backend>,
+    listed: Mutex<Option<Registration>>,
 }
 
 fn fatal(code: &str, message: String) -> PgWireError {
@@ -54,7 +64,12 @@ fn fatal(code: &str, message: String) -> PgWireError {
 }
 
 impl Startup {
-    pub fn new(shared: Arc<Shared>, interrupts: Arc<Interrupts>, admitted: bool) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        interrupts: Arc<Interrupts>,
+        backend: Arc<Backend>,
+        admitted: bool,
+    ) -> Self {
         let auth = match &shared.users {
             Some(users) => {
                 let mut scram = ScramAuth::new(users.clone());
@@ -69,10 +84,11 @@ impl Startup {
                     SASLAuthStartupHandler::new(Arc::new(super::server_parameters(
                         &shared.workspace,
                     )))
+                    .with_pid_secret_key_generator(shared.pids.clone())
                     .with_scram(scram),
                 ))
             }
-            None => Auth::Trust(Trust),
+            None => Auth::Trust(Trust(shared.pids.clone())),
         };
         Self {
             auth,
@@ -80,6 +96,8 @@ impl Startup {
             interrupts,
             admitted,
             key: Mutex::new(None),
+            backend,
+            listed: Mutex::new(None),
         }
     }
 
@@ -118,6 +136,9 @@ impl Startup {
             secret.to_bytes().to_vec(),
             &self.interrupts,
         ));
+        let peer = client.socket_addr();
+        *self.listed.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(self.backend.register(pid, client.metadata(), Some(peer)));
         let meta = client.metadata_mut();
         if !meta.contains_key(STATEMENT_TIMEOUT_KEY) {
             // A `-c statement_timeout=...` start-up option wins over the configured default.

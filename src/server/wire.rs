@@ -21,7 +21,7 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
 
-use super::limits::{Interrupted, Interrupts};
+use super::limits::{needs_turn, Interrupted, Interrupts};
 use super::pg::arrays::fits;
 use super::pg::catalog_types::{field_pg_type, is_vector, list_text};
 use crate::error::sqlstate;
@@ -275,6 +275,7 @@ fn catalog_wire_type(pg_type: &str, dt: &DataType, binary: bool) -> Option<Type>
         "regproc" if !binary => Type::REGPROC,
         "regtype" if !binary => Type::REGTYPE,
         "xid" if !binary => Type::XID,
+        "inet" if !binary && dt == &DataType::Utf8 => Type::INET,
         "pg_lsn" if !binary => Type::PG_LSN,
         "int2vector" if list => Type::INT2_VECTOR,
         "oidvector" if list => Type::OID_VECTOR,
@@ -527,6 +528,8 @@ pub struct Exec {
     pub memory: usize,
     /// The server's statements' turns (`max_concurrent_statements`).
     pub admission: Arc<super::limits::Admission>,
+    /// The session as `pg_stat_activity` shows it (waiting for a turn, rows produced).
+    pub activity: Arc<super::activity::Backend>,
 }
 
 /// Plans `df` physically and starts it with its own memory pool; the batches end with an
@@ -536,7 +539,15 @@ pub async fn execute(
     exec: &Exec,
 ) -> PgWireResult<impl futures::Stream<Item = Result<RecordBatch, Interrupted>> + Send + 'static> {
     // Its turn first: waiting counts toward the statement's timeout and ends with a cancel.
-    let turn = exec.interrupts.run(exec.admission.enter()).await?;
+    // A statement that reads only the catalog takes none (see `needs_turn`).
+    let turn = match needs_turn(df.logical_plan()) {
+        true => Some(
+            exec.interrupts
+                .run(exec.admission.enter(exec.activity.queued()))
+                .await?,
+        ),
+        false => None,
+    };
     let task = df.task_ctx();
     let runtime = statement_runtime(&task.runtime_env(), exec.memory)
         .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
@@ -554,9 +565,13 @@ pub async fn execute(
     // The turn is given back with the first batch (the blocking work of sorts, aggregates
     // and join builds is done by then), at the end, or when the stream is dropped: never
     // held while a client reads at its own pace (a cursor, a portal fetched in parts).
-    let mut turn = Some(turn);
+    let mut turn = turn;
+    let activity = exec.activity.clone();
     Ok(exec.interrupts.clone().guard(batches).map(move |b| {
         turn.take();
+        if let Ok(batch) = &b {
+            activity.count_rows(batch.num_rows());
+        }
         b
     }))
 }

@@ -373,7 +373,8 @@ class Config:
                 query["listen"] = self._query.listen
             if self._query.users:
                 users: List[Dict[str, Node]] = [
-                    {"name": u.name, "password": u.password} for u in self._query.users
+                    {"name": u.name, "password": u.password, **({"admin": True} if u.admin else {})}
+                    for u in self._query.users
                 ]
                 query["users"] = users
             if self._query.tls is not None:
@@ -384,7 +385,8 @@ class Config:
                 query["max_connections"] = self._query.max_connections
             if self._query.max_query_memory is not None:
                 query["max_query_memory"] = self._query.max_query_memory
-            for key in ("target_partitions", "max_memory", "spill_path", "max_concurrent_statements"):
+            for key in ("target_partitions", "max_memory", "spill_path", "max_concurrent_statements",
+                        "log_min_duration"):
                 value = getattr(self._query, key)
                 if value is not None:
                     query[key] = value
@@ -669,7 +671,7 @@ class _Reader:
             for i, u in enumerate(raw_users):
                 at_u = at_q + ("users", i)
                 entry = self.mapping(at_u, u, "a user (name, password)")
-                self.keys(at_u, entry, ("name", "password"), ("name", "password"))
+                self.keys(at_u, entry, ("name", "password", "admin"), ("name", "password"))
                 users.append(self.build(at_u, QueryUser, dict(entry)))
             tls = None
             if q.get("tls") is not None:
@@ -686,6 +688,7 @@ class _Reader:
                 "max_memory": q.get("max_memory"),
                 "spill_path": q.get("spill_path"),
                 "max_concurrent_statements": q.get("max_concurrent_statements"),
+                "log_min_duration": q.get("log_min_duration"),
             }))
         if "metrics" in settings:
             at_m: Tuple[Segment, ...] = ("skippr", "metrics")

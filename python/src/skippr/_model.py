@@ -386,17 +386,21 @@ def s3_location_problem(url: str) -> Optional[str]:
 
 class QueryUser(_Value):
     """A user of the Postgres-wire gateway of ``skipprd serve`` (``skippr.query.users``),
-    logging in with SCRAM-SHA-256. Give the password as an :class:`EnvRef`."""
+    logging in with SCRAM-SHA-256. Give the password as an :class:`EnvRef`. An ``admin`` may
+    cancel and terminate every user's sessions (``pg_cancel_backend``,
+    ``pg_terminate_backend``); any other user reaches only its own."""
 
-    _fields = ("name", "password")
+    _fields = ("name", "password", "admin")
     __slots__ = _fields
     name: Text
     password: Text
+    admin: bool
 
-    def __init__(self, name: Text, password: Text) -> None:
+    def __init__(self, name: Text, password: Text, admin: bool = False) -> None:
         c = _Check("QueryUser")
         self._set("name", c.text("name", name, required=True))
         self._set("password", c.text("password", password, required=True))
+        self._set("admin", bool(c.flag("admin", admin)))
 
 
 class QueryTls(_Value):
@@ -429,10 +433,13 @@ class QuerySettings(_Value):
     to, relative to ``skippr.yml`` (default: ``tmp/spill`` under the storage path), and
     ``max_concurrent_statements`` how many statements run at once (1 to 10000; default:
     twice the cores), the next ones waiting their turn within their ``statement_timeout``.
+    With ``log_min_duration`` (``"250ms"``, ``"2s"``; ``"0ms"`` for every one), statements that
+    take at least that long are logged when they end (default: none are).
     """
 
     _fields = ("listen", "users", "tls", "statement_timeout", "max_connections", "max_query_memory",
-               "target_partitions", "max_memory", "spill_path", "max_concurrent_statements")
+               "target_partitions", "max_memory", "spill_path", "max_concurrent_statements",
+               "log_min_duration")
     __slots__ = _fields
     listen: Optional[Text]
     users: Tuple[QueryUser, ...]
@@ -444,6 +451,7 @@ class QuerySettings(_Value):
     max_memory: Optional[str]
     spill_path: Optional[Text]
     max_concurrent_statements: Optional[int]
+    log_min_duration: Optional[str]
 
     def __init__(
         self,
@@ -457,6 +465,7 @@ class QuerySettings(_Value):
         max_memory: Optional[str] = None,
         spill_path: Optional[Text] = None,
         max_concurrent_statements: Optional[int] = None,
+        log_min_duration: Optional[str] = None,
     ) -> None:
         c = _Check("QuerySettings")
         self._set("listen", c.text("listen", listen, required=False))
@@ -521,6 +530,7 @@ class QuerySettings(_Value):
                     f"{statements} is not between 1 and 10000: twice the cores suits most machines",
                 )
         self._set("max_concurrent_statements", statements)
+        self._set("log_min_duration", c.string("log_min_duration", log_min_duration, required=False))
 
 
 class MetricsSettings(_Value):

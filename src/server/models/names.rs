@@ -1,7 +1,8 @@
 //! Gateway, models, names: how a statement's relation names are read before anything
 //! plans it. A database part is accepted whatever it says (`"db"."schema"."table"`, as dbt
 //! writes every name), an unqualified name of one of the session's temporary tables means
-//! that table (Postgres searches `pg_temp` first), and a view's query has its names
+//! that table (Postgres searches `pg_temp` first), an unqualified `pg_stat_activity` the
+//! catalog's (Postgres searches `pg_catalog` before the path), and a view's query has its names
 //! qualified with the schema they meant when it was created, so that it means the same
 //! later from any session.
 
@@ -85,16 +86,26 @@ fn ddl_names(statement: &mut Statement) -> Vec<&mut ObjectName> {
     }
 }
 
+/// Catalog relations of the gateway's own that an unqualified name means (the compatibility
+/// parser qualifies those of its own catalog).
+const GATEWAY_CATALOG_RELATIONS: [&str; 1] = ["pg_stat_activity"];
+
 /// Reads the names of `statement` as Postgres would for this session: database parts
 /// dropped, unqualified names of its temporary tables (`temp`, folded) qualified with
-/// `temp_schema`.
+/// `temp_schema`, and of the gateway's catalog relations with `pg_catalog`.
 pub fn normalize(statement: &mut Statement, temp: &HashSet<String>, temp_schema: &str) {
     let ctes = cte_names(statement);
     let qualify = |name: &mut ObjectName| {
         strip_database(name);
         if let [only] = parts(name).as_slice() {
-            if temp.contains(only) && !ctes.contains(only) {
+            if ctes.contains(only) {
+                return;
+            }
+            if temp.contains(only) {
                 name.0.insert(0, ident(temp_schema));
+            } else if GATEWAY_CATALOG_RELATIONS.contains(&only.as_str()) {
+                name.0
+                    .insert(0, ObjectNamePart::Identifier(Ident::new("pg_catalog")));
             }
         }
     };
@@ -194,6 +205,9 @@ mod tests {
             s.to_string(),
             r#"INSERT INTO "m"."t" ("id") (SELECT "id" FROM "pg_temp_3"."t__dbt_tmp1" WHERE "m"."t".id > 0)"#
         );
+        let mut s = parse("select pid from pg_stat_activity");
+        normalize(&mut s, &temp, "pg_temp_3");
+        assert_eq!(s.to_string(), "SELECT pid FROM pg_catalog.pg_stat_activity");
         let mut s = parse(r#"drop table if exists "db"."m"."x" cascade"#);
         normalize(&mut s, &temp, "pg_temp_3");
         assert_eq!(s.to_string(), r#"DROP TABLE IF EXISTS "m"."x" CASCADE"#);

@@ -31,8 +31,10 @@ use crate::query::{Workspace, CATALOG};
 use crate::sink::iceberg::PROP_PRIMARY_KEY;
 
 use super::catalog_types::Typed;
+use super::stat_activity;
 use super::types::{column_types, ColumnTypes, TYPE_OIDS};
 use super::udf;
+use crate::server::activity::{Backend, Backends};
 
 pub(super) use self::extended::{Extended, Extra};
 
@@ -43,16 +45,19 @@ pub struct PgShared {
     ws: Arc<Workspace>,
     defs: Definitions,
     namespaces: Arc<Namespaces>,
+    /// The gateway's sessions (`pg_stat_activity`).
+    backends: Arc<Backends>,
 }
 
 impl PgShared {
-    /// The `pg_catalog` of one session: over its catalogs `list`, with the models as
-    /// `models` shows them and its temporary schema.
+    /// The `pg_catalog` of one session (`viewer`): over its catalogs `list`, with the models
+    /// as `models` shows them and its temporary schema.
     pub fn session_schema(
         &self,
         list: Arc<dyn CatalogProviderList>,
         models: Arc<dyn ModelsView>,
         temp_schema: &str,
+        viewer: Arc<Backend>,
     ) -> Result<Arc<dyn SchemaProvider>> {
         let inner = PgCatalogSchemaProvider::try_new(
             list,
@@ -66,13 +71,19 @@ impl PgShared {
             defs: self.defs.clone(),
             namespaces: self.namespaces.clone(),
             models: Some((models, temp_schema.to_string())),
+            backends: self.backends.clone(),
+            viewer: Some(viewer),
         }))
     }
 }
 
 /// Registers `pg_catalog` (with primary keys) and the Postgres functions clients call;
 /// returns what each session's own `pg_catalog` is built from.
-pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
+pub fn setup(
+    ctx: &SessionContext,
+    ws: Arc<Workspace>,
+    backends: Arc<Backends>,
+) -> Result<PgShared> {
     setup_pg_catalog(ctx, CATALOG, EmptyContextProvider)
         .map_err(|e| Error::fatal(format!("cannot set up pg_catalog: {e}")))?;
     let catalog = ctx
@@ -90,6 +101,7 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
         ws: ws.clone(),
         defs: defs.clone(),
         namespaces: Arc::default(),
+        backends: backends.clone(),
     };
     catalog
         .register_schema(
@@ -100,6 +112,8 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<PgShared> {
                 defs: defs.clone(),
                 namespaces: shared.namespaces.clone(),
                 models: None,
+                backends,
+                viewer: None,
             }),
         )
         .map_err(Error::from)?;
@@ -204,6 +218,11 @@ pub(super) struct PgCatalog {
     namespaces: Arc<Namespaces>,
     /// The session's models and temporary schema.
     pub(super) models: Option<(Arc<dyn ModelsView>, String)>,
+    /// The gateway's sessions (`pg_stat_activity`).
+    backends: Arc<Backends>,
+    /// The session reading this catalog (`None`: the server's own), which sees the details
+    /// of the sessions it may signal only.
+    viewer: Option<Arc<Backend>>,
 }
 
 /// Schema oids that stay the same. pg_catalog hands out a schema's oid anew whenever its
@@ -472,11 +491,17 @@ impl SchemaProvider for PgCatalog {
     }
 
     fn table_names(&self) -> Vec<String> {
-        self.inner.table_names()
+        let mut names = self.inner.table_names();
+        names.push(stat_activity::NAME.to_string());
+        names
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         let models = self.models.is_some();
+        if name.eq_ignore_ascii_case(stat_activity::NAME) {
+            let viewer = self.viewer.clone();
+            return Ok(Some(stat_activity::table(self.backends.clone(), viewer)));
+        }
         let extra = match name.to_ascii_lowercase().as_str() {
             "pg_index" => Extra::Index,
             "pg_constraint" => Extra::Constraint,
@@ -507,13 +532,15 @@ impl SchemaProvider for PgCatalog {
                 defs: self.defs.clone(),
                 namespaces: self.namespaces.clone(),
                 models: self.models.clone(),
+                backends: self.backends.clone(),
+                viewer: self.viewer.clone(),
             }),
             extra,
         })))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.inner.table_exist(name)
+        self.inner.table_exist(name) || name.eq_ignore_ascii_case(stat_activity::NAME)
     }
 }
 

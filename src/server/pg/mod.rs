@@ -18,6 +18,7 @@ pub mod parse;
 pub mod regclass;
 pub mod relations;
 pub mod rewrite;
+pub mod stat_activity;
 pub mod table_command;
 pub mod types;
 pub mod udf;
@@ -31,8 +32,12 @@ use crate::query::{self, Workspace};
 
 /// Registers the Postgres imitation in the gateway's shared session: our own
 /// `information_schema` (the engine's, plus key constraints), `pg_catalog` with primary
-/// keys, and the Postgres functions.
-pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<catalog::PgShared> {
+/// keys and the sessions of `backends` (`pg_stat_activity`), and the Postgres functions.
+pub fn setup(
+    ctx: &SessionContext,
+    ws: Arc<Workspace>,
+    backends: Arc<crate::server::activity::Backends>,
+) -> Result<catalog::PgShared> {
     let catalogs = ctx.state().catalog_list().clone();
     ctx.catalog(query::CATALOG)
         .ok_or_else(|| Error::fatal("the gateway session has no default catalog"))?
@@ -41,7 +46,7 @@ pub fn setup(ctx: &SessionContext, ws: Arc<Workspace>) -> Result<catalog::PgShar
             Arc::new(info_schema::InfoSchema::new(catalogs, ws.clone())),
         )
         .map_err(Error::from)?;
-    let shared = catalog::setup(ctx, ws)?;
+    let shared = catalog::setup(ctx, ws, backends)?;
     // After pg_catalog's own functions, which some of these replace.
     functions::register(ctx);
     arrays::register(ctx);
