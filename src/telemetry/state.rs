@@ -313,7 +313,12 @@ mod tests {
         assert_eq!(r.p99_seconds, Some(0.99));
         let text = metrics::render();
         assert!(text.contains("skippr_commit_round_seconds_count{pipeline=\"rounds_test_p\"} 100"));
-        assert!(text.contains("skippr_commit_round_seconds_bucket{le=\"0.5\",pipeline=\"rounds_test_p\"} 50"), "{text}");
+        assert!(
+            text.contains(
+                "skippr_commit_round_seconds_bucket{le=\"0.5\",pipeline=\"rounds_test_p\"} 50"
+            ),
+            "{text}"
+        );
         // A state file from before rounds were recorded still reads.
         let old = r#"{"pipeline":"p","state":"streaming","error":null,"since_unix_ms":1,"reconnects":0,"pid":1}"#;
         let s: PipelineStatus = serde_json::from_str(old).unwrap();
