@@ -17,6 +17,7 @@ pub mod system;
 pub mod tail;
 pub mod tail_schema;
 pub mod view;
+pub mod yielding;
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -514,11 +515,16 @@ pub async fn session(config: &Config) -> Result<SessionContext> {
         limits.max_query_memory,
         &limits::spill_path(config),
     )?;
-    let ctx = SessionContext::new_with_config_rt(
-        session_config(&config.workspace, config.query.target_partitions)
-            .with_extension(Arc::new(limits)),
-        runtime,
-    );
+    let state = datafusion::execution::SessionStateBuilder::new()
+        .with_config(
+            session_config(&config.workspace, config.query.target_partitions)
+                .with_extension(Arc::new(limits)),
+        )
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(yielding::YieldPoints))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     register(&ctx, &ws)?;
     register_models(&ctx, &ws).await?;
     Ok(ctx)

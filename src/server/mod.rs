@@ -150,7 +150,10 @@ impl Gateway {
         );
         let pg = pg::setup(&ctx, ws.clone(), backends.clone())?;
         // Rules that must run before the engine's type coercion go first.
-        let mut base = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state());
+        // Yield points above the operators that emit without reading (see `query::yielding`):
+        // statements share the cores, and a timeout or cancel ends one within a batch.
+        let mut base = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state())
+            .with_physical_optimizer_rule(Arc::new(query::yielding::YieldPoints));
         if let Some(analyzer) = base.analyzer().as_mut() {
             analyzer
                 .rules
