@@ -9,6 +9,7 @@ pub mod emit;
 pub mod layouts;
 mod lease;
 pub mod locate;
+mod machine;
 mod maintenance;
 pub mod model;
 mod overlap;

@@ -175,28 +175,9 @@ pub struct QuerySettings {
     pub log_min_duration: Option<String>,
 }
 
-/// `skippr.query.max_memory` by default: half of the machine's memory (4 GiB where it
-/// cannot be read).
-pub fn default_max_memory() -> usize {
-    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))
-            .and_then(|v| {
-                v.split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-            })
-    });
-    match total_kib {
-        Some(kib) => usize::try_from(kib.saturating_mul(1024) / 2).unwrap_or(usize::MAX),
-        None => 4 << 30,
-    }
-}
-
-/// `skippr.query.max_concurrent_statements` by default: twice the cores.
-pub fn default_max_concurrent_statements() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
-}
+pub use super::machine::{
+    default_max_concurrent_statements, default_max_memory, default_target_partitions,
+};
 
 /// Default `skippr.query.statement_timeout`.
 pub const DEFAULT_STATEMENT_TIMEOUT: &str = "5min";
@@ -204,11 +185,6 @@ pub const DEFAULT_STATEMENT_TIMEOUT: &str = "5min";
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 100;
 /// Default `skippr.query.max_query_memory`.
 pub const DEFAULT_MAX_QUERY_MEMORY: &str = "1GiB";
-
-/// Default `skippr.query.target_partitions`: twice the cores this process may use.
-pub fn default_target_partitions() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
-}
 
 /// A gateway user.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
