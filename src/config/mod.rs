@@ -12,6 +12,7 @@ pub mod locate;
 mod machine;
 mod maintenance;
 pub mod model;
+mod model_rest;
 mod overlap;
 mod postgres;
 mod query;
