@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 76] = [
+const KEY_ORDER: [&str; 77] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -55,6 +55,7 @@ const KEY_ORDER: [&str; 76] = [
     "partition_by",
     "sort_by",
     "exclude_columns",
+    "changelog",
     "Postgres",
     "LocalIceberg",
     "AthenaIceberg",

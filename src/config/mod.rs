@@ -227,9 +227,17 @@ pub struct PipelineConfig {
     /// Where each table of `layouts` is written in `skippr.yml`, entry by entry, for the
     /// messages of `discover` and `sync` when an entry does not fit the table's columns.
     pub layout_origins: std::collections::BTreeMap<TableRef, layouts::LayoutOrigin>,
+    /// The tables with a changelog table (`pipelines.<name>.tables.<table>.changelog`), and
+    /// its Iceberg name.
+    pub changelogs: std::collections::BTreeMap<TableRef, String>,
 }
 
 impl PipelineConfig {
+    /// The Iceberg name of `table`'s changelog table, when it has one.
+    pub fn changelog(&self, table: &TableRef) -> Option<&str> {
+        self.changelogs.get(table).map(String::as_str)
+    }
+
     /// The layout `skippr.yml` asks for `table` (unpartitioned, unsorted when it names none).
     pub fn layout(&self, table: &TableRef) -> crate::table::layout::Layout {
         self.layouts.get(table).cloned().unwrap_or_default()

@@ -297,7 +297,7 @@ impl<'de> Deserialize<'de> for PipelineTables {
             type Value = PipelineTables;
 
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a mapping from table name to its settings (partition_by, sort_by, exclude_columns)")
+                f.write_str("a mapping from table name to its settings (partition_by, sort_by, exclude_columns, changelog)")
             }
 
             fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
@@ -341,6 +341,26 @@ pub struct PipelineTableDef {
     /// before Postgres 18, or a column that must not reach the lake).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude_columns: Vec<String>,
+    /// A changelog table beside the table: every change as a row, appended (`true` names it
+    /// `<table>_changelog`; `{table: name}` names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changelog: Option<ChangelogDef>,
+}
+
+/// `pipelines.<name>.tables.<table>.changelog`: `true`, `false`, or `{table: name}`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum ChangelogDef {
+    On(bool),
+    Named(ChangelogNamed),
+}
+
+/// `changelog: {table: name}`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChangelogNamed {
+    /// The changelog's Iceberg table name (default `<table>_changelog`).
+    pub table: String,
 }
 
 /// `pipelines.<name>.maintenance`: how the pipeline keeps its tables compact.

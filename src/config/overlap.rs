@@ -35,20 +35,36 @@ pub fn shared_tables(workspace: &str, pipelines: &[PipelineConfig]) -> Vec<(Stri
     let mut problems = Vec::new();
     for p in pipelines {
         let where_ = target(workspace, &p.sink);
-        for t in &p.source.tables {
-            let key = (where_.clone(), t.iceberg_name());
+        let written = p
+            .source
+            .tables
+            .iter()
+            .map(|t| (t.iceberg_name(), t.to_string()))
+            .chain(
+                p.changelogs
+                    .iter()
+                    .map(|(t, name)| (name.clone(), format!("the changelog of {t}"))),
+            );
+        for (iceberg_name, t) in written {
+            let key = (where_.clone(), iceberg_name.clone());
             match writers.get(&key) {
                 Some((other, other_source)) if *other != p.name => problems.push((
                     p.name.clone(),
                     format!(
-                        "pipeline `{}` would write Iceberg table `{}` in {where_} (from {t}), which pipeline `{other}` also writes (from {other_source}); two pipelines must never write one table: remove the table from one pipeline's `tables:`, or give one of them another data sink",
+                        "pipeline `{}` would write Iceberg table `{iceberg_name}` in {where_} (from {t}), which pipeline `{other}` also writes (from {other_source}); two pipelines must never write one table: remove the table from one pipeline's `tables:`, or give one of them another data sink",
                         p.name,
-                        t.iceberg_name(),
+                    ),
+                )),
+                Some((_, other_source)) if *other_source != t => problems.push((
+                    p.name.clone(),
+                    format!(
+                        "pipeline `{}` would write Iceberg table `{iceberg_name}` in {where_} both from {other_source} and from {t}: name the changelog table otherwise (`changelog: {{table: <name>}}`)",
+                        p.name,
                     ),
                 )),
                 Some(_) => {}
                 None => {
-                    writers.insert(key, (p.name.as_str(), t.to_string()));
+                    writers.insert(key, (p.name.as_str(), t));
                 }
             }
         }

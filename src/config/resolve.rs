@@ -10,6 +10,7 @@ use super::{
     is_simple_name, keys, model, normalize, overlap, parse_duration, Config, PipelineConfig,
     PostgresConfig, SinkConfig, SkipprFile, Validator, DEFAULT_COMMIT_INTERVAL, SINK_KINDS,
 };
+use crate::config::CdcMode;
 use crate::storage::state_file::StateFile;
 
 impl Validator<'_> {
@@ -240,6 +241,17 @@ impl Validator<'_> {
             });
             let (layouts, layout_origins) = self.layouts(name, def, listed);
             let excluded = self.exclude_columns(name, def);
+            let changelogs = self.changelogs(name, def);
+            if let Some(s) = pg_source.as_ref() {
+                if s.cdc_mode == CdcMode::SnapshotOnly {
+                    for table in changelogs.keys() {
+                        self.report(
+                            keys(&["pipelines", name, "tables", &table.config_key(), "changelog"]),
+                            format!("a changelog records the changes replication brings, and data source `{}` has `cdc_mode: snapshot_only`: use `snapshot_then_cdc` (or `cdc_only`), or remove `changelog`", def.data_source),
+                        );
+                    }
+                }
+            }
             let pg_source = pg_source.map(|mut s| {
                 s.exclude_columns = excluded;
                 s
@@ -283,6 +295,7 @@ impl Validator<'_> {
                     key_index_dir: storage_path.join("keyindex").join(name),
                     layouts,
                     layout_origins,
+                    changelogs,
                 });
             }
         }
