@@ -146,7 +146,7 @@ impl<T: TableSink> Sinks<T> {
                     }
                     txn = Some((t.end_lsn, t.xid, t.end_lsn <= self.applied_through));
                     for sink in &mut self.tables {
-                        sink.begin_txn(t.commit_time_micros);
+                        sink.begin_txn(t.commit_lsn, t.commit_time_micros);
                     }
                 }
                 Item::Change(c) => {

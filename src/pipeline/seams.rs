@@ -129,9 +129,10 @@ pub trait TableSink: Send + 'static {
     fn apply(&mut self, change: &Change, end_lsn: Lsn) -> Result<()>;
     /// Marks the table complete through `end_lsn` although the transaction did not change it.
     fn advance(&mut self, end_lsn: Lsn);
-    /// A transaction committed in the source at `commit_micros` (Postgres epoch) starts: the
-    /// changes and the `advance` that follow are of it (recorded for time travel).
-    fn begin_txn(&mut self, _commit_micros: i64) {}
+    /// A transaction committed in the source at `commit_lsn` and `commit_micros` (Postgres
+    /// epoch) starts: the changes and the `advance` that follow are of it (recorded for time
+    /// travel and changelogs).
+    fn begin_txn(&mut self, _commit_lsn: Lsn, _commit_micros: i64) {}
     fn pending_changes(&self) -> u64;
     /// Memory the staged changes hold.
     fn pending_bytes(&self) -> u64;
@@ -288,6 +289,17 @@ impl IcebergTable {
             });
             let mut sink = IcebergSink::load(t.clone(), table, Some(place)).await?;
             sink.set_maintenance(p.maintenance.clone());
+            if let Some(name) = p.changelog(t) {
+                let changelog = crate::table::changelog::create_or_load(
+                    catalog,
+                    namespace,
+                    name,
+                    t,
+                    &sink.table,
+                )
+                .await?;
+                sink.attach_changelog(changelog, catalog, &p.name).await?;
+            }
             tables.push(Self {
                 sink,
                 catalog: catalog.clone(),
@@ -306,7 +318,7 @@ impl TableSink for IcebergTable {
     }
 
     fn committed(&self) -> Lsn {
-        self.sink.lsn
+        self.sink.committed()
     }
 
     fn covered(&self) -> Lsn {
@@ -327,8 +339,8 @@ impl TableSink for IcebergTable {
         self.sink.advance(end_lsn)
     }
 
-    fn begin_txn(&mut self, commit_micros: i64) {
-        self.sink.begin_txn(commit_micros)
+    fn begin_txn(&mut self, commit_lsn: Lsn, commit_micros: i64) {
+        self.sink.begin_txn(commit_lsn, commit_micros)
     }
 
     fn pending_changes(&self) -> u64 {

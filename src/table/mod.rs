@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 
+pub mod changelog;
 pub mod keys;
 pub mod layout;
 pub mod partition;

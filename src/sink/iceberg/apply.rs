@@ -3,6 +3,7 @@
 //! table, and the commit records the LSN it covers, so a restart neither loses nor repeats
 //! a change.
 
+mod changelog;
 mod commit;
 mod compact;
 mod read;
@@ -25,6 +26,7 @@ use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
 use crate::error::{Error, Result};
+use crate::table::changelog::ChangeOp;
 use crate::table::partition::FilePartitions;
 use crate::wal::{Change, Op};
 
@@ -95,6 +97,8 @@ pub struct TableSink {
     last_cleanup: Option<std::time::Instant>,
     /// The snapshot whose index the saved copy on disk holds (nothing to save again).
     index_saved_for: Option<i64>,
+    /// The table's changelog table, when it has one (see `changelog.rs`).
+    changelog: Option<changelog::Changelog>,
 }
 
 impl TableSink {
@@ -183,6 +187,7 @@ impl TableSink {
             last_check: None,
             last_cleanup: None,
             index_saved_for: None,
+            changelog: None,
         };
         if !index_place.is_some_and(|place| sink.load_saved_index(&place.dir)) {
             sink.build_index().await?;
@@ -248,6 +253,8 @@ impl TableSink {
                 }
             }
         }
+        self.changelog_widen();
+        self.changelog_follow(r, catalog).await?;
         let relaxed = evolve::relax_not_null(r, &self.table)?;
         self.take_optional(relaxed, catalog).await?;
         let columns = evolve::recorded_columns(&self.table);
@@ -468,8 +475,19 @@ impl TableSink {
         Ok(())
     }
 
-    /// Applies one change of a transaction ending at `end_lsn`.
+    /// Applies one change of a transaction ending at `end_lsn` (to the changelog too, when
+    /// the table has one that does not hold it yet).
     pub fn apply(&mut self, change: &Change, end_lsn: Lsn) -> Result<()> {
+        let log = self.logs(end_lsn);
+        if end_lsn <= self.lsn {
+            if log {
+                return Err(Error::fatal(format!(
+                    "the changelog of {} is behind the table's own commits; run `skipprd sync --resnapshot`",
+                    self.source
+                )));
+            }
+            return Ok(());
+        }
         if end_lsn >= self.pending_lsn {
             self.pending_lsn = end_lsn;
             self.pending_time = self.txn_time;
@@ -483,6 +501,9 @@ impl TableSink {
             // Relation changes are handled by the caller before the changes that follow.
             Op::Relation => {}
             Op::Truncate => {
+                if log {
+                    self.log_truncate()?;
+                }
                 self.truncated = true;
                 self.rows.clear();
                 self.by_key.clear();
@@ -504,6 +525,9 @@ impl TableSink {
                 if self.keyed {
                     self.remove(&key)?;
                 }
+                if log {
+                    self.log_change(ChangeOp::Insert, row.clone(), None);
+                }
                 self.push(key, row, None);
             }
             Op::Delete => {
@@ -512,6 +536,9 @@ impl TableSink {
                 let key = self.key_of(&old)?;
                 if self.remove(&key)?.is_none() {
                     return Err(self.missing_row(Op::Delete));
+                }
+                if log {
+                    self.log_change(ChangeOp::Delete, old, None);
                 }
             }
             Op::Update => {
@@ -557,6 +584,18 @@ impl TableSink {
                         PendingOrLoc::Loc(loc) => previous_loc = Some(loc),
                     }
                 }
+                if log {
+                    // A row that changes its key (or a row without a key, which is its
+                    // whole content) is a delete and an insert: replayed in order, the
+                    // changelog rebuilds the table.
+                    match old_row {
+                        Some(old) if old_key != new_key || !self.keyed => {
+                            self.log_change(ChangeOp::Delete, old, None);
+                            self.log_change(ChangeOp::Insert, row.clone(), previous_loc);
+                        }
+                        _ => self.log_change(ChangeOp::Update, row.clone(), previous_loc),
+                    }
+                }
                 self.push(new_key, row, previous_loc);
             }
         }
@@ -596,7 +635,7 @@ impl TableSink {
     /// the stream that had none for it).
     pub fn covered(&self) -> Lsn {
         if self.has_pending() {
-            self.lsn
+            self.committed()
         } else {
             self.pending_lsn
         }
@@ -610,9 +649,11 @@ impl TableSink {
         }
     }
 
-    /// A source transaction committed at `commit_micros` (Postgres epoch) starts.
-    pub fn begin_txn(&mut self, commit_micros: i64) {
+    /// A source transaction committed at `commit_lsn` and `commit_micros` (Postgres epoch)
+    /// starts.
+    pub fn begin_txn(&mut self, commit_lsn: Lsn, commit_micros: i64) {
         self.txn_time = Some(commit_micros);
+        self.changelog_txn(commit_lsn);
     }
 
     pub fn has_pending(&self) -> bool {
@@ -624,7 +665,7 @@ impl TableSink {
     }
 
     pub fn pending_bytes(&self) -> u64 {
-        self.pending_bytes
+        self.pending_bytes + self.changelog_bytes()
     }
 }
 

@@ -145,6 +145,7 @@ impl TableSink {
         let deletes = self.deletes.len();
         let written = self.write_deletes().await?;
         self.staged_deletes.extend(written);
+        self.spill_changelog().await?;
         tracing::debug!(table = %self.table.identifier(), rows, deletes, files = self.staged.len() + self.staged_deletes.len(), "staged changes spilled to files for the next commit");
         Ok(())
     }
@@ -256,6 +257,16 @@ impl TableSink {
             if let Some(t) = time {
                 props.insert(key.to_string(), (t + PG_EPOCH_MICROS).to_string());
             }
+        }
+        // The changelog first: a crash between the two commits leaves it ahead, and the
+        // replay then applies the changes to the table alone.
+        if let Err(e) = self
+            .commit_changelog(catalog, &props, self.pending_lsn)
+            .await
+        {
+            self.staged = data_files;
+            self.staged_deletes = delete_files;
+            return Err(e);
         }
         self.table = rowdelta::commit(
             catalog,

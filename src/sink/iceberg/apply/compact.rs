@@ -220,7 +220,7 @@ impl TableSink {
     }
 
     /// Calls `f` with the location of every live committed row.
-    fn for_each_loc(&self, mut f: impl FnMut(Loc)) -> Result<()> {
+    pub(super) fn for_each_loc(&self, mut f: impl FnMut(Loc)) -> Result<()> {
         self.index.for_each_loc(&mut f)?;
         self.extra.values().flatten().copied().for_each(f);
         Ok(())

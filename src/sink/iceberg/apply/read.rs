@@ -290,6 +290,13 @@ impl TableSink {
     /// Decodes pending rows into a batch, filling values an update left unchanged from the
     /// previous version of the row in Iceberg.
     pub(super) async fn build_batch(&self, live: &[PendingRow]) -> Result<RecordBatch> {
+        let columns = self.build_columns(live).await?;
+        Ok(RecordBatch::try_new(self.arrow.clone(), columns)?)
+    }
+
+    /// The columns of [`TableSink::build_batch`], not checked against the table's NOT NULLs
+    /// (a changelog's delete rows hold the key only).
+    pub(super) async fn build_columns(&self, live: &[PendingRow]) -> Result<Vec<ArrayRef>> {
         let mut builders: Vec<ColumnBuilder> = self
             .arrow
             .fields()
@@ -345,11 +352,11 @@ impl TableSink {
                 }
             }
         }
-        Ok(RecordBatch::try_new(self.arrow.clone(), columns)?)
+        Ok(columns)
     }
 
     /// Reads whole rows at `locs`, in that order, shaped like the table's current schema.
-    async fn read_rows(&self, locs: &[Loc]) -> Result<RecordBatch> {
+    pub(super) async fn read_rows(&self, locs: &[Loc]) -> Result<RecordBatch> {
         let mut by_file: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
         for (i, l) in locs.iter().enumerate() {
             by_file.entry(l.file).or_default().push((i, l.pos));

@@ -1,0 +1,378 @@
+//! Sink, the changelog table beside a table (see `crate::table::changelog`): each change the
+//! table applies is staged as a row of its changelog too, with values an update left
+//! unchanged (TOAST) filled from the table's previous version of the row; the rows are
+//! written as files (early, beside a spill) and appended in one snapshot of the same commit
+//! round and LSN, before the table's own commit. A changelog that begins after its table
+//! holds rows starts with one `insert` per live row at the table's LSN.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::SchemaRef;
+use iceberg::spec::DataFile;
+use iceberg::table::Table;
+
+use super::{Loc, PendingRow, TableSink};
+use crate::catalog::LocalCatalog;
+use crate::change::{Datum, Lsn};
+use crate::error::{Error, Result};
+use crate::sink::iceberg::writer::TableWriter;
+use crate::sink::iceberg::{
+    evolve, rowdelta, PG_EPOCH_MICROS, PROP_COLUMNS, SUMMARY_COMMIT_TIME, SUMMARY_LSN,
+    SUMMARY_PHASE, SUMMARY_PIPELINE,
+};
+use crate::table::changelog::{self, ChangeOp};
+
+/// Rows of the table read at a time when a changelog starts from the table's live rows.
+const SEED_ROWS: usize = 64 * 1024;
+
+/// One change, staged for the changelog.
+struct Entry {
+    op: ChangeOp,
+    row: PendingRow,
+    lsn: Lsn,
+    /// Source commit time, Postgres epoch.
+    time: i64,
+    seq: i64,
+}
+
+/// The changelog of one table, and what is staged for its next commit.
+pub struct Changelog {
+    pub table: Table,
+    /// The LSN its last commit covers.
+    pub lsn: Lsn,
+    entries: Vec<Entry>,
+    bytes: u64,
+    /// Files written for the next commit (entries spilled with the table's rows).
+    staged: Vec<DataFile>,
+    /// The transaction being applied: its commit LSN, and the order of its next change.
+    txn_lsn: Lsn,
+    seq: i64,
+}
+
+impl TableSink {
+    /// Follows the table's changes into `table`, its changelog. A changelog without a commit
+    /// starts with the table's live rows, as inserts at the table's LSN.
+    pub async fn attach_changelog(
+        &mut self,
+        table: Table,
+        catalog: &LocalCatalog,
+        pipeline: &str,
+    ) -> Result<()> {
+        let lsn = crate::table::summary::committed_lsn(&table);
+        self.changelog = Some(Changelog {
+            table,
+            lsn: lsn.unwrap_or_default(),
+            entries: Vec::new(),
+            bytes: 0,
+            staged: Vec::new(),
+            txn_lsn: Lsn::default(),
+            seq: 0,
+        });
+        if lsn.is_none() && crate::table::summary::committed_lsn(&self.table).is_some() {
+            self.seed_changelog(catalog, pipeline).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether a change of the transaction ending at `end_lsn` goes to the changelog.
+    pub(super) fn logs(&self, end_lsn: Lsn) -> bool {
+        self.changelog.as_ref().is_some_and(|c| end_lsn > c.lsn)
+    }
+
+    /// The LSN through which both the table and its changelog hold every change.
+    pub fn committed(&self) -> Lsn {
+        match &self.changelog {
+            Some(c) => self.lsn.min(c.lsn),
+            None => self.lsn,
+        }
+    }
+
+    /// A transaction starts: its commit LSN, and its changes counted from 0.
+    pub(super) fn changelog_txn(&mut self, commit_lsn: Lsn) {
+        if let Some(c) = &mut self.changelog {
+            c.txn_lsn = commit_lsn;
+            c.seq = 0;
+        }
+    }
+
+    /// Stages one change row: `values` in the table's column order; values an update left
+    /// unchanged are read from `previous` when written.
+    pub(super) fn log_change(&mut self, op: ChangeOp, values: Vec<Datum>, previous: Option<Loc>) {
+        let time = self.txn_time.unwrap_or_default();
+        // Change rows are never looked up by key.
+        let key = super::Key::default();
+        let Some(c) = &mut self.changelog else {
+            return;
+        };
+        c.bytes += 96
+            + values
+                .iter()
+                .map(|d| {
+                    32 + if let Datum::Text(b) = d {
+                        b.len() as u64
+                    } else {
+                        0
+                    }
+                })
+                .sum::<u64>();
+        c.entries.push(Entry {
+            op,
+            row: PendingRow {
+                key,
+                values,
+                previous,
+            },
+            lsn: c.txn_lsn,
+            time,
+            seq: c.seq,
+        });
+        c.seq += 1;
+    }
+
+    /// Stages a `delete` row for every live row of the table (a TRUNCATE): read from the
+    /// table's files when written, or taken from the rows pending in memory.
+    pub(super) fn log_truncate(&mut self) -> Result<()> {
+        if self.changelog.is_none() {
+            return Ok(());
+        }
+        let width = self.names.len();
+        let mut locs = Vec::new();
+        self.for_each_loc(|l| locs.push(l))?;
+        locs.sort_unstable_by_key(|l| (l.file, l.pos));
+        for loc in locs {
+            self.log_change(ChangeOp::Delete, vec![Datum::Unchanged; width], Some(loc));
+        }
+        let pending: Vec<PendingRow> = self.rows.iter().flatten().cloned().collect();
+        for row in pending {
+            self.log_change(ChangeOp::Delete, row.values, row.previous);
+        }
+        Ok(())
+    }
+
+    /// Memory the staged change rows hold.
+    pub(super) fn changelog_bytes(&self) -> u64 {
+        self.changelog.as_ref().map_or(0, |c| c.bytes)
+    }
+
+    /// Widens staged rows to the table's current width (after columns were added).
+    pub(super) fn changelog_widen(&mut self) {
+        let width = self.names.len();
+        if let Some(c) = &mut self.changelog {
+            for e in &mut c.entries {
+                e.row.values.resize(width, Datum::Null);
+            }
+        }
+    }
+
+    /// Gives the changelog the schema change the table just took (the same decisions from
+    /// the same recorded source columns: added, widened, renamed and sibling columns).
+    pub(super) async fn changelog_follow(
+        &mut self,
+        relation: &crate::change::Relation,
+        catalog: &LocalCatalog,
+    ) -> Result<()> {
+        let pk = self.primary_key();
+        let Some(c) = &mut self.changelog else {
+            return Ok(());
+        };
+        if let Some(evo) = evolve::plan(&self.source, &c.table, &pk, relation)? {
+            let mut props = c.table.metadata().properties().clone();
+            props.insert(
+                PROP_COLUMNS.to_string(),
+                serde_json::to_string(&evo.columns)?,
+            );
+            c.table = rowdelta::evolve_schema(catalog, &c.table, evo.schema, props).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the staged change rows to files for the next changelog commit.
+    pub(super) async fn spill_changelog(&mut self) -> Result<()> {
+        let Some(c) = &mut self.changelog else {
+            return Ok(());
+        };
+        let entries = std::mem::take(&mut c.entries);
+        c.bytes = 0;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let files = self.write_changelog(&entries).await?;
+        if let Some(c) = &mut self.changelog {
+            c.staged.extend(files);
+        }
+        Ok(())
+    }
+
+    /// Appends the staged change rows in one snapshot at `props`' LSN (before the table's
+    /// own commit of the same changes).
+    pub(super) async fn commit_changelog(
+        &mut self,
+        catalog: &LocalCatalog,
+        props: &std::collections::HashMap<String, String>,
+        lsn: Lsn,
+    ) -> Result<()> {
+        if !self.logs(lsn) {
+            return Ok(());
+        }
+        self.spill_changelog().await?;
+        let Some(c) = &mut self.changelog else {
+            return Ok(());
+        };
+        let files = std::mem::take(&mut c.staged);
+        let committed = rowdelta::commit(
+            catalog,
+            &c.table,
+            files.clone(),
+            Vec::new(),
+            false,
+            props.clone(),
+            &rowdelta::Specs::new(),
+        )
+        .await;
+        match committed {
+            Ok(table) => {
+                c.table = table;
+                c.lsn = lsn;
+                Ok(())
+            }
+            Err(e) => {
+                c.staged = files;
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes change rows as data files of the changelog (not committed).
+    async fn write_changelog(&self, entries: &[Entry]) -> Result<Vec<DataFile>> {
+        let Some(c) = &self.changelog else {
+            return Ok(Vec::new());
+        };
+        let rows: Vec<PendingRow> = entries.iter().map(|e| e.row.clone()).collect();
+        let columns = self.build_columns(&rows).await?;
+        let nullable: Vec<arrow::datatypes::FieldRef> = self
+            .arrow
+            .fields()
+            .iter()
+            .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
+            .collect();
+        let values =
+            RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(nullable)), columns)?;
+        let batch = changelog_batch(
+            &values,
+            &crate::table::schema::arrow_schema(&c.table)?,
+            entries.iter().map(|e| (e.op, e.lsn, e.time, e.seq)),
+        )?;
+        let name = format!("changelog-{}", uuid::Uuid::now_v7().simple());
+        let mut w = TableWriter::new(&c.table, name, u64::MAX / 4).await?;
+        w.write(batch).await?;
+        Ok(w.close().await?.0)
+    }
+
+    /// The changelog's first rows: every live row of the table, as an insert at the table's
+    /// LSN and commit time, committed as the changelog's first snapshot.
+    async fn seed_changelog(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
+        let lsn = self.lsn;
+        let summary = self
+            .table
+            .metadata()
+            .current_snapshot()
+            .map(|s| s.summary().additional_properties.clone())
+            .unwrap_or_default();
+        let time_micros = summary
+            .get(SUMMARY_COMMIT_TIME)
+            .and_then(|t| t.parse::<i64>().ok())
+            .or_else(|| {
+                self.table
+                    .metadata()
+                    .current_snapshot()
+                    .map(|s| s.timestamp_ms() * 1000)
+            })
+            .unwrap_or_default();
+        let mut locs = Vec::new();
+        self.for_each_loc(|l| locs.push(l))?;
+        locs.sort_unstable_by_key(|l| (l.file, l.pos));
+        let Some(c) = &self.changelog else {
+            return Ok(());
+        };
+        let target = crate::table::schema::arrow_schema(&c.table)?;
+        let name = format!("changelog-{}", uuid::Uuid::now_v7().simple());
+        let mut w = TableWriter::new(&c.table, name, u64::MAX / 4).await?;
+        let mut seq = 0i64;
+        for chunk in locs.chunks(SEED_ROWS) {
+            let values = self.read_rows(chunk).await?;
+            let n = values.num_rows() as i64;
+            // The rows are the table as of its LSN: they carry that LSN.
+            let meta =
+                (seq..seq + n).map(|s| (ChangeOp::Insert, lsn, time_micros - PG_EPOCH_MICROS, s));
+            w.write(changelog_batch(&values, &target, meta)?).await?;
+            seq += n;
+        }
+        let (files, _) = w.close().await?;
+        let props = std::collections::HashMap::from([
+            (SUMMARY_LSN.to_string(), lsn.to_string()),
+            (SUMMARY_PHASE.to_string(), "snapshot".to_string()),
+            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
+            (SUMMARY_COMMIT_TIME.to_string(), time_micros.to_string()),
+        ]);
+        crate::storage::lease::ensure_held(pipeline)?;
+        let Some(c) = &mut self.changelog else {
+            return Ok(());
+        };
+        c.table = rowdelta::commit(
+            catalog,
+            &c.table,
+            files,
+            Vec::new(),
+            false,
+            props,
+            &rowdelta::Specs::new(),
+        )
+        .await?;
+        c.lsn = lsn;
+        tracing::info!(table = %c.table.identifier(), rows = seq, lsn = %lsn, "changelog started from the table's rows");
+        Ok(())
+    }
+}
+
+/// The changelog rows of `values` (rows in the table's schema): each column of `target` by
+/// name, then the change columns from `meta` (operation, commit LSN, commit time in the
+/// Postgres epoch, order).
+fn changelog_batch(
+    values: &RecordBatch,
+    target: &SchemaRef,
+    meta: impl Iterator<Item = (ChangeOp, Lsn, i64, i64)>,
+) -> Result<RecordBatch> {
+    let (mut ops, mut lsns, mut times, mut seqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (op, lsn, time, seq) in meta {
+        ops.push(op.as_str());
+        lsns.push(i64::try_from(lsn.0).unwrap_or(i64::MAX));
+        times.push(time + PG_EPOCH_MICROS);
+        seqs.push(seq);
+    }
+    if ops.len() != values.num_rows() {
+        return Err(Error::fatal(format!(
+            "{} change rows were described for {} rows of values",
+            ops.len(),
+            values.num_rows()
+        )));
+    }
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
+    for field in target.fields() {
+        let col: ArrayRef = match field.name().as_str() {
+            changelog::OP => Arc::new(StringArray::from(std::mem::take(&mut ops))),
+            changelog::LSN => Arc::new(Int64Array::from(std::mem::take(&mut lsns))),
+            changelog::COMMIT_TIME => Arc::new(
+                TimestampMicrosecondArray::from(std::mem::take(&mut times)).with_timezone("+00:00"),
+            ),
+            changelog::SEQ => Arc::new(Int64Array::from(std::mem::take(&mut seqs))),
+            name => match values.column_by_name(name) {
+                Some(c) if c.data_type() == field.data_type() => c.clone(),
+                Some(c) => arrow::compute::cast(c, field.data_type())?,
+                None => arrow::array::new_null_array(field.data_type(), values.num_rows()),
+            },
+        };
+        columns.push(col);
+    }
+    Ok(RecordBatch::try_new(target.clone(), columns)?)
+}

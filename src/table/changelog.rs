@@ -1,0 +1,179 @@
+//! The table layer, changelog tables: the Iceberg table beside a replicated table that holds
+//! every change as a row (`pipelines.<p>.tables.<t>.changelog`). Its columns are the table's
+//! own (all optional: a delete row carries the old key only), then the change's operation,
+//! source commit LSN and time, and order inside its transaction. Every snapshot is an append.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use iceberg::table::Table;
+use iceberg::{NamespaceIdent, TableCreation, TableIdent};
+
+use super::{PROP_COLUMNS, PROP_PRIMARY_KEY};
+use crate::catalog::LocalCatalog;
+use crate::config::TableRef;
+use crate::error::{Context, Error, Result};
+
+/// Column: the operation, `insert`, `update` or `delete`.
+pub const OP: &str = "_skippr_op";
+/// Column: the source commit LSN of the change's transaction (as a number).
+pub const LSN: &str = "_skippr_lsn";
+/// Column: the source commit time of the change's transaction.
+pub const COMMIT_TIME: &str = "_skippr_commit_time";
+/// Column: the change's order inside its transaction (from 0).
+pub const SEQ: &str = "_skippr_seq";
+/// The four columns, in order, after the table's own.
+pub const COLUMNS: [&str; 4] = [OP, LSN, COMMIT_TIME, SEQ];
+/// Table property: the source table whose changes the table holds, `schema.name`.
+pub const PROP_CHANGELOG_OF: &str = "skippr.changelog-of";
+/// Table property: the primary key of the source table (the changelog has no key itself).
+pub const PROP_SOURCE_KEY: &str = "skippr.changelog-key";
+
+/// What a change row records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeOp {
+    Insert,
+    Update,
+    Delete,
+}
+
+impl ChangeOp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeOp::Insert => "insert",
+            ChangeOp::Update => "update",
+            ChangeOp::Delete => "delete",
+        }
+    }
+}
+
+/// The changelog schema of a table with schema `state`: its fields, all optional, then the
+/// four change columns.
+pub fn schema_of(state: &Schema) -> Result<Schema> {
+    let mut fields: Vec<Arc<NestedField>> = state
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut f = (**f).clone();
+            f.required = false;
+            Arc::new(f)
+        })
+        .collect();
+    let first = state.highest_field_id() + 1;
+    for (id, (name, ty)) in (first..).zip([
+        (OP, PrimitiveType::String),
+        (LSN, PrimitiveType::Long),
+        (COMMIT_TIME, PrimitiveType::Timestamptz),
+        (SEQ, PrimitiveType::Long),
+    ]) {
+        fields.push(Arc::new(NestedField::required(
+            id,
+            name,
+            Type::Primitive(ty),
+        )));
+    }
+    Schema::builder()
+        .with_fields(fields)
+        .build()
+        .context("building a changelog table's schema")
+}
+
+/// Loads the changelog table `name` of `state` (the Iceberg table of `source`), creating it
+/// when missing. A table of that name that is not `source`'s changelog is refused.
+pub async fn create_or_load(
+    catalog: &LocalCatalog,
+    namespace: &NamespaceIdent,
+    name: &str,
+    source: &TableRef,
+    state: &Table,
+) -> Result<Table> {
+    let ident = TableIdent::new(namespace.clone(), name.to_string());
+    if catalog
+        .catalog
+        .table_exists(&ident)
+        .await
+        .with_context(|| format!("looking up Iceberg table {ident}"))?
+    {
+        let table = catalog
+            .catalog
+            .load_table(&ident)
+            .await
+            .with_context(|| format!("loading Iceberg table {ident}"))?;
+        let of = table.metadata().properties().get(PROP_CHANGELOG_OF);
+        if of.map(String::as_str) != Some(source.to_string().as_str()) {
+            return Err(Error::config(format!(
+                "Iceberg table {ident} exists and is not the changelog of {source}{}: name the changelog otherwise (`changelog: {{table: <name>}}` under pipelines.<p>.tables.{}) or drop that table",
+                of.map(|o| format!(" (it is the changelog of {o})")).unwrap_or_default(),
+                source.config_key()
+            )));
+        }
+        return Ok(table);
+    }
+    let meta = state.metadata();
+    let schema = schema_of(meta.current_schema())?;
+    let mut props = HashMap::from([
+        (PROP_CHANGELOG_OF.to_string(), source.to_string()),
+        (
+            "write.parquet.compression-codec".to_string(),
+            "zstd".to_string(),
+        ),
+    ]);
+    for (from, to) in [
+        (PROP_COLUMNS, PROP_COLUMNS),
+        (PROP_PRIMARY_KEY, PROP_SOURCE_KEY),
+    ] {
+        if let Some(v) = meta.properties().get(from) {
+            props.insert(to.to_string(), v.clone());
+        }
+    }
+    let creation = TableCreation::builder()
+        .name(name.to_string())
+        .schema(schema)
+        .properties(props)
+        .build();
+    let table = catalog
+        .catalog
+        .create_table(namespace, creation)
+        .await
+        .with_context(|| format!("creating Iceberg table {ident}"))?;
+    tracing::info!(table = %ident, source = %source, "created changelog table");
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_changelog_schema_is_the_tables_fields_made_optional_then_the_change_columns() {
+        let state = Schema::builder()
+            .with_fields(vec![
+                Arc::new(NestedField::required(
+                    1,
+                    "id",
+                    Type::Primitive(PrimitiveType::Long),
+                )),
+                Arc::new(NestedField::optional(
+                    2,
+                    "note",
+                    Type::Primitive(PrimitiveType::String),
+                )),
+            ])
+            .with_identifier_field_ids(vec![1])
+            .build()
+            .unwrap();
+        let s = schema_of(&state).unwrap();
+        let names: Vec<&str> = s
+            .as_struct()
+            .fields()
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect();
+        assert_eq!(names, ["id", "note", OP, LSN, COMMIT_TIME, SEQ], "{s:?}");
+        assert!(s.as_struct().fields()[..2].iter().all(|f| !f.required));
+        assert!(s.as_struct().fields()[2..].iter().all(|f| f.required));
+        assert_eq!(s.identifier_field_ids().count(), 0);
+    }
+}
