@@ -120,3 +120,168 @@ pub async fn cut_if_due<T: TableSink>(
         dropped: drop,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::pipeline::cdc::catch_up_once;
+    use crate::pipeline::doubles::{insert, relation, txn, update, MemLog, MemSource, MemTables};
+    use crate::table::cuts::cut_time;
+
+    const SEC: i64 = 1000;
+    /// 2026-12-01T10:00:00Z, in milliseconds.
+    const T0: i64 = 1_796_119_200_000;
+
+    fn settings(every_s: u64, keep: usize) -> CutSettings {
+        CutSettings {
+            every: Duration::from_secs(every_s),
+            keep,
+        }
+    }
+
+    /// Applies `changes` of the transaction ending at `end` to table `i` (the others only
+    /// advance), then commits every table.
+    async fn round<T: TableSink>(tables: &mut [T], end: u64, i: usize, change: Change) {
+        tables[i].apply(&change, Lsn(end)).unwrap();
+        for t in tables.iter_mut() {
+            t.advance(Lsn(end));
+            t.commit().await.unwrap();
+        }
+    }
+
+    use crate::change::Change;
+
+    #[tokio::test]
+    async fn every_table_is_tagged_alike_at_each_interval_and_old_cuts_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = MemTables::new(&["a", "b"], dir.path());
+        let mut tables = mem.sinks();
+        let mut clock = CutClock::new(settings(10, 2));
+        round(&mut tables, 10, 0, insert(1, 1, "x")).await;
+        let first = cut_if_due(&mut tables, &mut clock, "app", T0)
+            .await
+            .unwrap()
+            .expect("the first round takes a cut");
+        assert_eq!(first.name, "skippr-cut-20261201T100000Z");
+        assert_eq!(first.lsn, Lsn(10));
+        // Within `every`: no cut, whatever the rounds.
+        round(&mut tables, 20, 1, insert(2, 1, "b")).await;
+        assert_eq!(
+            cut_if_due(&mut tables, &mut clock, "app", T0 + 9 * SEC)
+                .await
+                .unwrap(),
+            None
+        );
+        let second = cut_if_due(&mut tables, &mut clock, "app", T0 + 10 * SEC)
+            .await
+            .unwrap()
+            .expect("due after `every`");
+        assert_eq!(second.name, "skippr-cut-20261201T100010Z");
+        assert!(second.dropped.is_empty());
+        round(&mut tables, 30, 0, update(1, 1, "x2")).await;
+        let third = cut_if_due(&mut tables, &mut clock, "app", T0 + 25 * SEC)
+            .await
+            .unwrap()
+            .expect("due");
+        assert_eq!(third.dropped, [first.name.clone()], "keep: 2");
+        for name in ["a", "b"] {
+            let tags = &mem.stored(name).tags;
+            assert_eq!(
+                tags.keys().cloned().collect::<Vec<_>>(),
+                [second.name.clone(), third.name.clone()],
+                "table {name}"
+            );
+        }
+        // Each tag shows the state at its LSN: table a's update is in the third cut only.
+        assert_eq!(mem.stored("a").tags[&second.name].1[&1], "x");
+        assert_eq!(mem.stored("a").tags[&third.name].1[&1], "x2");
+        assert_eq!(mem.stored("b").tags[&second.name].1[&1], "b");
+        // A new run learns when the last cut was from the tags.
+        let mut tables = mem.sinks();
+        let mut clock = CutClock::new(settings(10, 2));
+        round(&mut tables, 40, 1, update(2, 1, "b2")).await;
+        assert_eq!(
+            cut_if_due(&mut tables, &mut clock, "app", T0 + 30 * SEC)
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(cut_if_due(&mut tables, &mut clock, "app", T0 + 35 * SEC)
+            .await
+            .unwrap()
+            .is_some());
+    }
+
+    #[tokio::test]
+    async fn a_cut_waits_until_every_table_is_at_one_lsn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = MemTables::new(&["a", "b"], dir.path());
+        let mut tables = mem.sinks();
+        let mut clock = CutClock::new(settings(1, 5));
+        // Table a holds a change through 20 still staged; b is through 20.
+        tables[0].apply(&insert(1, 1, "x"), Lsn(20)).unwrap();
+        tables[1].advance(Lsn(20));
+        assert_eq!(
+            cut_if_due(&mut tables, &mut clock, "app", T0).await.unwrap(),
+            None,
+            "a change is staged"
+        );
+        tables[0].commit().await.unwrap();
+        // Table b knows nothing past 10 yet.
+        let mut tables_b_behind = mem.sinks();
+        tables_b_behind[0].advance(Lsn(20));
+        tables_b_behind[1].advance(Lsn(10));
+        assert_eq!(
+            cut_if_due(&mut tables_b_behind, &mut clock, "app", T0)
+                .await
+                .unwrap(),
+            None,
+            "the tables cover different LSNs"
+        );
+        assert!(mem.stored("a").tags.is_empty() && mem.stored("b").tags.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_tag_leaves_no_partial_cut_and_fails_the_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = MemTables::new(&["a", "b"], dir.path());
+        let mut tables = mem.sinks();
+        let mut clock = CutClock::new(settings(1, 5));
+        round(&mut tables, 10, 0, insert(1, 1, "x")).await;
+        mem.stored("b").fail_tags = 1;
+        let e = cut_if_due(&mut tables, &mut clock, "app", T0)
+            .await
+            .unwrap_err();
+        assert!(e.message().contains("test tag failed"), "{}", e.message());
+        assert!(mem.stored("a").tags.is_empty(), "the partial tag was removed");
+        // The next round takes it.
+        let cut = cut_if_due(&mut tables, &mut clock, "app", T0 + 100)
+            .await
+            .unwrap()
+            .expect("taken at the next round");
+        assert_eq!(cut_time(&cut.name), Some(T0 / SEC));
+    }
+
+    #[tokio::test]
+    async fn sync_once_takes_a_cut_after_its_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut src = MemSource::new(vec![relation(1, "a"), relation(2, "b")]);
+        let log = MemLog::default();
+        let mut mem = MemTables::new(&["a", "b"], dir.path());
+        mem.cuts = Some(settings(3600, 48));
+        src.commit(txn(10, vec![insert(1, 1, "x")]));
+        src.commit(txn(20, vec![insert(2, 1, "y")]));
+        catch_up_once(&mut src, &log, &mem).await.unwrap();
+        let a = mem.stored("a").tags.clone();
+        let b = mem.stored("b").tags.clone();
+        assert_eq!(a.len(), 1);
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        let name = a.keys().next().unwrap();
+        assert!(name.starts_with("skippr-cut-"), "{name}");
+        // Both tables committed through 20 in one round, and the cut shows them there.
+        assert_eq!((a[name].0, b[name].0), (Lsn(20), Lsn(20)));
+        assert_eq!((a[name].1[&1].as_str(), b[name].1[&1].as_str()), ("x", "y"));
+    }
+}

@@ -516,6 +516,25 @@ impl MemTables {
         }
     }
 
+    /// A sink of every table, at what the table holds.
+    pub fn sinks(&self) -> Vec<MemTable> {
+        self.tables
+            .iter()
+            .map(|(source, stored)| {
+                let lsn = lock(stored).lsn;
+                MemTable {
+                    source: source.clone(),
+                    stored: stored.clone(),
+                    staged: None,
+                    committed: lsn,
+                    pending_lsn: lsn,
+                    pending: 0,
+                    unspilled: 0,
+                }
+            })
+            .collect()
+    }
+
     pub fn stored(&self, name: &str) -> MutexGuard<'_, Stored> {
         let (_, s) = self
             .tables
@@ -531,24 +550,8 @@ impl Tables for MemTables {
     type Sink = MemTable;
 
     async fn load(&self) -> Result<Sinks<MemTable>> {
-        let tables = self
-            .tables
-            .iter()
-            .map(|(source, stored)| {
-                let lsn = lock(stored).lsn;
-                MemTable {
-                    source: source.clone(),
-                    stored: stored.clone(),
-                    staged: None,
-                    committed: lsn,
-                    pending_lsn: lsn,
-                    pending: 0,
-                    unspilled: 0,
-                }
-            })
-            .collect();
         Ok(Sinks::new(
-            tables,
+            self.sinks(),
             self.append_only.clone(),
             self.state_file.clone(),
             self.budget,
