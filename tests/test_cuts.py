@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from pyiceberg.table.refs import SnapshotRefType
 
-from conftest import Database, Skippr, free_port, run_skipprd
+from conftest import Database, Skippr, duckdb_connect, free_port, run_skipprd
 from test_cdc import bg_log, stop
 from test_consistency import ACCOUNTS, LEDGER, OPENING, bank, connect_gateway, transfer_loop  # noqa: F401 (bank: a fixture)
 
@@ -116,6 +116,17 @@ def test_every_cut_shows_the_bank_at_one_lsn(skippr: Skippr, db: Database, bank)
         in_metadata = tags(skippr.table(table))
         for name, cut in cuts.items():
             assert in_metadata.get(name) == cut["snapshots"][table], f"{table}: tag {name}"
+    # DuckDB reads a cut by snapshot id, as docs/history.md shows.
+    name, _, n = checked[len(checked) // 2]
+    con = duckdb_connect()
+    try:
+        at = {t: f"iceberg_scan('{skippr.table(t).metadata_location}', snapshot_from_id => {cuts[name]['snapshots'][t]})"
+              for t in ("accounts", "transfers")}
+        total = con.execute(f"SELECT sum(balance) FROM {at['accounts']}").fetchone()[0]
+        count = con.execute(f"SELECT count(*) FROM {at['transfers']}").fetchone()[0]
+        assert (total, count) == (ACCOUNTS * OPENING, n)
+    finally:
+        con.close()
 
 
 def test_keep_drops_old_cuts_and_expiry_keeps_tagged_snapshots(skippr: Skippr, db: Database) -> None:
