@@ -78,7 +78,10 @@ pub async fn cut_if_due<T: TableSink>(
         .iter()
         .any(|t| t.pending_changes() > 0 || t.covered() != lsn || !t.has_snapshot())
     {
-        tracing::debug!(pipeline, "consistent cut waits: the tables are not all committed through one LSN yet");
+        tracing::debug!(
+            pipeline,
+            "consistent cut waits: the tables are not all committed through one LSN yet"
+        );
         return Ok(None);
     }
     let name = cut_name(now_ms.div_euclid(1000));
@@ -126,6 +129,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::change::Change;
     use crate::pipeline::cdc::catch_up_once;
     use crate::pipeline::doubles::{insert, relation, txn, update, MemLog, MemSource, MemTables};
     use crate::table::cuts::cut_time;
@@ -150,8 +154,6 @@ mod tests {
             t.commit().await.unwrap();
         }
     }
-
-    use crate::change::Change;
 
     #[tokio::test]
     async fn every_table_is_tagged_alike_at_each_interval_and_old_cuts_go() {
@@ -185,7 +187,7 @@ mod tests {
             .await
             .unwrap()
             .expect("due");
-        assert_eq!(third.dropped, [first.name.clone()], "keep: 2");
+        assert_eq!(third.dropped, std::slice::from_ref(&first.name), "keep: 2");
         for name in ["a", "b"] {
             let tags = &mem.stored(name).tags;
             assert_eq!(
@@ -224,7 +226,9 @@ mod tests {
         tables[0].apply(&insert(1, 1, "x"), Lsn(20)).unwrap();
         tables[1].advance(Lsn(20));
         assert_eq!(
-            cut_if_due(&mut tables, &mut clock, "app", T0).await.unwrap(),
+            cut_if_due(&mut tables, &mut clock, "app", T0)
+                .await
+                .unwrap(),
             None,
             "a change is staged"
         );
@@ -255,7 +259,10 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.message().contains("test tag failed"), "{}", e.message());
-        assert!(mem.stored("a").tags.is_empty(), "the partial tag was removed");
+        assert!(
+            mem.stored("a").tags.is_empty(),
+            "the partial tag was removed"
+        );
         // The next round takes it.
         let cut = cut_if_due(&mut tables, &mut clock, "app", T0 + 100)
             .await

@@ -14,10 +14,10 @@ use iceberg::table::Table;
 use super::pipeline_view::PipelineView;
 use crate::change::Lsn;
 use crate::error::{Error, Result};
+use crate::table::cuts::{cut_name, cut_time, cuts_of, snapshot_lsn, CUT_PREFIX};
 use crate::table::{
     PG_EPOCH_MICROS, SUMMARY_COMMIT_TIME, SUMMARY_FIRST_COMMIT_TIME, SUMMARY_FIRST_LSN, SUMMARY_LSN,
 };
-use crate::table::cuts::{cut_name, cut_time, cuts_of, snapshot_lsn, CUT_PREFIX};
 use crate::wal::Record;
 
 /// The session setting: `SET skippr.as_of = '0/16B3748'` or `= '2026-12-01 10:00:00+00'`.

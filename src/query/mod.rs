@@ -2,9 +2,9 @@
 //! WAL tail), used by `skipprd query` and by the Postgres-wire gateway of `skipprd serve`.
 
 pub mod as_of;
-mod cuts;
 pub mod athena;
 pub mod committed;
+mod cuts;
 mod file_read;
 pub mod format;
 pub mod limits;

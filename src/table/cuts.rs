@@ -125,10 +125,7 @@ pub fn dropped(held: &[TableCut], new: Option<&str>, keep: usize) -> Vec<String>
     times.sort();
     times.dedup();
     let excess = times.len().saturating_sub(keep);
-    times[..excess]
-        .iter()
-        .map(|(_, n)| n.to_string())
-        .collect()
+    times[..excess].iter().map(|(_, n)| n.to_string()).collect()
 }
 
 /// The tag a cut sets: a tag (never a branch) that expires only when skipprd drops it.
@@ -168,7 +165,10 @@ mod tests {
     #[test]
     fn the_oldest_cuts_beyond_keep_are_dropped() {
         let held = [cut(30), cut(10), cut(20), cut(10)];
-        assert_eq!(dropped(&held, Some(&cut_name(40)), 2), [cut_name(10), cut_name(20)]);
+        assert_eq!(
+            dropped(&held, Some(&cut_name(40)), 2),
+            [cut_name(10), cut_name(20)]
+        );
         assert_eq!(dropped(&held, None, 3), Vec::<String>::new());
         assert_eq!(dropped(&held, Some(&cut_name(40)), 4), Vec::<String>::new());
     }
