@@ -905,6 +905,34 @@ def test_maintenance_settings_round_trip_and_validate(tmp_path: Path) -> None:
     assert proc.returncode == 0, describe(proc)
 
 
+def test_consistent_cuts_round_trip_and_validate(tmp_path: Path) -> None:
+    """`pipelines.<p>.consistent_cuts` written by Python reads back equal and skipprd accepts
+    it; a bad value names the field as skipprd does."""
+    from skippr import ConsistentCuts
+
+    cfg = Config().workspace("w")
+    src = cfg.data_source("db", DataSourcePostgres(host="h", user="u", database="d", tables=["t"]))
+    lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./w"))
+    cfg.pipeline("p", Pipeline(data_source=src, data_sink=lake, consistent_cuts=ConsistentCuts(every="1d", keep=7)))
+    path = tmp_path / "skippr.yml"
+    cfg.save(path)
+    text = path.read_text()
+    assert "    consistent_cuts:\n      every: 1d\n      keep: 7\n" in text, text
+    assert Config.load(path) == cfg
+    with pytest.raises(ConfigError, match="not a duration of at least 1s"):
+        ConsistentCuts(every="500ms")
+    with pytest.raises(ConfigError, match="between 1 and 100000"):
+        ConsistentCuts(keep=0)
+    path.write_text(text.replace("keep: 7", "kept: 7"))
+    with pytest.raises(ConfigError, match="unknown key `kept`"):
+        Config.load(path)
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    path.write_text(text)
+    proc = run_binary(["--config", str(path), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+
+
 def test_lease_settings_round_trip_and_validate(tmp_path: Path) -> None:
     """`skippr.lease` written by Python reads back equal, and skipprd accepts it."""
     from skippr import LeaseSettings, S3Storage

@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 77] = [
+const KEY_ORDER: [&str; 80] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -52,6 +52,9 @@ const KEY_ORDER: [&str; 77] = [
     "min_snapshots_to_keep",
     "orphan_file_age",
     "compaction_min_files",
+    "consistent_cuts",
+    "every",
+    "keep",
     "partition_by",
     "sort_by",
     "exclude_columns",

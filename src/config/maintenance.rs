@@ -1,12 +1,16 @@
 //! Validation of `pipelines.<name>.maintenance`: how a pipeline compacts its Iceberg tables,
-//! expires their snapshots and removes unreferenced files (sink/iceberg/maintenance.rs).
+//! expires their snapshots and removes unreferenced files (sink/iceberg/maintenance.rs); and
+//! of `pipelines.<name>.consistent_cuts`, the tagged snapshots expiry keeps (pipeline/cuts.rs).
 
 use std::time::Duration;
 
-use super::{keys, parse_duration, MaintenanceDef, Validator};
+use super::{keys, parse_duration, ConsistentCutsDef, MaintenanceDef, Validator};
 use crate::sink::iceberg::maintenance::{
     MaintenanceSettings, DEFAULT_CHECK_INTERVAL, DEFAULT_COMPACTION_MIN_FILES,
     DEFAULT_MIN_SNAPSHOTS_TO_KEEP, DEFAULT_ORPHAN_FILE_AGE, DEFAULT_SNAPSHOT_RETENTION,
+};
+use crate::table::cuts::{
+    CutSettings, DEFAULT_CUT_EVERY, DEFAULT_CUT_KEEP, MAX_CUT_KEEP, MIN_CUT_EVERY,
 };
 
 impl Validator<'_> {
@@ -92,5 +96,46 @@ impl Validator<'_> {
             compaction_min_files,
             ..MaintenanceSettings::default()
         })
+    }
+
+    /// The cut settings (`None` inside when the pipeline takes no cuts), or `None` after
+    /// reporting every value out of range.
+    pub(super) fn consistent_cuts(
+        &mut self,
+        pipeline: &str,
+        def: Option<&ConsistentCutsDef>,
+    ) -> Option<Option<CutSettings>> {
+        let Some(d) = def else {
+            return Some(None);
+        };
+        let text = d.every.as_deref().unwrap_or(DEFAULT_CUT_EVERY);
+        let every = match parse_duration(text) {
+            Some(e) if e >= MIN_CUT_EVERY => Some(e),
+            _ => {
+                self.report(
+                    keys(&["pipelines", pipeline, "consistent_cuts", "every"]),
+                    format!(
+                        "`{text}` is not a duration of at least 1s (a cut is named after its UTC time to the second): write e.g. `10s`, `15m`, `1h` or `1d`"
+                    ),
+                );
+                None
+            }
+        };
+        let keep = d.keep.unwrap_or(DEFAULT_CUT_KEEP);
+        let keep = if (1..=MAX_CUT_KEEP).contains(&keep) {
+            Some(keep as usize)
+        } else {
+            self.report(
+                keys(&["pipelines", pipeline, "consistent_cuts", "keep"]),
+                format!(
+                    "`{keep}` cuts cannot be kept: write the number of cuts to keep, between 1 and {MAX_CUT_KEEP} (default {DEFAULT_CUT_KEEP})"
+                ),
+            );
+            None
+        };
+        Some(Some(CutSettings {
+            every: every?,
+            keep: keep?,
+        }))
     }
 }

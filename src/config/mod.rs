@@ -212,6 +212,8 @@ pub struct PipelineConfig {
     pub key_index_memory_budget: u64,
     /// How the pipeline maintains its tables.
     pub maintenance: crate::sink::iceberg::maintenance::MaintenanceSettings,
+    /// How the pipeline takes consistent cuts (none unless `consistent_cuts` is given).
+    pub consistent_cuts: Option<crate::table::cuts::CutSettings>,
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
@@ -376,7 +378,7 @@ impl Config {
     }
 }
 
-/// Parses `500ms`, `10s`, `2m`, `1h`.
+/// Parses `500ms`, `10s`, `2m`, `1h`, `1d`.
 pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit())?;
@@ -387,6 +389,7 @@ pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
         "s" => n.checked_mul(1000)?,
         "m" => n.checked_mul(60_000)?,
         "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
         _ => return None,
     };
     Some(std::time::Duration::from_millis(ms))

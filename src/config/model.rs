@@ -255,6 +255,10 @@ pub struct PipelineDef {
     /// orphan cleanup); on by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<MaintenanceDef>,
+    /// Consistent cuts: every table of the pipeline tagged at one source LSN at each
+    /// interval, for engines outside Skippr (off unless given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistent_cuts: Option<ConsistentCutsDef>,
     /// Settings of single tables, keyed by the table as the source lists it (`orders` or
     /// `schema.orders`), in the file's order: how each is laid out in files. A table not
     /// named here is one unsorted partition.
@@ -386,6 +390,20 @@ pub struct MaintenanceDef {
     /// A compaction runs once this many small data files or delete files gather (default 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction_min_files: Option<u64>,
+}
+
+/// `pipelines.<name>.consistent_cuts`: how often every table of the pipeline is tagged
+/// `skippr-cut-<UTC time>` at one source LSN, and how many of those cuts are kept.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ConsistentCutsDef {
+    /// How often a cut is taken, e.g. `10s`, `1h`, `1d` (default 1h, at least 1s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    /// How many cuts are kept (default 48); the tags of older ones are removed, and their
+    /// snapshots then expire as any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<u64>,
 }
 
 /// A data source definition: exactly one connector key.

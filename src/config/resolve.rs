@@ -234,6 +234,7 @@ impl Validator<'_> {
                 "a larger key index lives on local disk",
             );
             let maintenance = self.maintenance(name, def.maintenance.as_ref());
+            let cuts = self.consistent_cuts(name, def.consistent_cuts.as_ref());
             let listed = source.and_then(|(sname, s)| {
                 s.postgres
                     .as_ref()
@@ -263,6 +264,7 @@ impl Validator<'_> {
                 Some(budget),
                 Some(index_budget),
                 Some(mut m),
+                Some(consistent_cuts),
             ) = (
                 pg_source,
                 sink_cfg,
@@ -270,6 +272,7 @@ impl Validator<'_> {
                 budget,
                 index_budget,
                 maintenance,
+                cuts,
             ) {
                 m.target_file_size = source.parquet_target_file_size;
                 if let SinkConfig::AthenaIceberg { sink, .. } = &sink {
@@ -281,6 +284,7 @@ impl Validator<'_> {
                     transaction_memory_budget: budget,
                     key_index_memory_budget: index_budget,
                     maintenance: m,
+                    consistent_cuts,
                     source,
                     sink,
                     schema_sink,

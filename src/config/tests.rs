@@ -562,3 +562,35 @@ mod source;
 
 #[path = "tests_query.rs"]
 mod query;
+
+#[test]
+fn consistent_cuts_take_any_duration_of_a_second_or_more() {
+    let with = |cuts: &str| {
+        GOOD.replace(
+            "    data_sink: data_sinks.lake\n",
+            &format!("    data_sink: data_sinks.lake\n    consistent_cuts: {cuts}\n"),
+        )
+    };
+    assert_eq!(load(GOOD).unwrap().pipelines[0].consistent_cuts, None);
+    let c = load(&with("{every: 1d, keep: 7}")).unwrap();
+    assert_eq!(
+        c.pipelines[0].consistent_cuts,
+        Some(crate::table::cuts::CutSettings {
+            every: std::time::Duration::from_secs(86_400),
+            keep: 7
+        })
+    );
+    let c = load(&with("{}")).unwrap();
+    let cuts = c.pipelines[0].consistent_cuts.unwrap();
+    assert_eq!((cuts.every.as_secs(), cuts.keep), (3600, 48));
+
+    let p = one_error(&with("{every: 500ms}"));
+    assert_eq!(p.path, "pipelines.app.consistent_cuts.every");
+    assert!(p.message.contains("at least 1s"), "{}", p.message);
+    assert!(p.message.contains("`1h`"), "{}", p.message);
+    let p = one_error(&with("{every: 1h, keep: 0}"));
+    assert_eq!(p.path, "pipelines.app.consistent_cuts.keep");
+    assert!(p.message.contains("between 1 and"), "{}", p.message);
+    let p = one_error(&with("{every: 1h, kept: 3}"));
+    assert_eq!(p.path, "pipelines.app.consistent_cuts.kept");
+}

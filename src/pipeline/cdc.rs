@@ -44,12 +44,20 @@ pub struct Sinks<T: TableSink> {
     since_check: u32,
     /// The pipeline whose rounds the metrics and the state file record (see [`Sinks::named`]).
     pipeline: Option<String>,
+    /// When the next consistent cut is due (see [`Sinks::cutting`]).
+    cuts: Option<super::cuts::CutClock>,
 }
 
 impl<T: TableSink> Sinks<T> {
     /// Records each commit round under `pipeline` (metrics, `skipprd status`).
     pub fn named(mut self, pipeline: &str) -> Self {
         self.pipeline = Some(pipeline.to_string());
+        self
+    }
+
+    /// Takes consistent cuts after the commit rounds (see [`super::cuts`]).
+    pub fn cutting(mut self, settings: Option<crate::table::cuts::CutSettings>) -> Self {
+        self.cuts = settings.map(super::cuts::CutClock::new);
         self
     }
 
@@ -89,6 +97,7 @@ impl<T: TableSink> Sinks<T> {
             budget,
             since_check: 0,
             pipeline: None,
+            cuts: None,
         }
     }
 
@@ -299,6 +308,17 @@ impl<T: TableSink> Sinks<T> {
         Ok(())
     }
 
+    /// Takes a consistent cut when one is due and every table is committed through one LSN
+    /// (see [`super::cuts::cut_if_due`]); called right after a commit round.
+    pub async fn cut(&mut self) -> Result<Option<super::cuts::Cut>> {
+        let Some(clock) = &mut self.cuts else {
+            return Ok(None);
+        };
+        let pipeline = self.pipeline.as_deref().unwrap_or_default();
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        super::cuts::cut_if_due(&mut self.tables, clock, pipeline, now_ms).await
+    }
+
     /// Runs each table's due maintenance (see [`TableSink::maintain`]).
     pub async fn maintain(&mut self) -> Result<()> {
         for t in &mut self.tables {
@@ -328,6 +348,9 @@ pub async fn apply_log<L: ChangeLog, T: TableSink>(log: &L, sinks: &mut Sinks<T>
             "WAL segments committed to Iceberg and removed"
         );
     }
+    // The round left every table committed through what the log held: a consistent cut,
+    // when one is due, tags their snapshots now, before maintenance adds any.
+    sinks.cut().await?;
     // Maintenance comes after the log is truncated: it never holds back acknowledgements.
     sinks.maintain().await
 }
@@ -403,7 +426,8 @@ impl Tables for IcebergTables<'_> {
             self.p.state_file.clone(),
             self.p.transaction_memory_budget,
         )
-        .named(&self.p.name))
+        .named(&self.p.name)
+        .cutting(self.p.consistent_cuts))
     }
 
     async fn check_source(&self) -> Result<()> {

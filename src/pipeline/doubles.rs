@@ -17,6 +17,7 @@ use super::seams::{ChangeLog, ChangeSource, TableSink, Until};
 use crate::change::{Change, Datum, Lsn, Op, RelColumn, Relation, Txn};
 use crate::config::TableRef;
 use crate::error::{Error, Result};
+use crate::table::cuts::{cut_time, CutSettings, TableCut};
 use crate::wal::{Record, SegmentInfo};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -298,6 +299,10 @@ pub struct Stored {
     pub spills: usize,
     /// The next this many commits fail.
     pub fail_commits: usize,
+    /// Consistent cuts by tag name: the committed LSN and rows the tag points to.
+    pub tags: BTreeMap<String, (Lsn, BTreeMap<i64, String>)>,
+    /// The next this many tag commits fail.
+    pub fail_tags: usize,
 }
 
 /// One table's sink over a [`Stored`].
@@ -440,6 +445,48 @@ impl TableSink for MemTable {
         self.unspilled = 0;
         Ok(())
     }
+
+    fn has_snapshot(&self) -> bool {
+        true
+    }
+
+    fn cuts(&self) -> Result<Vec<TableCut>> {
+        let mut out: Vec<TableCut> = lock(&self.stored)
+            .tags
+            .keys()
+            .filter_map(|name| {
+                cut_time(name).map(|time| TableCut {
+                    name: name.clone(),
+                    time,
+                    snapshot_id: time,
+                })
+            })
+            .collect();
+        out.sort_by_key(|c| c.time);
+        Ok(out)
+    }
+
+    async fn tag_cut(&mut self, tag: Option<&str>, drop: &[String]) -> Result<()> {
+        if self.pending > 0 {
+            return Err(Error::fatal("a cut with changes staged"));
+        }
+        let mut stored = lock(&self.stored);
+        if stored.fail_tags > 0 {
+            stored.fail_tags -= 1;
+            return Err(Error::retryable(format!(
+                "table {}: the test tag failed",
+                self.source
+            )));
+        }
+        for name in drop {
+            stored.tags.remove(name);
+        }
+        if let Some(name) = tag {
+            let at = (stored.lsn, stored.rows.clone());
+            stored.tags.insert(name.to_string(), at);
+        }
+        Ok(())
+    }
 }
 
 /// The tables of a test pipeline.
@@ -449,6 +496,8 @@ pub struct MemTables {
     pub state_file: crate::storage::state_file::StateFile,
     /// Bytes of staged changes before they are spilled.
     pub budget: u64,
+    /// Consistent cuts after the commit rounds.
+    pub cuts: Option<CutSettings>,
 }
 
 impl MemTables {
@@ -463,7 +512,27 @@ impl MemTables {
                 state_dir.join("app.state.json"),
             ),
             budget: 256 * 1024 * 1024,
+            cuts: None,
         }
+    }
+
+    /// A sink of every table, at what the table holds.
+    pub fn sinks(&self) -> Vec<MemTable> {
+        self.tables
+            .iter()
+            .map(|(source, stored)| {
+                let lsn = lock(stored).lsn;
+                MemTable {
+                    source: source.clone(),
+                    stored: stored.clone(),
+                    staged: None,
+                    committed: lsn,
+                    pending_lsn: lsn,
+                    pending: 0,
+                    unspilled: 0,
+                }
+            })
+            .collect()
     }
 
     pub fn stored(&self, name: &str) -> MutexGuard<'_, Stored> {
@@ -481,28 +550,13 @@ impl Tables for MemTables {
     type Sink = MemTable;
 
     async fn load(&self) -> Result<Sinks<MemTable>> {
-        let tables = self
-            .tables
-            .iter()
-            .map(|(source, stored)| {
-                let lsn = lock(stored).lsn;
-                MemTable {
-                    source: source.clone(),
-                    stored: stored.clone(),
-                    staged: None,
-                    committed: lsn,
-                    pending_lsn: lsn,
-                    pending: 0,
-                    unspilled: 0,
-                }
-            })
-            .collect();
         Ok(Sinks::new(
-            tables,
+            self.sinks(),
             self.append_only.clone(),
             self.state_file.clone(),
             self.budget,
-        ))
+        )
+        .cutting(self.cuts))
     }
 
     async fn check_source(&self) -> Result<()> {

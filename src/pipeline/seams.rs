@@ -17,6 +17,7 @@ use crate::sink::iceberg::apply::TableSink as IcebergSink;
 use crate::sink::iceberg::keyindex::Spill;
 use crate::source::postgres::slot::advance_slot;
 use crate::source::postgres::stream::{stream, StopAt, ONCE_MARKER_PREFIX};
+use crate::table::cuts::TableCut;
 use crate::wal::appender::WalAppender;
 use crate::wal::items::items_of;
 use crate::wal::store::SegmentBuilder;
@@ -151,6 +152,16 @@ pub trait TableSink: Send + 'static {
     /// The run ends with everything committed: keeps what makes the next start fast (the
     /// key index). Never fails the run.
     fn keep_index(&mut self) {}
+    /// Whether the table has a committed snapshot (one a consistent cut can tag).
+    fn has_snapshot(&self) -> bool;
+    /// The consistent cuts the table holds (its `skippr-cut-...` tags), oldest first.
+    fn cuts(&self) -> Result<Vec<TableCut>>;
+    /// Tags the current snapshot with the cut `tag` (when given) and removes the cut tags
+    /// named in `drop` that the table holds, in one atomic commit of the table's metadata
+    /// (staged with the round's other tables when the catalog commits rounds at once).
+    /// Called between commits, with nothing staged: the current snapshot then holds every
+    /// change through [`TableSink::covered`]. It changes no rows and no committed LSN.
+    async fn tag_cut(&mut self, tag: Option<&str>, drop: &[String]) -> Result<()>;
 }
 
 /// The Postgres replication slot of a pipeline.
@@ -365,5 +376,19 @@ impl TableSink for IcebergTable {
 
     fn keep_index(&mut self) {
         self.sink.save_index(&self.key_index_dir);
+    }
+
+    fn has_snapshot(&self) -> bool {
+        self.sink.table.metadata().current_snapshot_id().is_some()
+    }
+
+    fn cuts(&self) -> Result<Vec<TableCut>> {
+        self.sink.cuts()
+    }
+
+    async fn tag_cut(&mut self, tag: Option<&str>, drop: &[String]) -> Result<()> {
+        self.sink
+            .tag_cut(tag, drop, &self.catalog, &self.pipeline)
+            .await
     }
 }

@@ -1,7 +1,8 @@
 //! Queries, time travel: a pipeline's read view moved back to an earlier source LSN or
 //! instant (`SET skippr.as_of`), rebuilt from the Iceberg snapshot each table kept at or
 //! before it and the WAL tail after that snapshot, or refused with a clear error where that
-//! state cannot be rebuilt exactly.
+//! state cannot be rebuilt exactly; or to a consistent cut, each table at the snapshot its
+//! tag `skippr-cut-...` points to.
 
 use std::collections::HashMap;
 
@@ -13,6 +14,7 @@ use iceberg::table::Table;
 use super::pipeline_view::PipelineView;
 use crate::change::Lsn;
 use crate::error::{Error, Result};
+use crate::table::cuts::{cut_name, cut_time, cuts_of, snapshot_lsn, CUT_PREFIX};
 use crate::table::{
     PG_EPOCH_MICROS, SUMMARY_COMMIT_TIME, SUMMARY_FIRST_COMMIT_TIME, SUMMARY_FIRST_LSN, SUMMARY_LSN,
 };
@@ -27,7 +29,7 @@ pub const AS_OF_MESSAGE: &str = "skippr.as_of cannot be answered exactly";
 
 /// What a refused `SET skippr.as_of` says it accepts.
 pub const AS_OF_FORMS: &str =
-    "an LSN ('0/16B3748') or a timestamp with a time zone ('2026-12-01 10:00:00+00')";
+    "an LSN ('0/16B3748'), a timestamp with a time zone ('2026-12-01 10:00:00+00') or a consistent cut ('skippr-cut-20261201T100000Z')";
 
 /// The point a session travels to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +39,18 @@ pub enum AsOf {
     /// An instant, microseconds since 1970-01-01 UTC: the state after every source
     /// transaction committed at or before it.
     Micros(i64),
+    /// The consistent cut taken at this second (since 1970-01-01 UTC), named
+    /// `skippr-cut-<UTC time>`: every table at the snapshot the cut's tag points to.
+    Cut(i64),
 }
 
 impl AsOf {
     /// Reads a setting's value: an LSN, or a timestamp that names its time zone.
     pub fn parse(text: &str) -> Option<AsOf> {
         let t = text.trim();
+        if t.starts_with(CUT_PREFIX) {
+            return cut_time(t).map(AsOf::Cut);
+        }
         if t.contains('/') {
             return Lsn::parse(t).ok().map(AsOf::Lsn);
         }
@@ -274,6 +282,7 @@ pub fn travel(mut view: PipelineView, as_of: AsOf, wal_removed: Lsn) -> Result<P
     let lsn = match as_of {
         AsOf::Lsn(l) => l,
         AsOf::Micros(m) => lsn_at(&view, m, wal_from)?,
+        AsOf::Cut(secs) => return at_cut(view, &cut_name(secs)),
     };
     if lsn >= view.lsn {
         return Ok(view);
@@ -291,6 +300,43 @@ pub fn travel(mut view: PipelineView, as_of: AsOf, wal_removed: Lsn) -> Result<P
             }
         }
     }
+    view.tables = tables;
+    view.lsn = lsn;
+    Ok(view)
+}
+
+/// Moves `view` to the consistent cut `name`: each table at the snapshot its tag points to,
+/// the view at the cut's LSN (the newest `skippr.lsn` of those snapshots: no table changed
+/// between its snapshot and it, so the WAL tail adds nothing). A table without the tag (added
+/// to the pipeline after the cut) is refused; a cut no table holds is an error.
+fn at_cut(mut view: PipelineView, name: &str) -> Result<PipelineView> {
+    let mut tables = HashMap::with_capacity(view.tables.len());
+    let mut lsn: Option<Lsn> = None;
+    let mut missing = Vec::new();
+    for (table_name, table) in &view.tables {
+        let meta = table.metadata();
+        let Some(cut) = cuts_of(meta)?.into_iter().find(|c| c.name == name) else {
+            missing.push(table_name.clone());
+            continue;
+        };
+        if let Some(l) = snapshot_lsn(meta, cut.snapshot_id) {
+            lsn = Some(lsn.map_or(l, |x| x.max(l)));
+        }
+        tables.insert(table_name.clone(), at_snapshot(table, cut.snapshot_id)?);
+    }
+    let Some(lsn) = lsn else {
+        return Err(Error::query(format!(
+            "{AS_OF_MESSAGE}: pipeline {} holds no consistent cut {name}: it was never taken or was dropped (consistent_cuts.keep); `SELECT DISTINCT cut_name FROM skippr.cuts` lists the cuts kept",
+            view.pipeline
+        )));
+    };
+    for table_name in missing {
+        view.refused.insert(
+            table_name.clone(),
+            format!("{AS_OF_MESSAGE}: table {table_name} is not part of consistent cut {name} (it joined the pipeline after the cut was taken)"),
+        );
+    }
+    tracing::debug!(pipeline = %view.pipeline, cut = name, lsn = %lsn, "time travel to a consistent cut");
     view.tables = tables;
     view.lsn = lsn;
     Ok(view)
@@ -315,7 +361,7 @@ mod tests {
             assert_eq!(
                 AsOf::parse(text).map(|a| match a {
                     AsOf::Micros(m) => Some(m),
-                    AsOf::Lsn(_) => None,
+                    AsOf::Lsn(_) | AsOf::Cut(_) => None,
                 }),
                 Some(t),
                 "{text}"
@@ -323,6 +369,11 @@ mod tests {
         }
         assert_eq!(AsOf::parse("2026-12-01 10:00:00"), None, "no zone");
         assert_eq!(AsOf::parse("yesterday"), None);
+        assert_eq!(
+            AsOf::parse(" skippr-cut-20261201T100000Z "),
+            t.map(|m| AsOf::Cut(m / 1_000_000))
+        );
+        assert_eq!(AsOf::parse("skippr-cut-2026"), None);
         assert_eq!(AsOf::parse("0/xyz"), None);
     }
 }

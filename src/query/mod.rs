@@ -4,6 +4,7 @@
 pub mod as_of;
 pub mod athena;
 pub mod committed;
+mod cuts;
 mod file_read;
 pub mod format;
 pub mod limits;
@@ -398,6 +399,25 @@ impl Workspace {
         )
         .await?;
         Ok(Some(Arc::new(table)))
+    }
+
+    /// Every table of the workspace at its current metadata (no WAL read), with the
+    /// pipeline that writes it: what `skippr.cuts` reads the cuts' tags from.
+    pub async fn committed_tables(&self) -> Result<Vec<(Option<String>, Table)>> {
+        self.refresh().await?;
+        let entries: Vec<TableEntry> = self
+            .tables
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let table = self.sinks[e.sink].load_current(&e.ident).await?;
+            out.push((e.pipeline.map(|p| p.0), table));
+        }
+        Ok(out)
     }
 
     /// Every table's state, for `skippr.tables` and the metrics: the tables of a pipeline

@@ -2,7 +2,7 @@
 //! WAL tail, its last commit, its lag, the state of the pipeline that writes it and what
 //! table maintenance left (files, snapshots, last compaction), computed when a query reads it;
 //! `skippr.sources` each pipeline's replication slot (retained WAL, lag, warnings), asked of
-//! its source when a query reads it.
+//! its source when a query reads it; `skippr.cuts` the consistent cuts (see `cuts.rs`).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use datafusion::catalog::SchemaProvider;
 use datafusion::datasource::{MemTable, TableProvider};
 use datafusion::error::{DataFusionError, Result as DfResult};
 
+use super::cuts::{cuts_batch, cuts_schema, CUTS};
 use super::{committed_lsn_text, tail_lag_seconds, Workspace};
 use crate::table::PROP_LAST_COMPACTION;
 
@@ -297,7 +298,7 @@ impl SchemaProvider for SystemSchema {
     }
 
     fn table_names(&self) -> Vec<String> {
-        vec![TABLES.to_string(), SOURCES.to_string()]
+        vec![TABLES.to_string(), SOURCES.to_string(), CUTS.to_string()]
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
@@ -307,6 +308,13 @@ impl SchemaProvider for SystemSchema {
                     .await
                     .map_err(|e| DataFusionError::External(Box::new(e)))?;
                 let table = MemTable::try_new(tables_schema(), vec![vec![batch]])?;
+                Ok(Some(Arc::new(table)))
+            }
+            CUTS => {
+                let batch = cuts_batch(&self.ws)
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                let table = MemTable::try_new(cuts_schema(), vec![vec![batch]])?;
                 Ok(Some(Arc::new(table)))
             }
             // Asked of the sources only when a statement scans it, not when a client lists
@@ -319,6 +327,6 @@ impl SchemaProvider for SystemSchema {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        name == TABLES || name == SOURCES
+        name == TABLES || name == SOURCES || name == CUTS
     }
 }

@@ -6,7 +6,8 @@
 //!   commit covers, its phase and pipeline, source commit times): [`summary`];
 //! - the mapping between source schemas, Iceberg schemas and Arrow schemas: [`schema`];
 //! - primary keys as comparable bytes, equal from a data file and from the stream: [`keys`];
-//! - how rows are laid out in files, partition spec and sort order: [`layout`].
+//! - how rows are laid out in files, partition spec and sort order: [`layout`];
+//! - the tags of consistent cuts, one per cut on every table of a pipeline: [`cuts`].
 //!
 //! Contract: a writer records a table's layout only through these names and functions, and a
 //! reader learns it only from them, so a change of layout (a partition spec, a changelog
@@ -15,6 +16,7 @@
 use std::collections::HashMap;
 
 pub mod changelog;
+pub mod cuts;
 pub mod keys;
 pub mod layout;
 pub mod partition;

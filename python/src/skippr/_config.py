@@ -27,6 +27,7 @@ from ._model import (
     S3Storage,
     MetricsSettings,
     LeaseSettings,
+    ConsistentCuts,
     MaintenanceSettings,
     ReconnectSettings,
     Pipeline,
@@ -426,6 +427,8 @@ class Config:
                 maintenance = _fields(p.maintenance, MaintenanceSettings._fields)
                 if maintenance:
                     entry["maintenance"] = maintenance
+            if p.consistent_cuts is not None:
+                entry["consistent_cuts"] = _fields(p.consistent_cuts, ConsistentCuts._fields)
             if p.tables is not None:
                 entry["tables"] = {t: _fields(s, PipelineTable._fields) for t, s in p.tables.items()}
             pipelines[name] = entry
@@ -750,7 +753,7 @@ class _Reader:
             self.keys(
                 at, entry,
                 ("data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb",
-                 "key_index_memory_budget_mb", "maintenance", "tables"),
+                 "key_index_memory_budget_mb", "maintenance", "consistent_cuts", "tables"),
                 ("data_source", "data_sink"),
             )
             source = self.reference(at + ("data_source",), entry["data_source"], "data_sources", list(cfg._data_sources))
@@ -762,6 +765,7 @@ class _Reader:
                  "transaction_memory_budget_mb": entry.get("transaction_memory_budget_mb"),
                  "key_index_memory_budget_mb": entry.get("key_index_memory_budget_mb"),
                  "maintenance": self.maintenance(at + ("maintenance",), entry),
+                 "consistent_cuts": self.consistent_cuts(at + ("consistent_cuts",), entry),
                  "tables": self.tables(at + ("tables",), entry)},
             )
             unlisted = cfg._unlisted_table(cfg._pipelines[name])
@@ -815,6 +819,15 @@ class _Reader:
             at, MaintenanceSettings, {k: m.get(k) for k in MaintenanceSettings._fields}
         )
         return settings
+
+    def consistent_cuts(self, at: Tuple[Segment, ...], entry: Dict[str, Any]) -> Optional[ConsistentCuts]:
+        """``pipelines.<p>.consistent_cuts``, if present."""
+        if "consistent_cuts" not in entry:
+            return None
+        m = self.mapping(at, entry["consistent_cuts"] or {}, "a mapping of consistent cut settings (every, keep)")
+        self.keys(at, m, ConsistentCuts._fields)
+        cuts: ConsistentCuts = self.build(at, ConsistentCuts, {k: m.get(k) for k in ConsistentCuts._fields})
+        return cuts
 
     def name(self, at: Tuple[Segment, ...], name: str) -> str:
         if not name.strip():

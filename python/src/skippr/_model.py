@@ -17,8 +17,8 @@ from ._errors import ConfigError, Segment, field_error
 _SIMPLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ENV_WHOLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}\Z")
 _PG_OBJECT_NAME = re.compile(r"[a-z0-9_]{1,63}\Z")
-_DURATION = re.compile(r"\s*([0-9]+)\s*(ms|s|m|h)\s*\Z")
-_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_DURATION = re.compile(r"\s*([0-9]+)\s*(ms|s|m|h|d)\s*\Z")
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _SIZE = re.compile(r"([0-9]+)(.*)\Z", re.DOTALL)
 _SIZE_SHIFT = {
     "": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20,
@@ -1498,6 +1498,23 @@ def _pipeline_tables(value: object) -> Optional["MappingProxyType[str, PipelineT
     return MappingProxyType(out) if out else None
 
 
+class ConsistentCuts(_Value):
+    """Consistent cuts of a pipeline (``pipelines.<p>.consistent_cuts``): at each ``every``
+    (a duration of at least ``1s``, such as ``"10s"``, ``"1h"`` or ``"1d"``; default ``1h``)
+    every table of the pipeline is tagged ``skippr-cut-<UTC time>`` at one source LSN;
+    ``keep`` cuts are kept (1 to 100000, default 48)."""
+
+    _fields = ("every", "keep")
+    __slots__ = _fields
+    every: Optional[str]
+    keep: Optional[int]
+
+    def __init__(self, every: Optional[str] = None, keep: Optional[int] = None) -> None:
+        c = _Check("ConsistentCuts")
+        self._set("every", c.duration("every", every, 1000, "1s", "`10s`, `1h` or `1d`"))
+        self._set("keep", c.integer("keep", keep, 1, 100000, "a number of cuts"))
+
+
 class Pipeline(_Value):
     """One data source flowing into one data sink.
 
@@ -1509,18 +1526,19 @@ class Pipeline(_Value):
     256); a larger transaction spills to disk. ``key_index_memory_budget_mb`` is the memory
     the key index of each table may take, in MiB (1 to 1048576; skipprd's default is 256);
     a larger index lives in a file on local disk. ``maintenance`` is a
-    :class:`MaintenanceSettings` (skipprd maintains the tables by default). ``tables`` maps
+    :class:`MaintenanceSettings` (skipprd maintains the tables by default).
+    ``consistent_cuts`` is a :class:`ConsistentCuts` (none by default). ``tables`` maps
     a table, named as the source lists it (``"orders"``, ``"sales.refunds"``), to its
     :class:`PipelineTable` (partitions and sort order); it is read-only, in the order given.
     """
 
     __slots__ = (
         "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
-        "maintenance", "tables",
+        "maintenance", "consistent_cuts", "tables",
     )
     _fields = (
         "data_source", "data_sink", "commit_interval", "transaction_memory_budget_mb", "key_index_memory_budget_mb",
-        "maintenance", "tables",
+        "maintenance", "consistent_cuts", "tables",
     )
     data_source: DataSourceRef
     data_sink: DataSinkRef
@@ -1528,6 +1546,7 @@ class Pipeline(_Value):
     transaction_memory_budget_mb: Optional[int]
     key_index_memory_budget_mb: Optional[int]
     maintenance: Optional[MaintenanceSettings]
+    consistent_cuts: Optional[ConsistentCuts]
     tables: Optional["MappingProxyType[str, PipelineTable]"]
 
     def __init__(
@@ -1539,6 +1558,7 @@ class Pipeline(_Value):
         key_index_memory_budget_mb: Optional[int] = None,
         maintenance: Optional[MaintenanceSettings] = None,
         tables: Optional[Mapping[str, PipelineTable]] = None,
+        consistent_cuts: Optional[ConsistentCuts] = None,
     ) -> None:
         source = reference_name(
             "Pipeline", "data_source", data_source, "data_sources", DataSourceRef,
@@ -1571,6 +1591,11 @@ class Pipeline(_Value):
                 "Pipeline", ["maintenance"], f"expected MaintenanceSettings, found {describe(maintenance)}"
             )
         self._set("maintenance", maintenance)
+        if consistent_cuts is not None and not isinstance(consistent_cuts, ConsistentCuts):
+            raise field_error(
+                "Pipeline", ["consistent_cuts"], f"expected ConsistentCuts, found {describe(consistent_cuts)}"
+            )
+        self._set("consistent_cuts", consistent_cuts)
         self._set("tables", _pipeline_tables(tables))
 
     def _key(self) -> Tuple[Any, ...]:
@@ -1589,6 +1614,8 @@ class Pipeline(_Value):
             parts.append(f"key_index_memory_budget_mb={self.key_index_memory_budget_mb!r}")
         if self.maintenance is not None:
             parts.append(f"maintenance={self.maintenance!r}")
+        if self.consistent_cuts is not None:
+            parts.append(f"consistent_cuts={self.consistent_cuts!r}")
         if self.tables is not None:
             parts.append(f"tables={dict(self.tables)!r}")
         return f"Pipeline({', '.join(parts)})"

@@ -334,19 +334,25 @@ fn manifest(
 }
 
 /// The snapshots that expire now: replaced (their successor committed) longer ago than the
-/// retention, oldest first, leaving at least `min_snapshots_to_keep`. The current snapshot
-/// and the newest one that carries the source LSN are never expired.
-pub fn expiring(table: &Table, settings: &MaintenanceSettings, now_ms: i64) -> Vec<i64> {
+/// retention, oldest first, leaving at least `min_snapshots_to_keep`. The current snapshot,
+/// the newest one that carries the source LSN and every snapshot a tag or branch points to
+/// (the tags of consistent cuts among them) are never expired.
+pub fn expiring(table: &Table, settings: &MaintenanceSettings, now_ms: i64) -> Result<Vec<i64>> {
     let meta = table.metadata();
     let mut snaps: Vec<_> = meta.snapshots().collect();
     snaps.sort_by_key(|s| (s.sequence_number(), s.timestamp_ms()));
-    let keep: HashSet<i64> = [
+    let mut keep: HashSet<i64> = [
         meta.current_snapshot_id(),
         commit::last_skippr_snapshot(table).map(|s| s.snapshot_id()),
     ]
     .into_iter()
     .flatten()
     .collect();
+    keep.extend(
+        crate::table::cuts::refs(meta)?
+            .values()
+            .map(|r| r.snapshot_id),
+    );
     let cutoff = now_ms - settings.snapshot_retention.as_millis() as i64;
     let removable = snaps.len().saturating_sub(settings.min_snapshots_to_keep);
     let mut out = Vec::new();
@@ -362,12 +368,49 @@ pub fn expiring(table: &Table, settings: &MaintenanceSettings, now_ms: i64) -> V
             out.push(s.snapshot_id());
         }
     }
-    out
+    Ok(out)
 }
 
 /// Removes `ids` from the table's snapshots (their files go with the next orphan cleanup).
 pub async fn expire(catalog: &LocalCatalog, table: &Table, ids: &[i64]) -> Result<Table> {
     rowdelta::commit_metadata(catalog, table, &[], |b| Ok(b.remove_snapshots(ids))).await
+}
+
+/// Tags the current snapshot with the cut `tag` (when given) and removes the cut tags
+/// `drop` the table holds, in one metadata commit; the snapshots dropped cuts kept expire
+/// with the next snapshot expiry.
+pub async fn set_cut_tags(
+    catalog: &LocalCatalog,
+    table: &Table,
+    tag: Option<&str>,
+    drop: &[String],
+) -> Result<Table> {
+    let held = crate::table::cuts::refs(table.metadata())?;
+    let current = table.metadata().current_snapshot_id();
+    let tag = match (tag, current) {
+        (Some(name), Some(id)) => Some((name, id)),
+        (Some(_), None) => {
+            return Err(Error::fatal(format!(
+                "Iceberg table {} has no snapshot to tag",
+                table.identifier()
+            )))
+        }
+        (None, _) => None,
+    };
+    let drop: Vec<&String> = drop.iter().filter(|n| held.contains_key(*n)).collect();
+    if tag.is_none() && drop.is_empty() {
+        return Ok(table.clone());
+    }
+    rowdelta::commit_metadata(catalog, table, &[], |mut b| {
+        for name in drop {
+            b = b.remove_ref(name);
+        }
+        match tag {
+            Some((name, id)) => b.set_ref(name, crate::table::cuts::cut_ref(id)),
+            None => Ok(b),
+        }
+    })
+    .await
 }
 
 /// Every file the table's metadata references: of each retained snapshot its manifest

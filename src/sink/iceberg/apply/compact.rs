@@ -102,6 +102,31 @@ impl TableSink {
         Ok(())
     }
 
+    /// The consistent cuts the table holds, oldest first (see [`crate::table::cuts`]).
+    pub fn cuts(&self) -> Result<Vec<crate::table::cuts::TableCut>> {
+        crate::table::cuts::cuts_of(self.table.metadata())
+    }
+
+    /// Tags the current snapshot with the cut `tag` and removes the cut tags `drop`, in one
+    /// metadata commit (nothing staged: the current snapshot holds every committed change).
+    pub async fn tag_cut(
+        &mut self,
+        tag: Option<&str>,
+        drop: &[String],
+        catalog: &LocalCatalog,
+        pipeline: &str,
+    ) -> Result<()> {
+        if self.has_pending() || !self.staged.is_empty() || !self.staged_deletes.is_empty() {
+            return Err(Error::fatal(format!(
+                "a cut of Iceberg table {} was asked for with changes staged",
+                self.table.identifier()
+            )));
+        }
+        crate::storage::lease::ensure_held(pipeline)?;
+        self.table = maintenance::set_cut_tags(catalog, &self.table, tag, drop).await?;
+        Ok(())
+    }
+
     async fn maintain_now(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
         crate::storage::lease::ensure_held(pipeline)?;
         let table = self.table.identifier().name().to_string();
@@ -123,7 +148,7 @@ impl TableSink {
             );
         }
         let now_ms = chrono::Utc::now().timestamp_millis();
-        let expiring = maintenance::expiring(&self.table, &self.maintenance, now_ms);
+        let expiring = maintenance::expiring(&self.table, &self.maintenance, now_ms)?;
         if !expiring.is_empty() {
             self.table = maintenance::expire(catalog, &self.table, &expiring).await?;
             tracing::debug!(table = %self.table.identifier(), snapshots = expiring.len(), "snapshots expired");
