@@ -99,13 +99,18 @@ pub struct TableSink {
     index_saved_for: Option<i64>,
     /// The table's changelog table, when it has one (see `changelog.rs`).
     changelog: Option<changelog::Changelog>,
+    /// Where the key index is saved between runs; and whether it is loaded. A table is
+    /// loaded without it: the index is read (or rebuilt) when the table's first change
+    /// arrives, so the tables a run does not change cost no memory and no start-up time.
+    index_place: Option<Arc<Spill>>,
+    index_ready: bool,
 }
 
 impl TableSink {
-    /// Loads a table's state: its committed LSN and the key index of its live rows (from
-    /// its copy saved in `index_place`'s folder when that describes the current snapshot,
-    /// else rebuilt from the data files). With no place, the index is neither saved nor
-    /// moved to disk.
+    /// Loads a table's state: its committed LSN; the key index of its live rows follows when
+    /// first needed (see [`TableSink::ensure_index`]: from its copy saved in `index_place`'s
+    /// folder when that describes the current snapshot, else rebuilt from the data files).
+    /// With no place, the index is neither saved nor moved to disk.
     pub async fn load(
         source: TableRef,
         table: Table,
@@ -151,7 +156,7 @@ impl TableSink {
                 .collect(),
         );
         let lsn = super::commit::committed_lsn(&table).unwrap_or_default();
-        let mut sink = Self {
+        Ok(Self {
             source,
             table,
             arrow,
@@ -188,11 +193,23 @@ impl TableSink {
             last_cleanup: None,
             index_saved_for: None,
             changelog: None,
-        };
-        if !index_place.is_some_and(|place| sink.load_saved_index(&place.dir)) {
-            sink.build_index().await?;
+            index_place,
+            index_ready: false,
+        })
+    }
+
+    /// Loads the key index (from its saved copy when that describes the current snapshot,
+    /// else from the data files), if it is not loaded yet.
+    pub async fn ensure_index(&mut self) -> Result<()> {
+        if self.index_ready {
+            return Ok(());
         }
-        Ok(sink)
+        let place = self.index_place.clone();
+        if !place.is_some_and(|place| self.load_saved_index(&place.dir)) {
+            self.build_index().await?;
+        }
+        self.index_ready = true;
+        Ok(())
     }
 
     /// Learns how a relation's columns map to the table's columns, first evolving the
@@ -206,6 +223,8 @@ impl TableSink {
     ) -> Result<()> {
         // A process that lost its pipeline's lease (S3 mode) must not commit a schema either.
         crate::storage::lease::ensure_held(pipeline)?;
+        // The table's first change of this run follows: its key index is needed now.
+        self.ensure_index().await?;
         let pk = self.primary_key();
         if let Some(evo) = evolve::plan(&self.source, &self.table, &pk, r)? {
             // Pending rows stay pending: fields are only ever appended, widened, renamed or

@@ -70,6 +70,7 @@ impl TableSink {
             seq: 0,
         });
         if lsn.is_none() && crate::table::summary::committed_lsn(&self.table).is_some() {
+            self.ensure_index().await?;
             self.seed_changelog(catalog, pipeline).await?;
         }
         Ok(())

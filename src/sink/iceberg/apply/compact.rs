@@ -131,7 +131,14 @@ impl TableSink {
         crate::storage::lease::ensure_held(pipeline)?;
         let table = self.table.identifier().name().to_string();
         let labels = [("pipeline", pipeline), ("table", table.as_str())];
-        if let Some(plan) = self.plan().await? {
+        // Compaction is planned on the key index: a table whose index this run has not
+        // needed yet (no change arrived) is left as it is until one does.
+        let plan = if self.index_ready {
+            self.plan().await?
+        } else {
+            None
+        };
+        if let Some(plan) = plan {
             let rewritten = plan.chosen.len();
             self.compact(plan, catalog, pipeline).await?;
             metrics::add(

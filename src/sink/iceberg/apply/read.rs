@@ -114,6 +114,7 @@ impl TableSink {
             }
         }
         tracing::info!(table = %self.table.identifier(), rows = self.index.len(), index_mib = self.index.bytes() >> 20, index_disk_mib = self.index.disk_bytes() >> 20, files = self.files.len(), "key index loaded");
+        self.index_ready = true;
         Ok(())
     }
 

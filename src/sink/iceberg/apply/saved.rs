@@ -140,6 +140,10 @@ impl TableSink {
     /// Saves the index under `dir` when it is exactly the committed snapshot's (a run that
     /// ends with everything committed). A failure is only logged: the next start rebuilds.
     pub fn save_index(&mut self, dir: &Path) {
+        // Not loaded in this run: the table did not change, and its saved copy still holds.
+        if !self.index_ready {
+            return;
+        }
         let Some(header) = self.index_header() else {
             return;
         };
