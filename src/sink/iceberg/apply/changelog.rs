@@ -9,16 +9,20 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow::datatypes::SchemaRef;
-use iceberg::spec::DataFile;
+use futures::StreamExt;
+use iceberg::arrow::ArrowFileReader;
+use iceberg::io::FileMetadata;
+use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
 use super::{Loc, PendingRow, TableSink};
 use crate::catalog::LocalCatalog;
 use crate::change::{Datum, Lsn};
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::writer::TableWriter;
 use crate::sink::iceberg::{
-    evolve, rowdelta, PG_EPOCH_MICROS, PROP_COLUMNS, SUMMARY_COMMIT_TIME, SUMMARY_LSN,
+    evolve, maintenance, rowdelta, PG_EPOCH_MICROS, PROP_COLUMNS, SUMMARY_COMMIT_TIME, SUMMARY_LSN,
     SUMMARY_PHASE, SUMMARY_PIPELINE,
 };
 use crate::table::changelog::{self, ChangeOp};
@@ -332,6 +336,96 @@ impl TableSink {
         .await?;
         c.lsn = lsn;
         tracing::info!(table = %c.table.identifier(), rows = seq, lsn = %lsn, "changelog started from the table's rows");
+        Ok(())
+    }
+}
+
+impl TableSink {
+    /// The changelog's maintenance, beside the table's: small files merged (a `replace`
+    /// snapshot of the same rows, which streaming readers skip by design: the history stays
+    /// append-only), snapshots expired, unreferenced files removed with the table's.
+    pub(super) async fn maintain_changelog(
+        &mut self,
+        catalog: &LocalCatalog,
+        pipeline: &str,
+        cleanup: bool,
+    ) -> Result<()> {
+        let settings = self.maintenance.clone();
+        let Some(c) = &mut self.changelog else {
+            return Ok(());
+        };
+        let (live, _) = maintenance::live_files(&c.table).await?;
+        let small = settings.target_file_size / 4 * 3;
+        let smalls: Vec<&maintenance::LiveFile> = live
+            .iter()
+            .filter(|f| {
+                f.file.content_type() == DataContentType::Data
+                    && f.file.file_size_in_bytes() < small
+            })
+            .collect();
+        if smalls.len() >= settings.compaction_min_files.max(2) {
+            let started = std::time::Instant::now();
+            let target = crate::table::schema::arrow_schema(&c.table)?;
+            let name = format!("changelog-merged-{}", uuid::Uuid::now_v7().simple());
+            let mut w = TableWriter::new(&c.table, name, settings.target_file_size).await?;
+            // Oldest first: the merged files keep the history in the order it was appended.
+            let mut inputs = smalls.clone();
+            inputs.sort_by_key(|f| f.seq);
+            for f in &inputs {
+                let path = f.file.file_path();
+                let input = c.table.file_io().new_input(path)?;
+                let size = f.file.file_size_in_bytes();
+                let reader = ArrowFileReader::new(
+                    FileMetadata { size },
+                    input
+                        .reader()
+                        .await
+                        .with_context(|| format!("opening {path}"))?,
+                );
+                let mut stream = ParquetRecordBatchStreamBuilder::new(reader)
+                    .await
+                    .with_context(|| format!("reading the footer of {path}"))?
+                    .build()
+                    .with_context(|| format!("reading {path}"))?;
+                while let Some(batch) = stream.next().await {
+                    let batch = batch.with_context(|| format!("reading {path}"))?;
+                    w.write(super::read::by_field_id(&batch, &target)?).await?;
+                }
+            }
+            let (added, _) = w.close().await?;
+            let removed = inputs
+                .iter()
+                .map(|f| f.file.file_path().to_string())
+                .collect();
+            let (files_in, files_out) = (inputs.len(), added.len());
+            c.table = maintenance::commit_rewrite(
+                catalog,
+                &c.table,
+                live,
+                maintenance::Rewrite {
+                    removed,
+                    remove_all_deletes: false,
+                    added,
+                    added_deletes: Vec::new(),
+                    specs: rowdelta::Specs::new(),
+                },
+                pipeline,
+            )
+            .await?;
+            tracing::info!(table = %c.table.identifier(), files_in, files_out, elapsed_ms = started.elapsed().as_millis() as u64, "changelog files merged");
+        }
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let expiring = maintenance::expiring(&c.table, &settings, now_ms)?;
+        if !expiring.is_empty() {
+            c.table = maintenance::expire(catalog, &c.table, &expiring).await?;
+            tracing::debug!(table = %c.table.identifier(), snapshots = expiring.len(), "snapshots expired");
+        }
+        if cleanup {
+            let removed = maintenance::remove_orphans(&c.table, &settings).await?;
+            if removed > 0 {
+                tracing::info!(table = %c.table.identifier(), files = removed, "unreferenced files removed");
+            }
+        }
         Ok(())
     }
 }

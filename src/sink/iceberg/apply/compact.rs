@@ -166,10 +166,11 @@ impl TableSink {
                 expiring.len() as f64,
             );
         }
-        if self
+        let cleanup = self
             .last_cleanup
-            .is_none_or(|t| t.elapsed() >= self.maintenance.cleanup_every())
-        {
+            .is_none_or(|t| t.elapsed() >= self.maintenance.cleanup_every());
+        self.maintain_changelog(catalog, pipeline, cleanup).await?;
+        if cleanup {
             self.last_cleanup = Some(Instant::now());
             let removed = maintenance::remove_orphans(&self.table, &self.maintenance).await?;
             if removed > 0 {

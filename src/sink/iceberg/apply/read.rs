@@ -463,28 +463,35 @@ impl TableSink {
         Ok(rows)
     }
 
-    /// Reshapes rows read from a data file to the table's current schema, matching columns by
-    /// Iceberg field id (a renamed column keeps its id, never its name): older types are cast
-    /// to the current one, fields the file predates read NULL.
+    /// Reshapes rows read from a data file to the table's current schema (see [`by_field_id`]).
     pub(super) fn by_field_id(&self, rows: &RecordBatch) -> Result<RecordBatch> {
-        let file_ids: Vec<Option<i32>> = rows.schema().fields().iter().map(field_id).collect();
-        let cols = self
-            .arrow
-            .fields()
-            .iter()
-            .map(|f| {
-                let at = field_id(f).and_then(|id| file_ids.iter().position(|x| *x == Some(id)));
-                match at {
-                    Some(i) if rows.column(i).data_type() == f.data_type() => {
-                        Ok(rows.column(i).clone())
-                    }
-                    Some(i) => Ok(cast(rows.column(i).as_ref(), f.data_type())?),
-                    None => Ok(new_null_array(f.data_type(), rows.num_rows())),
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(RecordBatch::try_new(self.arrow.clone(), cols)?)
+        by_field_id(rows, &self.arrow)
     }
+}
+
+/// Reshapes rows read from a data file to `target` (a table's current schema), matching
+/// columns by Iceberg field id (a renamed column keeps its id, never its name): older types
+/// are cast to the current one, fields the file predates read NULL.
+pub(super) fn by_field_id(
+    rows: &RecordBatch,
+    target: &arrow::datatypes::SchemaRef,
+) -> Result<RecordBatch> {
+    let file_ids: Vec<Option<i32>> = rows.schema().fields().iter().map(field_id).collect();
+    let cols = target
+        .fields()
+        .iter()
+        .map(|f| {
+            let at = field_id(f).and_then(|id| file_ids.iter().position(|x| *x == Some(id)));
+            match at {
+                Some(i) if rows.column(i).data_type() == f.data_type() => {
+                    Ok(rows.column(i).clone())
+                }
+                Some(i) => Ok(cast(rows.column(i).as_ref(), f.data_type())?),
+                None => Ok(new_null_array(f.data_type(), rows.num_rows())),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(target.clone(), cols)?)
 }
 
 /// The Iceberg field id a Parquet/Arrow field carries.
