@@ -216,3 +216,26 @@ def test_changelog_maintenance_merges_files_and_expires_snapshots(skippr: Skippr
     assert len(files) < 7, f"{len(files)} data files after 7 commits: small files were not merged"
     assert len(log.metadata.snapshots) < 7, f"{len(log.metadata.snapshots)} snapshots kept: none expired"
     assert_changelog_rebuilds(skippr, "accounts", "accounts_changelog", ["id"])
+
+
+def test_a_consistent_cut_tags_the_changelog_with_its_table(skippr: Skippr) -> None:
+    """`consistent_cuts`: the changelog's current snapshot carries the same cut tag as its
+    table's; read at the tag, the changelog rebuilds the table as tagged."""
+    db = skippr.db
+    db.execute(SETUP)
+    skippr.write_config(["accounts"], extra_pipeline={
+        "tables": {"accounts": {"changelog": True}}, "consistent_cuts": {"every": "1s", "keep": 5}})
+    skippr.sync_once()
+    with db.connect() as conn:
+        conn.execute("UPDATE accounts SET balance = balance + 7 WHERE id <= 10")
+    time.sleep(1.1)
+    skippr.sync_once()
+    state, log = skippr.table("accounts"), skippr.table("accounts_changelog")
+    tags = {n for n, r in state.metadata.refs.items() if n.startswith("skippr-cut-")}
+    assert tags, state.metadata.refs
+    assert tags == {n for n, r in log.metadata.refs.items() if n.startswith("skippr-cut-")}, log.metadata.refs
+    newest = max(tags)
+    at_state = state.scan(snapshot_id=state.metadata.refs[newest].snapshot_id).to_arrow().to_pylist()
+    at_log = log.scan(snapshot_id=log.metadata.refs[newest].snapshot_id).to_arrow().to_pylist()
+    rebuilt = replay(at_log, ["id"])
+    assert rebuilt == {(r["id"],): r for r in at_state}

@@ -192,6 +192,24 @@ impl TableSink {
         Ok(())
     }
 
+    /// Tags the changelog's current snapshot with the cut `tag` and removes the cut tags
+    /// `drop` (see `TableSink::tag_cut`).
+    pub(super) async fn tag_changelog_cut(
+        &mut self,
+        catalog: &LocalCatalog,
+        tag: Option<&str>,
+        drop: &[String],
+    ) -> Result<()> {
+        let Some(c) = &mut self.changelog else {
+            return Ok(());
+        };
+        if c.table.metadata().current_snapshot().is_none() {
+            return Ok(());
+        }
+        c.table = maintenance::set_cut_tags(catalog, &c.table, tag, drop).await?;
+        Ok(())
+    }
+
     /// Writes the staged change rows to files for the next changelog commit.
     pub(super) async fn spill_changelog(&mut self) -> Result<()> {
         let Some(c) = &mut self.changelog else {

@@ -124,7 +124,9 @@ impl TableSink {
         }
         crate::storage::lease::ensure_held(pipeline)?;
         self.table = maintenance::set_cut_tags(catalog, &self.table, tag, drop).await?;
-        Ok(())
+        // The changelog is committed with the table, through the same LSN: its current
+        // snapshot belongs to the cut too.
+        self.tag_changelog_cut(catalog, tag, drop).await
     }
 
     async fn maintain_now(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
