@@ -8,6 +8,7 @@ every change once; after SIGKILLs of a running `sync`, no change is missing or t
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -156,6 +157,13 @@ def test_changelog_rebuilds_the_table_and_every_snapshot_appends(skippr: Skippr)
     rows = assert_changelog_rebuilds(skippr, "accounts", "accounts_changelog", ["id"])
     assert [r["region"] for r in rows if r["id"] == 3000] == ["eu"]
     assert_changelog_rebuilds(skippr, "pairs", "pairs_history", ["a", "b"])
+    # `skipprd query` reads it as the committed history it is.
+    proc = skippr.run("query", "SELECT _skippr_op, count(*) AS n FROM analytics.pairs_history "
+                      "GROUP BY _skippr_op ORDER BY _skippr_op", "--format", "json")
+    counts = {r["_skippr_op"]: r["n"] for r in (json.loads(x) for x in proc.stdout.splitlines() if x.strip())}
+    logged = changelog_rows(skippr, "pairs_history")
+    assert counts == {op: sum(1 for r in logged if r["_skippr_op"] == op)
+                      for op in {r["_skippr_op"] for r in logged}}, counts
 
 
 def test_a_changelog_after_sigkills_holds_every_change_once(skippr: Skippr) -> None:

@@ -625,18 +625,7 @@ impl TableSink {
         let i = self.rows.len();
         // Values are shared with the WAL segment they came from; count them anyway, with the
         // per-row and per-value overhead, so that a commit is forced before memory grows.
-        self.pending_bytes += 64
-            + key.len() as u64
-            + values
-                .iter()
-                .map(|d| {
-                    32 + if let Datum::Text(b) = d {
-                        b.len() as u64
-                    } else {
-                        0
-                    }
-                })
-                .sum::<u64>();
+        self.pending_bytes += 64 + key.len() as u64 + values_bytes(&values);
         if !self.keyed && self.by_key.contains_key(&key) {
             // An equal row is already pending: keep both (tables keyed by the whole row).
             self.extra_pending.entry(key.clone()).or_default().push(i);
@@ -686,6 +675,20 @@ impl TableSink {
     pub fn pending_bytes(&self) -> u64 {
         self.pending_bytes + self.changelog_bytes()
     }
+}
+
+/// Memory a row's values are counted as: their bytes, with the per-value overhead.
+fn values_bytes(values: &[Datum]) -> u64 {
+    values
+        .iter()
+        .map(|d| {
+            32 + if let Datum::Text(b) = d {
+                b.len() as u64
+            } else {
+                0
+            }
+        })
+        .sum()
 }
 
 /// The columns that make up the key of a table without a primary key: every field the

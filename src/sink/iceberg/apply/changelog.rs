@@ -10,8 +10,6 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
-use iceberg::arrow::ArrowFileReader;
-use iceberg::io::FileMetadata;
 use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
@@ -110,17 +108,7 @@ impl TableSink {
         let Some(c) = &mut self.changelog else {
             return;
         };
-        c.bytes += 96
-            + values
-                .iter()
-                .map(|d| {
-                    32 + if let Datum::Text(b) = d {
-                        b.len() as u64
-                    } else {
-                        0
-                    }
-                })
-                .sum::<u64>();
+        c.bytes += 96 + super::values_bytes(&values);
         c.entries.push(Entry {
             op,
             row: PendingRow {
@@ -391,15 +379,8 @@ impl TableSink {
             inputs.sort_by_key(|f| f.seq);
             for f in &inputs {
                 let path = f.file.file_path();
-                let input = c.table.file_io().new_input(path)?;
-                let size = f.file.file_size_in_bytes();
-                let reader = ArrowFileReader::new(
-                    FileMetadata { size },
-                    input
-                        .reader()
-                        .await
-                        .with_context(|| format!("opening {path}"))?,
-                );
+                let reader =
+                    super::read::file_reader(&c.table, path, f.file.file_size_in_bytes()).await?;
                 let mut stream = ParquetRecordBatchStreamBuilder::new(reader)
                     .await
                     .with_context(|| format!("reading the footer of {path}"))?

@@ -203,14 +203,7 @@ impl TableSink {
     /// its key columns; `deleted`: its deleted positions, sorted.
     async fn index_file(&mut self, path: String, size: u64, deleted: &[u64]) -> Result<()> {
         let file_no = self.files.len() as u32;
-        let input = self.table.file_io().new_input(&path)?;
-        let reader = ArrowFileReader::new(
-            FileMetadata { size },
-            input
-                .reader()
-                .await
-                .with_context(|| format!("opening {path}"))?,
-        );
+        let reader = file_reader(&self.table, &path, size).await?;
         let builder = ParquetRecordBatchStreamBuilder::new(reader)
             .await
             .with_context(|| format!("reading the footer of {path}"))?;
@@ -414,13 +407,7 @@ impl TableSink {
             .await
             .with_context(|| format!("reading the size of {path}"))?
             .size;
-        let reader = ArrowFileReader::new(
-            FileMetadata { size },
-            input
-                .reader()
-                .await
-                .with_context(|| format!("opening {path}"))?,
-        );
+        let reader = file_reader(&self.table, path, size).await?;
         let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
         let builder = ParquetRecordBatchStreamBuilder::new_with_options(reader, options)
             .await
@@ -467,6 +454,22 @@ impl TableSink {
     pub(super) fn by_field_id(&self, rows: &RecordBatch) -> Result<RecordBatch> {
         by_field_id(rows, &self.arrow)
     }
+}
+
+/// A reader of the data file at `path` (of `size` bytes) of `table`.
+pub(super) async fn file_reader(
+    table: &iceberg::table::Table,
+    path: &str,
+    size: u64,
+) -> Result<ArrowFileReader> {
+    let input = table.file_io().new_input(path)?;
+    Ok(ArrowFileReader::new(
+        FileMetadata { size },
+        input
+            .reader()
+            .await
+            .with_context(|| format!("opening {path}"))?,
+    ))
 }
 
 /// Reshapes rows read from a data file to `target` (a table's current schema), matching
