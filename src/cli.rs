@@ -216,10 +216,11 @@ pub enum ConnectCommand {
         kind: SinkKind,
     },
     /// Set how a pipeline's tables are laid out in files: their partitions and the order of
-    /// rows inside each file, and the columns left out (`pipelines.<p>.tables.<table>`'s
-    /// `partition_by`, `sort_by` and `exclude_columns`).
+    /// rows inside each file, the columns left out, and their changelog tables
+    /// (`pipelines.<p>.tables.<table>`'s `partition_by`, `sort_by`, `exclude_columns` and
+    /// `changelog`).
     #[command(
-        after_help = "Example:\n  skipprd connect pipeline --pipeline app \\\n    --partition-by 'orders=day(created_at)' --partition-by 'orders=bucket(16, customer_id)' \\\n    --sort-by 'orders=created_at' --exclude-column 'orders=internal_note'\n\nThe entries given for a table replace its list; `--partition-by 'orders='` clears it.\n`skipprd discover` then shows the layout each table gets, and refuses an entry that does\nnot fit the table's columns."
+        after_help = "Example:\n  skipprd connect pipeline --pipeline app \\\n    --partition-by 'orders=day(created_at)' --partition-by 'orders=bucket(16, customer_id)' \\\n    --sort-by 'orders=created_at' --exclude-column 'orders=internal_note' \\\n    --changelog orders --changelog 'sales.refunds=refunds_history'\n\nThe entries given for a table replace its list; `--partition-by 'orders='` clears it,\nand `--changelog 'orders='` removes the table's changelog.\n`skipprd discover` then shows the layout each table gets, and refuses an entry that does\nnot fit the table's columns."
     )]
     Pipeline(PipelineArgs),
 }
@@ -232,6 +233,19 @@ fn table_entry(s: &str) -> Result<(String, String), String> {
 /// `TABLE=COLUMN`: a table of the pipeline and one of its columns.
 fn table_column(s: &str) -> Result<(String, String), String> {
     table_pair(s, "TABLE=COLUMN", "'orders=internal_note'")
+}
+
+/// `TABLE[=NAME]`: a table of the pipeline, and the name of its changelog table when given
+/// (empty: none).
+fn table_changelog(s: &str) -> Result<(String, Option<String>), String> {
+    if s.contains('=') || s.starts_with("--") {
+        return table_pair(s, "TABLE[=NAME]", "'orders=orders_history'")
+            .map(|(table, name)| (table, Some(name)));
+    }
+    if s.trim().is_empty() {
+        return Err("give the table whose changes to keep, e.g. `--changelog orders`".into());
+    }
+    Ok((s.trim().to_string(), None))
 }
 
 /// `s` as `form` (`TABLE=ENTRY`, `TABLE=COLUMN`): the table, and what follows its `=`.
@@ -273,6 +287,11 @@ pub struct PipelineArgs {
     /// replace its list; 'orders=' clears it.
     #[arg(long = "exclude-column", value_parser = table_column, value_name = "TABLE=COLUMN")]
     pub exclude_column: Vec<(String, String)>,
+    /// A changelog table beside a table: every change of the table as a row, appended.
+    /// 'orders' names it `orders_changelog`, 'orders=orders_history' names it; 'orders='
+    /// removes it. Repeat for more tables.
+    #[arg(long = "changelog", value_parser = table_changelog, value_name = "TABLE[=NAME]")]
+    pub changelog: Vec<(String, Option<String>)>,
 }
 
 #[derive(Debug, Subcommand)]

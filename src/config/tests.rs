@@ -465,6 +465,7 @@ fn connect_pipeline_writes_layouts_and_refuses_bad_entries() {
                 partition_by,
                 sort_by,
                 exclude_columns: Vec::new(),
+                changelog: Vec::new(),
             }),
         )
     };
@@ -594,3 +595,6 @@ fn consistent_cuts_take_any_duration_of_a_second_or_more() {
     let p = one_error(&with("{every: 1h, kept: 3}"));
     assert_eq!(p.path, "pipelines.app.consistent_cuts.kept");
 }
+
+#[path = "tests_changelog.rs"]
+mod changelog;

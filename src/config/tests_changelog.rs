@@ -1,0 +1,300 @@
+//! Configuration tests, `pipelines.<p>.tables.<t>.changelog`: the name each changelog table
+//! gets, the names and values refused (each at its line, with the fix), and what
+//! `connect pipeline --changelog` writes.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn changelogs(text: &str) -> BTreeMap<String, String> {
+    let c = load(text).unwrap();
+    c.pipeline("app")
+        .unwrap()
+        .changelogs
+        .iter()
+        .map(|(t, n)| (t.to_string(), n.clone()))
+        .collect()
+}
+
+#[test]
+fn a_changelog_is_named_after_its_table_or_as_given() {
+    let text = with_tables(
+        "      orders:\n        changelog: true\n      sales.customers:\n        sort_by: [id]\n        changelog: true\n",
+    );
+    let c = load(&text).unwrap();
+    let p = c.pipeline("app").unwrap();
+    assert_eq!(
+        p.changelog(&TableRef::parse("orders").unwrap()),
+        Some("orders_changelog")
+    );
+    assert_eq!(
+        p.changelog(&TableRef::parse("sales.customers").unwrap()),
+        Some("sales_customers_changelog")
+    );
+
+    // `{table: name}` names it; `false`, or no key, is no changelog.
+    let named = changelogs(&with_tables(
+        "      public.orders:\n        changelog: {table: orders_history}\n      sales.customers:\n        changelog: false\n",
+    ));
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert_eq!(named["public.orders"], "orders_history");
+    assert!(changelogs(GOOD).is_empty());
+    let block = changelogs(&with_tables(
+        "      orders:\n        changelog:\n          table: ' orders_history '\n",
+    ));
+    assert_eq!(block["public.orders"], "orders_history");
+}
+
+#[test]
+fn changelogs_round_trip_through_the_canonical_writer() {
+    let text = with_tables(
+        "      orders:\n        changelog: {table: orders_history}\n        sort_by: [id]\n      sales.customers:\n        changelog: true\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skippr.yml");
+    std::fs::write(&path, &text).unwrap();
+    let written = connect::apply(&path, None, None, None, None).unwrap();
+    assert!(
+        written.contains(
+            "    tables:\n      orders:\n        sort_by: [id]\n        changelog:\n          table: orders_history\n      sales.customers:\n        changelog: true\n"
+        ),
+        "{written}"
+    );
+    let before = Config::from_str(&path, &text, &env).unwrap();
+    let after = Config::from_str(&path, &written, &env).unwrap();
+    assert_eq!(before.pipelines[0].changelogs, after.pipelines[0].changelogs);
+    assert_eq!(
+        emit::to_canonical_yaml(&serde_yaml::from_str(&written).unwrap()),
+        written
+    );
+}
+
+#[test]
+fn a_name_no_catalog_takes_is_refused_at_its_line() {
+    for bad in ["Orders_History", "'orders history'", "1orders", "orders-history"] {
+        let p = one_error(&with_tables(&format!(
+            "      orders:\n        changelog:\n          table: {bad}\n"
+        )));
+        assert_eq!(p.path, "pipelines.app.tables.orders.changelog.table");
+        assert_eq!(p.position.unwrap().line, 12);
+        let shown = bad.trim_matches('\'');
+        assert_eq!(
+            p.message,
+            format!("`{shown}` is not a table name every catalog takes: use lower-case letters, digits and underscores, e.g. `orders_history`")
+        );
+    }
+    let p = one_error(&with_tables(
+        "      orders:
+        changelog: {table: ' '}
+",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.orders.changelog.table");
+    assert_eq!(
+        p.message,
+        "the changelog table needs a name: use lower-case letters, digits and underscores, e.g. `orders_history`, or write `changelog: true` for `<table>_changelog`"
+    );
+}
+
+#[test]
+fn a_value_other_than_true_false_or_a_table_is_refused_with_the_forms() {
+    // An unknown key inside.
+    let p = one_error(&with_tables(
+        "      orders:\n        changelog: {name: orders_history}\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.orders.changelog.name");
+    assert_eq!(p.position.unwrap().line, 11);
+    assert!(
+        p.message.contains("unknown field `name`, expected `table`"),
+        "{}",
+        p.message
+    );
+    // No name.
+    let p = one_error(&with_tables("      orders:\n        changelog: {}\n"));
+    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
+    assert!(
+        p.message.contains("missing required field `table`"),
+        "{}",
+        p.message
+    );
+    // A name without `{table: ...}`: the message shows the form with that name.
+    let p = one_error(&with_tables(
+        "      orders:\n        changelog: orders_history\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
+    assert_eq!(p.position.unwrap().line, 11);
+    assert_eq!(
+        p.message,
+        "`orders_history` is not `true`, `false` or `{table: <name>}`: write `changelog: true` for a changelog table named `<table>_changelog`, or `changelog: {table: orders_history}` to name it"
+    );
+    // `yes` is text to skipprd's YAML reader (YAML 1.2), not `true`.
+    let p = one_error(&with_tables("      orders:\n        changelog: yes\n"));
+    assert!(p.message.starts_with("`yes` is not `true`"), "{}", p.message);
+    assert!(
+        p.message.contains("`changelog: {table: <name>}`"),
+        "{}",
+        p.message
+    );
+    for other in ["1", "[orders_history]"] {
+        let p = one_error(&with_tables(&format!(
+            "      orders:\n        changelog: {other}\n"
+        )));
+        assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
+        assert!(
+            p.message.starts_with("wrong type: found")
+                && p.message
+                    .ends_with("expected `true`, `false` or `{table: <name>}`"),
+            "{}",
+            p.message
+        );
+    }
+}
+
+#[test]
+fn a_changelog_named_like_a_table_the_pipeline_writes_is_refused() {
+    // The Iceberg table of a table the source follows.
+    let p = one_error(&with_tables(
+        "      orders:\n        changelog: {table: sales_customers}\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.orders.changelog.table");
+    assert_eq!(p.position.unwrap().line, 11);
+    assert_eq!(
+        p.message,
+        "the changelog of `orders` would be Iceberg table `sales_customers`, which is already the Iceberg table of `sales.customers`: give the changelog table another name"
+    );
+    // The default name, taken by a table the source follows.
+    let p = one_error(
+        &with_tables("      orders:\n        changelog: true\n")
+            .replace("[orders, sales.customers]", "[orders, orders_changelog]"),
+    );
+    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
+    assert_eq!(
+        p.message,
+        "the changelog of `orders` would be Iceberg table `orders_changelog`, which is already the Iceberg table of `orders_changelog`: name it yourself with `changelog: {table: <name>}`"
+    );
+    // Two changelogs of one name: the second is refused.
+    let p = one_error(&with_tables(
+        "      orders:\n        changelog: {table: history}\n      sales.customers:\n        changelog: {table: history}\n",
+    ));
+    assert_eq!(p.path, "pipelines.app.tables.sales.customers.changelog.table");
+    assert_eq!(p.position.unwrap().line, 13);
+    assert!(
+        p.message
+            .ends_with("which is already the changelog of `orders`: give the changelog table another name"),
+        "{}",
+        p.message
+    );
+}
+
+#[test]
+fn a_changelog_another_pipeline_writes_is_refused() {
+    // Pipeline `billing` writes `orders_changelog` from its own table into the same warehouse.
+    let text = with_tables("      orders:\n        changelog: true\n")
+        .replace(
+            "data_sources:\n",
+            "  billing:\n    data_source: data_sources.billing_db\n    data_sink: data_sinks.lake\n\ndata_sources:\n  billing_db:\n    Postgres:\n      host: 127.0.0.1\n      user: u\n      database: billing\n      tables: [orders_changelog]\n",
+        );
+    let p = one_error(&text);
+    assert_eq!(p.path, "pipelines.billing");
+    assert!(
+        p.message.contains("Iceberg table `orders_changelog`")
+            && p.message.contains("(from the changelog of public.orders)")
+            && p.message.contains("two pipelines must never write one table"),
+        "{}",
+        p.message
+    );
+}
+
+#[test]
+fn a_snapshot_only_source_has_no_changes_to_record() {
+    let text = with_tables("      orders:\n        changelog: true\n")
+        .replace("cdc_mode: snapshot_then_cdc", "cdc_mode: snapshot_only");
+    let p = one_error(&text);
+    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
+    assert_eq!(p.position.unwrap().line, 11);
+    assert_eq!(
+        p.message,
+        "a changelog records the changes replication brings, and data source `app_db` has `cdc_mode: snapshot_only`: set `cdc_mode: snapshot_then_cdc` (or `cdc_only`), or remove `changelog`"
+    );
+    // `changelog: false` asks for nothing.
+    let off = text.replace("changelog: true", "changelog: false");
+    assert!(load(&off).is_ok());
+}
+
+#[test]
+fn connect_pipeline_turns_changelogs_on_names_and_removes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skippr.yml");
+    std::fs::write(&path, GOOD).unwrap();
+    let on = |t: &str| (t.to_string(), None);
+    let named = |t: &str, n: &str| (t.to_string(), Some(n.to_string()));
+    let set = |changelog: Vec<(String, Option<String>)>| {
+        connect::apply(
+            &path,
+            None,
+            None,
+            None,
+            Some(connect::Connect::Pipeline {
+                pipeline: "app".into(),
+                partition_by: Vec::new(),
+                sort_by: vec![("orders".to_string(), "id".to_string())],
+                exclude_columns: Vec::new(),
+                changelog,
+            }),
+        )
+    };
+    let written = set(vec![
+        on("orders"),
+        named("sales.customers", "customer_history"),
+    ])
+    .unwrap();
+    assert!(
+        written.contains("    tables:\n      orders:\n        sort_by: [id]\n        changelog: true\n      sales.customers:\n        changelog:\n          table: customer_history\n\n"),
+        "{written}"
+    );
+    let c = Config::from_str(&path, &written, &env).unwrap();
+    let p = c.pipeline("app").unwrap();
+    assert_eq!(
+        p.changelog(&TableRef::parse("orders").unwrap()),
+        Some("orders_changelog")
+    );
+    assert_eq!(
+        p.changelog(&TableRef::parse("sales.customers").unwrap()),
+        Some("customer_history")
+    );
+    // The same call again changes nothing; the last flag for a table wins; `T=` removes it.
+    assert_eq!(
+        set(vec![on("orders"), named("sales.customers", "customer_history")]).unwrap(),
+        written
+    );
+    let renamed = set(vec![on("orders"), named("orders", "orders_history")]).unwrap();
+    assert!(
+        renamed.contains("      orders:\n        sort_by: [id]\n        changelog:\n          table: orders_history\n"),
+        "{renamed}"
+    );
+    let removed = set(vec![named("orders", ""), named("sales.customers", "")]).unwrap();
+    assert!(
+        removed.contains("    tables:\n      orders:\n        sort_by: [id]\n\n"),
+        "{removed}"
+    );
+
+    for (given, message) in [
+        (
+            vec![named("orders", "Orders History")],
+            "--changelog 'orders=Orders History': `Orders History` is not a table name every catalog takes: use lower-case letters, digits and underscores, e.g. `orders_history`",
+        ),
+        (
+            vec![named("orders", "sales_customers")],
+            "--changelog 'orders=sales_customers': the changelog of `orders` would be Iceberg table `sales_customers`, which is already the Iceberg table of `sales.customers`: give it another name with --changelog 'orders=<name>'",
+        ),
+        (
+            vec![on("invoices")],
+            "--changelog 'invoices': `invoices` is not one of the tables data source `app_db` follows (orders, sales.customers)",
+        ),
+        (vec![on("a.b.c")], "`a.b.c` is not a table name"),
+    ] {
+        let e = set(given).unwrap_err().to_string();
+        assert!(e.contains(message), "{e}");
+    }
+    // Nothing was written by the refused calls.
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), removed);
+}
