@@ -618,6 +618,20 @@ mod tests {
         args
     }
 
+    /// `skipprd connect pipeline --pipeline app <flags>`, parsed.
+    fn connect_pipeline(flags: &[&'static str]) -> Result<PipelineArgs, clap::Error> {
+        let mut args = vec!["skipprd", "connect", "pipeline", "--pipeline", "app"];
+        args.extend_from_slice(flags);
+        let cli = Cli::try_parse_from(args)?;
+        let Command::Connect {
+            what: ConnectCommand::Pipeline(args),
+        } = cli.command
+        else {
+            panic!("not connect pipeline");
+        };
+        Ok(args)
+    }
+
     #[test]
     fn a_flag_without_its_value_is_an_error_naming_it() {
         let args = connect_postgres(&["--host", "--port", "5432"]);
@@ -628,12 +642,7 @@ mod tests {
 
     #[test]
     fn layout_flags_take_table_entry_pairs_in_order() {
-        let cli = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
+        let args = connect_pipeline(&[
             "--partition-by",
             "orders=day(created_at)",
             "--partition-by",
@@ -642,12 +651,6 @@ mod tests {
             "sales.refunds=id desc",
         ])
         .expect("parses");
-        let Command::Connect {
-            what: ConnectCommand::Pipeline(args),
-        } = cli.command
-        else {
-            panic!("not connect pipeline");
-        };
         let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
         assert_eq!(
             args.partition_by,
@@ -657,16 +660,8 @@ mod tests {
             ]
         );
         assert_eq!(args.sort_by, vec![pair("sales.refunds", "id desc")]);
-        let err = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
-            "--partition-by",
-            "day(created_at)",
-        ])
-        .expect_err("an entry without its table must fail");
+        let err = connect_pipeline(&["--partition-by", "day(created_at)"])
+            .expect_err("an entry without its table must fail");
         assert!(err.to_string().contains("TABLE=ENTRY"), "{err}");
     }
 
@@ -693,40 +688,51 @@ mod tests {
         );
         assert_eq!(failover(&["--host", "h"]), None);
 
-        let cli = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
+        let args = connect_pipeline(&[
             "--exclude-column",
             "orders=internal_note",
             "--exclude-column",
             "orders=",
         ])
         .expect("parses");
-        let Command::Connect {
-            what: ConnectCommand::Pipeline(args),
-        } = cli.command
-        else {
-            panic!("not connect pipeline");
-        };
         let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
         assert_eq!(
             args.exclude_column,
             vec![pair("orders", "internal_note"), pair("orders", "")]
         );
-        let err = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
-            "--exclude-column",
-            "internal_note",
-        ])
-        .expect_err("a column without its table must fail");
+        let err = connect_pipeline(&["--exclude-column", "internal_note"])
+            .expect_err("a column without its table must fail");
         assert!(err.to_string().contains("TABLE=COLUMN"), "{err}");
+    }
+
+    #[test]
+    fn changelog_takes_a_table_and_an_optional_name() {
+        let args = connect_pipeline(&[
+            "--changelog",
+            "orders",
+            "--changelog",
+            "sales.refunds=refunds_history",
+            "--changelog",
+            "events=",
+        ])
+        .expect("parses");
+        assert_eq!(
+            args.changelog,
+            vec![
+                ("orders".to_string(), None),
+                (
+                    "sales.refunds".to_string(),
+                    Some("refunds_history".to_string())
+                ),
+                ("events".to_string(), Some(String::new())),
+            ]
+        );
+        for bad in ["=orders_history", " "] {
+            let err = connect_pipeline(&["--changelog", bad]).expect_err("no table must fail");
+            assert!(err.to_string().contains("--changelog"), "{err}");
+        }
+        let err = connect_pipeline(&["--changelog", "=x"]).expect_err("no table must fail");
+        assert!(err.to_string().contains("TABLE[=NAME]"), "{err}");
     }
 
     #[test]

@@ -25,7 +25,12 @@ impl Validator<'_> {
             .unwrap_or_default()
             .iter()
             .filter_map(|t| TableRef::parse(t))
-            .map(|t| (t.iceberg_name(), format!("the Iceberg table of `{}`", t.config_key())))
+            .map(|t| {
+                (
+                    t.iceberg_name(),
+                    format!("the Iceberg table of `{}`", t.config_key()),
+                )
+            })
             .collect();
         let mut out = BTreeMap::new();
         for (key, t) in def.tables.iter() {

@@ -368,13 +368,18 @@ fn changelog_settings(
                 (Value::Mapping(named), n.to_string())
             }
         };
-        let synced = listed.iter().flat_map(|(_, tables)| tables).find(|t| {
-            super::TableRef::parse(t).is_some_and(|t| t.iceberg_name() == iceberg_name)
-        });
+        let synced = listed
+            .iter()
+            .flat_map(|(_, tables)| tables)
+            .find(|t| super::TableRef::parse(t).is_some_and(|t| t.iceberg_name() == iceberg_name));
         if let Some(synced) = synced {
             return Err(Error::config(format!(
                 "{shown}: {}: give it another name with --changelog '{table}=<name>'",
-                super::changelog::taken(table, &iceberg_name, &format!("the Iceberg table of `{synced}`")),
+                super::changelog::taken(
+                    table,
+                    &iceberg_name,
+                    &format!("the Iceberg table of `{synced}`")
+                ),
             )));
         }
         values.retain(|(t, _)| *t != table.as_str());

@@ -394,7 +394,8 @@ impl<'de> Deserialize<'de> for ChangelogDef {
 /// The message for `changelog: <text>`: a name is given as `{table: <name>}` (and `yes`
 /// or `on`, booleans to YAML 1.1, are no name).
 fn changelog_text_message(s: &str) -> String {
-    let yes_no = ["yes", "no", "on", "off", "y", "n"].contains(&s.trim().to_ascii_lowercase().as_str());
+    let yes_no =
+        ["yes", "no", "on", "off", "y", "n"].contains(&s.trim().to_ascii_lowercase().as_str());
     let name = if !yes_no && super::changelog::changelog_name(s.trim()).is_ok() {
         s.trim()
     } else {

@@ -16,6 +16,14 @@ fn changelogs(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The one problem of `text`, asserted to be at `path`, on `line`.
+fn refused_at(text: &str, path: &str, line: usize) -> Problem {
+    let p = one_error(text);
+    assert_eq!(p.path, path, "{}", p.message);
+    assert_eq!(p.position.map(|at| at.line), Some(line), "{p}");
+    p
+}
+
 #[test]
 fn a_changelog_is_named_after_its_table_or_as_given() {
     let text = with_tables(
@@ -62,7 +70,10 @@ fn changelogs_round_trip_through_the_canonical_writer() {
     );
     let before = Config::from_str(&path, &text, &env).unwrap();
     let after = Config::from_str(&path, &written, &env).unwrap();
-    assert_eq!(before.pipelines[0].changelogs, after.pipelines[0].changelogs);
+    assert_eq!(
+        before.pipelines[0].changelogs,
+        after.pipelines[0].changelogs
+    );
     assert_eq!(
         emit::to_canonical_yaml(&serde_yaml::from_str(&written).unwrap()),
         written
@@ -71,24 +82,30 @@ fn changelogs_round_trip_through_the_canonical_writer() {
 
 #[test]
 fn a_name_no_catalog_takes_is_refused_at_its_line() {
-    for bad in ["Orders_History", "'orders history'", "1orders", "orders-history"] {
-        let p = one_error(&with_tables(&format!(
-            "      orders:\n        changelog:\n          table: {bad}\n"
-        )));
-        assert_eq!(p.path, "pipelines.app.tables.orders.changelog.table");
-        assert_eq!(p.position.unwrap().line, 12);
+    for bad in [
+        "Orders_History",
+        "'orders history'",
+        "1orders",
+        "orders-history",
+    ] {
+        let p = refused_at(
+            &with_tables(&format!(
+                "      orders:\n        changelog:\n          table: {bad}\n"
+            )),
+            "pipelines.app.tables.orders.changelog.table",
+            12,
+        );
         let shown = bad.trim_matches('\'');
         assert_eq!(
             p.message,
             format!("`{shown}` is not a table name every catalog takes: use lower-case letters, digits and underscores, e.g. `orders_history`")
         );
     }
-    let p = one_error(&with_tables(
-        "      orders:
-        changelog: {table: ' '}
-",
-    ));
-    assert_eq!(p.path, "pipelines.app.tables.orders.changelog.table");
+    let p = refused_at(
+        &with_tables("      orders:\n        changelog: {table: ' '}\n"),
+        "pipelines.app.tables.orders.changelog.table",
+        11,
+    );
     assert_eq!(
         p.message,
         "the changelog table needs a name: use lower-case letters, digits and underscores, e.g. `orders_history`, or write `changelog: true` for `<table>_changelog`"
@@ -98,47 +115,55 @@ fn a_name_no_catalog_takes_is_refused_at_its_line() {
 #[test]
 fn a_value_other_than_true_false_or_a_table_is_refused_with_the_forms() {
     // An unknown key inside.
-    let p = one_error(&with_tables(
-        "      orders:\n        changelog: {name: orders_history}\n",
-    ));
-    assert_eq!(p.path, "pipelines.app.tables.orders.changelog.name");
-    assert_eq!(p.position.unwrap().line, 11);
+    let p = refused_at(
+        &with_tables("      orders:\n        changelog: {name: orders_history}\n"),
+        "pipelines.app.tables.orders.changelog.name",
+        11,
+    );
     assert!(
         p.message.contains("unknown field `name`, expected `table`"),
         "{}",
         p.message
     );
     // No name.
-    let p = one_error(&with_tables("      orders:\n        changelog: {}\n"));
-    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
+    let p = refused_at(
+        &with_tables("      orders:\n        changelog: {}\n"),
+        "pipelines.app.tables.orders.changelog",
+        11,
+    );
     assert!(
         p.message.contains("missing required field `table`"),
         "{}",
         p.message
     );
     // A name without `{table: ...}`: the message shows the form with that name.
-    let p = one_error(&with_tables(
-        "      orders:\n        changelog: orders_history\n",
-    ));
-    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
-    assert_eq!(p.position.unwrap().line, 11);
+    let p = refused_at(
+        &with_tables("      orders:\n        changelog: orders_history\n"),
+        "pipelines.app.tables.orders.changelog",
+        11,
+    );
     assert_eq!(
         p.message,
         "`orders_history` is not `true`, `false` or `{table: <name>}`: write `changelog: true` for a changelog table named `<table>_changelog`, or `changelog: {table: orders_history}` to name it"
     );
     // `yes` is text to skipprd's YAML reader (YAML 1.2), not `true`.
     let p = one_error(&with_tables("      orders:\n        changelog: yes\n"));
-    assert!(p.message.starts_with("`yes` is not `true`"), "{}", p.message);
+    assert!(
+        p.message.starts_with("`yes` is not `true`"),
+        "{}",
+        p.message
+    );
     assert!(
         p.message.contains("`changelog: {table: <name>}`"),
         "{}",
         p.message
     );
     for other in ["1", "[orders_history]"] {
-        let p = one_error(&with_tables(&format!(
-            "      orders:\n        changelog: {other}\n"
-        )));
-        assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
+        let p = refused_at(
+            &with_tables(&format!("      orders:\n        changelog: {other}\n")),
+            "pipelines.app.tables.orders.changelog",
+            11,
+        );
         assert!(
             p.message.starts_with("wrong type: found")
                 && p.message
@@ -152,34 +177,34 @@ fn a_value_other_than_true_false_or_a_table_is_refused_with_the_forms() {
 #[test]
 fn a_changelog_named_like_a_table_the_pipeline_writes_is_refused() {
     // The Iceberg table of a table the source follows.
-    let p = one_error(&with_tables(
-        "      orders:\n        changelog: {table: sales_customers}\n",
-    ));
-    assert_eq!(p.path, "pipelines.app.tables.orders.changelog.table");
-    assert_eq!(p.position.unwrap().line, 11);
+    let p = refused_at(
+        &with_tables("      orders:\n        changelog: {table: sales_customers}\n"),
+        "pipelines.app.tables.orders.changelog.table",
+        11,
+    );
     assert_eq!(
         p.message,
         "the changelog of `orders` would be Iceberg table `sales_customers`, which is already the Iceberg table of `sales.customers`: give the changelog table another name"
     );
     // The default name, taken by a table the source follows.
-    let p = one_error(
+    let p = refused_at(
         &with_tables("      orders:\n        changelog: true\n")
             .replace("[orders, sales.customers]", "[orders, orders_changelog]"),
+        "pipelines.app.tables.orders.changelog",
+        11,
     );
-    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
     assert_eq!(
         p.message,
         "the changelog of `orders` would be Iceberg table `orders_changelog`, which is already the Iceberg table of `orders_changelog`: name it yourself with `changelog: {table: <name>}`"
     );
     // Two changelogs of one name: the second is refused.
-    let p = one_error(&with_tables(
+    let p = refused_at(&with_tables(
         "      orders:\n        changelog: {table: history}\n      sales.customers:\n        changelog: {table: history}\n",
-    ));
-    assert_eq!(p.path, "pipelines.app.tables.sales.customers.changelog.table");
-    assert_eq!(p.position.unwrap().line, 13);
+    ), "pipelines.app.tables.sales.customers.changelog.table", 13);
     assert!(
-        p.message
-            .ends_with("which is already the changelog of `orders`: give the changelog table another name"),
+        p.message.ends_with(
+            "which is already the changelog of `orders`: give the changelog table another name"
+        ),
         "{}",
         p.message
     );
@@ -193,12 +218,12 @@ fn a_changelog_another_pipeline_writes_is_refused() {
             "data_sources:\n",
             "  billing:\n    data_source: data_sources.billing_db\n    data_sink: data_sinks.lake\n\ndata_sources:\n  billing_db:\n    Postgres:\n      host: 127.0.0.1\n      user: u\n      database: billing\n      tables: [orders_changelog]\n",
         );
-    let p = one_error(&text);
-    assert_eq!(p.path, "pipelines.billing");
+    let p = refused_at(&text, "pipelines.billing", 13);
     assert!(
         p.message.contains("Iceberg table `orders_changelog`")
             && p.message.contains("(from the changelog of public.orders)")
-            && p.message.contains("two pipelines must never write one table"),
+            && p.message
+                .contains("two pipelines must never write one table"),
         "{}",
         p.message
     );
@@ -208,9 +233,7 @@ fn a_changelog_another_pipeline_writes_is_refused() {
 fn a_snapshot_only_source_has_no_changes_to_record() {
     let text = with_tables("      orders:\n        changelog: true\n")
         .replace("cdc_mode: snapshot_then_cdc", "cdc_mode: snapshot_only");
-    let p = one_error(&text);
-    assert_eq!(p.path, "pipelines.app.tables.orders.changelog");
-    assert_eq!(p.position.unwrap().line, 11);
+    let p = refused_at(&text, "pipelines.app.tables.orders.changelog", 11);
     assert_eq!(
         p.message,
         "a changelog records the changes replication brings, and data source `app_db` has `cdc_mode: snapshot_only`: set `cdc_mode: snapshot_then_cdc` (or `cdc_only`), or remove `changelog`"
@@ -263,7 +286,11 @@ fn connect_pipeline_turns_changelogs_on_names_and_removes_them() {
     );
     // The same call again changes nothing; the last flag for a table wins; `T=` removes it.
     assert_eq!(
-        set(vec![on("orders"), named("sales.customers", "customer_history")]).unwrap(),
+        set(vec![
+            on("orders"),
+            named("sales.customers", "customer_history")
+        ])
+        .unwrap(),
         written
     );
     let renamed = set(vec![on("orders"), named("orders", "orders_history")]).unwrap();
