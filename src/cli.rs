@@ -216,10 +216,11 @@ pub enum ConnectCommand {
         kind: SinkKind,
     },
     /// Set how a pipeline's tables are laid out in files: their partitions and the order of
-    /// rows inside each file, and the columns left out (`pipelines.<p>.tables.<table>`'s
-    /// `partition_by`, `sort_by` and `exclude_columns`).
+    /// rows inside each file, the columns left out, and their changelog tables
+    /// (`pipelines.<p>.tables.<table>`'s `partition_by`, `sort_by`, `exclude_columns` and
+    /// `changelog`).
     #[command(
-        after_help = "Example:\n  skipprd connect pipeline --pipeline app \\\n    --partition-by 'orders=day(created_at)' --partition-by 'orders=bucket(16, customer_id)' \\\n    --sort-by 'orders=created_at' --exclude-column 'orders=internal_note'\n\nThe entries given for a table replace its list; `--partition-by 'orders='` clears it.\n`skipprd discover` then shows the layout each table gets, and refuses an entry that does\nnot fit the table's columns."
+        after_help = "Example:\n  skipprd connect pipeline --pipeline app \\\n    --partition-by 'orders=day(created_at)' --partition-by 'orders=bucket(16, customer_id)' \\\n    --sort-by 'orders=created_at' --exclude-column 'orders=internal_note' \\\n    --changelog orders --changelog 'sales.refunds=refunds_history'\n\nThe entries given for a table replace its list; `--partition-by 'orders='` clears it,\nand `--changelog 'orders='` removes the table's changelog.\n`skipprd discover` then shows the layout each table gets, and refuses an entry that does\nnot fit the table's columns."
     )]
     Pipeline(PipelineArgs),
 }
@@ -232,6 +233,19 @@ fn table_entry(s: &str) -> Result<(String, String), String> {
 /// `TABLE=COLUMN`: a table of the pipeline and one of its columns.
 fn table_column(s: &str) -> Result<(String, String), String> {
     table_pair(s, "TABLE=COLUMN", "'orders=internal_note'")
+}
+
+/// `TABLE[=NAME]`: a table of the pipeline, and the name of its changelog table when given
+/// (empty: none).
+fn table_changelog(s: &str) -> Result<(String, Option<String>), String> {
+    if s.contains('=') || s.starts_with("--") {
+        return table_pair(s, "TABLE[=NAME]", "'orders=orders_history'")
+            .map(|(table, name)| (table, Some(name)));
+    }
+    if s.trim().is_empty() {
+        return Err("give the table whose changes to keep, e.g. `--changelog orders`".into());
+    }
+    Ok((s.trim().to_string(), None))
 }
 
 /// `s` as `form` (`TABLE=ENTRY`, `TABLE=COLUMN`): the table, and what follows its `=`.
@@ -273,6 +287,11 @@ pub struct PipelineArgs {
     /// replace its list; 'orders=' clears it.
     #[arg(long = "exclude-column", value_parser = table_column, value_name = "TABLE=COLUMN")]
     pub exclude_column: Vec<(String, String)>,
+    /// A changelog table beside a table: every change of the table as a row, appended.
+    /// 'orders' names it `orders_changelog`, 'orders=orders_history' names it; 'orders='
+    /// removes it. Repeat for more tables.
+    #[arg(long = "changelog", value_parser = table_changelog, value_name = "TABLE[=NAME]")]
+    pub changelog: Vec<(String, Option<String>)>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -599,6 +618,20 @@ mod tests {
         args
     }
 
+    /// `skipprd connect pipeline --pipeline app <flags>`, parsed.
+    fn connect_pipeline(flags: &[&'static str]) -> Result<PipelineArgs, clap::Error> {
+        let mut args = vec!["skipprd", "connect", "pipeline", "--pipeline", "app"];
+        args.extend_from_slice(flags);
+        let cli = Cli::try_parse_from(args)?;
+        let Command::Connect {
+            what: ConnectCommand::Pipeline(args),
+        } = cli.command
+        else {
+            panic!("not connect pipeline");
+        };
+        Ok(args)
+    }
+
     #[test]
     fn a_flag_without_its_value_is_an_error_naming_it() {
         let args = connect_postgres(&["--host", "--port", "5432"]);
@@ -609,12 +642,7 @@ mod tests {
 
     #[test]
     fn layout_flags_take_table_entry_pairs_in_order() {
-        let cli = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
+        let args = connect_pipeline(&[
             "--partition-by",
             "orders=day(created_at)",
             "--partition-by",
@@ -623,12 +651,6 @@ mod tests {
             "sales.refunds=id desc",
         ])
         .expect("parses");
-        let Command::Connect {
-            what: ConnectCommand::Pipeline(args),
-        } = cli.command
-        else {
-            panic!("not connect pipeline");
-        };
         let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
         assert_eq!(
             args.partition_by,
@@ -638,16 +660,8 @@ mod tests {
             ]
         );
         assert_eq!(args.sort_by, vec![pair("sales.refunds", "id desc")]);
-        let err = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
-            "--partition-by",
-            "day(created_at)",
-        ])
-        .expect_err("an entry without its table must fail");
+        let err = connect_pipeline(&["--partition-by", "day(created_at)"])
+            .expect_err("an entry without its table must fail");
         assert!(err.to_string().contains("TABLE=ENTRY"), "{err}");
     }
 
@@ -674,40 +688,51 @@ mod tests {
         );
         assert_eq!(failover(&["--host", "h"]), None);
 
-        let cli = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
+        let args = connect_pipeline(&[
             "--exclude-column",
             "orders=internal_note",
             "--exclude-column",
             "orders=",
         ])
         .expect("parses");
-        let Command::Connect {
-            what: ConnectCommand::Pipeline(args),
-        } = cli.command
-        else {
-            panic!("not connect pipeline");
-        };
         let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
         assert_eq!(
             args.exclude_column,
             vec![pair("orders", "internal_note"), pair("orders", "")]
         );
-        let err = Cli::try_parse_from([
-            "skipprd",
-            "connect",
-            "pipeline",
-            "--pipeline",
-            "app",
-            "--exclude-column",
-            "internal_note",
-        ])
-        .expect_err("a column without its table must fail");
+        let err = connect_pipeline(&["--exclude-column", "internal_note"])
+            .expect_err("a column without its table must fail");
         assert!(err.to_string().contains("TABLE=COLUMN"), "{err}");
+    }
+
+    #[test]
+    fn changelog_takes_a_table_and_an_optional_name() {
+        let args = connect_pipeline(&[
+            "--changelog",
+            "orders",
+            "--changelog",
+            "sales.refunds=refunds_history",
+            "--changelog",
+            "events=",
+        ])
+        .expect("parses");
+        assert_eq!(
+            args.changelog,
+            vec![
+                ("orders".to_string(), None),
+                (
+                    "sales.refunds".to_string(),
+                    Some("refunds_history".to_string())
+                ),
+                ("events".to_string(), Some(String::new())),
+            ]
+        );
+        for bad in ["=orders_history", " "] {
+            let err = connect_pipeline(&["--changelog", bad]).expect_err("no table must fail");
+            assert!(err.to_string().contains("--changelog"), "{err}");
+        }
+        let err = connect_pipeline(&["--changelog", "=x"]).expect_err("no table must fail");
+        assert!(err.to_string().contains("TABLE[=NAME]"), "{err}");
     }
 
     #[test]

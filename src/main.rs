@@ -608,9 +608,13 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
             }
         }
         ConnectCommand::Pipeline(a) => {
-            if a.partition_by.is_empty() && a.sort_by.is_empty() && a.exclude_column.is_empty() {
+            if a.partition_by.is_empty()
+                && a.sort_by.is_empty()
+                && a.exclude_column.is_empty()
+                && a.changelog.is_empty()
+            {
                 return Err(Error::config(
-                    "connect pipeline needs --partition-by TABLE=ENTRY, --sort-by TABLE=ENTRY or --exclude-column TABLE=COLUMN (see `skipprd connect pipeline --help`)",
+                    "connect pipeline needs --partition-by TABLE=ENTRY, --sort-by TABLE=ENTRY, --exclude-column TABLE=COLUMN or --changelog TABLE[=NAME] (see `skipprd connect pipeline --help`)",
                 ));
             }
             Connect::Pipeline {
@@ -618,6 +622,7 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
                 partition_by: a.partition_by.clone(),
                 sort_by: a.sort_by.clone(),
                 exclude_columns: a.exclude_column.clone(),
+                changelog: a.changelog.clone(),
             }
         }
     })

@@ -96,6 +96,10 @@ def test_conflicting_names_are_refused(tmp_path: Path) -> None:
      ["--exclude-column 'orders=NOTE': `NOTE` is given twice: give each column once"]),
     (["--workspace", "w", "connect", "pipeline", "--pipeline", "app", "--exclude-column", "orders=two words"],
      ["--exclude-column 'orders=two words': `two words` is not a column name"]),
+    (["--workspace", "w", "connect", "pipeline", "--pipeline", "app", "--changelog", "orders=Orders History"],
+     ["--changelog 'orders=Orders History': `Orders History` is not a table name every catalog takes"]),
+    (["--workspace", "w", "connect", "pipeline", "--pipeline", "app", "--changelog", "=orders_history"],
+     ["--changelog", "TABLE[=NAME]"]),
     (["--workspace", "w", *REST[:-2]], ["--uri"]),
     (["--workspace", "w", *REST[:-1], "catalog.example.com"], ["--uri", "not an http(s) URL"]),
     (["--workspace", "w", *REST[:-1], "https://h/api/v1"], ["ends with /v1", "write https://h/api"]),
@@ -233,3 +237,26 @@ def test_source_settings_and_excluded_columns_are_updated_flag_by_flag(tmp_path:
     assert "      orders:\n        sort_by: [id]\n" in cfg.read_text()
     # A table the source does not follow is refused.
     refused(cfg, *table, "--exclude-column", "invoices=note", words=["`invoices` is not one of the tables", "orders"])
+
+
+def test_changelogs_are_turned_on_named_and_removed(tmp_path: Path) -> None:
+    """`--changelog T` writes `changelog: true`, `--changelog T=NAME` `changelog: {table: NAME}`
+    (the table's other keys stay), 'T=' removes it; a name the pipeline already writes, or a
+    table the source does not follow, is refused and the file left as it was."""
+    cfg = tmp_path / "skippr.yml"
+    connect(cfg, "--workspace", "analytics", *SOURCE, "--tables", "customers")
+    connect(cfg, *SINK)
+    table = ["connect", "pipeline", "--pipeline", "app"]
+    connect(cfg, *table, "--sort-by", "orders=id", "--changelog", "orders")
+    assert "    tables:\n      orders:\n        sort_by: [id]\n        changelog: true\n" in cfg.read_text()
+    run_skipprd("--config", cfg, "validate", cwd=tmp_path, env={"PW": "x"})
+    connect(cfg, *table, "--changelog", "orders=orders_history")
+    assert "        sort_by: [id]\n        changelog:\n          table: orders_history\n" in cfg.read_text()
+    run_skipprd("--config", cfg, "validate", cwd=tmp_path, env={"PW": "x"})
+    refused(cfg, *table, "--changelog", "orders=customers",
+            words=["--changelog 'orders=customers': the changelog of `orders` would be Iceberg table `customers`, "
+                   "which is already the Iceberg table of `customers`"])
+    refused(cfg, *table, "--changelog", "invoices", words=["`invoices` is not one of the tables", "orders, customers"])
+    connect(cfg, *table, "--changelog", "orders=")
+    assert "changelog" not in cfg.read_text()
+    assert "      orders:\n        sort_by: [id]\n" in cfg.read_text()

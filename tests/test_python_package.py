@@ -676,6 +676,11 @@ BAD_CALLS: list[tuple[str, Callable[[], object], str, str]] = [
     ("excluded twice", lambda: PipelineTable(exclude_columns=["note", "Note"]), "PipelineTable.exclude_columns[1]", "`Note` is given twice: give each column once"),
     ("excluded not a column", lambda: PipelineTable(exclude_columns=["two words"]), "PipelineTable.exclude_columns[0]", "`two words` is not a column name: write it bare (folded to lower case) or in double quotes"),
     ("excluded as str", lambda: PipelineTable(exclude_columns="note"), "PipelineTable.exclude_columns", "expected a list of entries, found a string"),  # type: ignore[arg-type]
+    ("changelog name", lambda: PipelineTable(changelog="Orders History"), "PipelineTable.changelog", "`Orders History` is not a table name every catalog takes: use lower-case letters, digits and underscores, e.g. `orders_history`"),
+    ("changelog empty name", lambda: PipelineTable(changelog=" "), "PipelineTable.changelog", "the changelog table needs a name"),
+    ("changelog type", lambda: PipelineTable(changelog=1), "PipelineTable.changelog", "expected True, False or the changelog table's name, found an integer (1)"),  # type: ignore[arg-type]
+    ("changelog snapshot only", lambda: changelog_config(cdc_mode="snapshot_only"), "pipelines.app.tables.orders.changelog", "data source `app_db` has `cdc_mode: snapshot_only`: set `cdc_mode: snapshot_then_cdc` (or `cdc_only`), or remove `changelog`"),
+    ("changelog taken", lambda: changelog_config(customers="orders_changelog"), "pipelines.app.tables.sales.customers.changelog.table", "the changelog of `sales.customers` would be Iceberg table `orders_changelog`, which is already the changelog of `orders`: give the changelog table another name"),
     ("tables type", lambda: Pipeline("data_sources.a", "data_sinks.b", tables=["orders"]), "Pipeline.tables", "expected a mapping of table name to PipelineTable"),  # type: ignore[arg-type]
     ("table settings type", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"orders": {"sort_by": ["id"]}}), "Pipeline.tables.orders", "expected a PipelineTable"),  # type: ignore[dict-item]
     ("table name", lambda: Pipeline("data_sources.a", "data_sinks.b", tables={"a.b.c": PipelineTable()}), "Pipeline.tables.a.b.c", "is not a table name"),
@@ -1024,6 +1029,111 @@ def test_table_layouts_write_the_same_bytes_as_connect_and_validate(tmp_path: Pa
     assert config.read_text() == text
 
 
+CHANGELOG_YAML = """\
+    tables:
+      orders:
+        sort_by: [id]
+        changelog: true
+      sales.customers:
+        changelog:
+          table: customer_history
+"""
+
+
+def changelog_config(customers: str = "customer_history", **source: Any) -> Config:
+    """`orders` with a changelog of the default name, `sales.customers` with one named."""
+    cfg = Config().workspace("analytics")
+    src = cfg.data_source("app_db", DataSourcePostgres(
+        host="127.0.0.1", user="u", database="app", tables=["orders", "sales.customers"], **source))
+    lake = cfg.data_sink("lake", DataSinkLocalIceberg(warehouse="./warehouse"))
+    cfg.pipeline("app", Pipeline(data_source=src, data_sink=lake, tables={
+        "orders": PipelineTable(sort_by=["id"], changelog=True),
+        "sales.customers": PipelineTable(changelog=customers),
+    }))
+    return cfg
+
+
+def test_changelogs_write_the_same_bytes_as_connect_and_validate(tmp_path: Path) -> None:
+    """`PipelineTable(changelog=True)` writes `changelog: true`, `changelog="name"` writes
+    `changelog: {table: name}` (as a block mapping), byte for byte what `skipprd connect
+    pipeline --changelog` writes; both read back the same, in flow style too; skipprd
+    validates it."""
+    cfg = changelog_config()
+    text = cfg.to_yaml()
+    assert "    data_sink: data_sinks.lake\n" + CHANGELOG_YAML + "\n" in text, text
+    assert Config.from_yaml(text) == cfg
+    flow = text.replace("changelog:\n          table: customer_history", "changelog: {table: customer_history}")
+    assert flow != text and Config.from_yaml(flow) == cfg
+    tables = cfg.pipelines["app"].tables
+    assert tables is not None
+    assert tables["orders"].changelog is True and tables["sales.customers"].changelog == "customer_history"
+    assert tables["orders"].changelog_table("orders") == "orders_changelog"
+    assert PipelineTable(changelog=True).changelog_table("sales.customers") == "sales_customers_changelog"
+    assert PipelineTable(changelog=False).changelog_table("orders") is None
+    # `false` is kept as written.
+    assert "        changelog: false\n" in Config.from_yaml(text.replace("changelog: true", "changelog: false")).to_yaml()
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    config = tmp_path / "skippr.yml"
+    for args in (
+        ["--workspace", "analytics", "connect", "data-source", "postgres", "--pipeline", "app", "--name", "app_db",
+         "--host", "127.0.0.1", "--user", "u", "--database", "app", "--tables", "orders", "--tables", "sales.customers"],
+        ["connect", "data-sink", "localiceberg", "--pipeline", "app", "--name", "lake", "--warehouse", "./warehouse"],
+        ["connect", "pipeline", "--pipeline", "app", "--sort-by", "orders=id", "--changelog", "orders",
+         "--changelog", "sales.customers=customer_history"],
+    ):
+        proc = run_binary(["--config", str(config), *args], cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    # connect writes the flow form back as Python writes it.
+    config.write_text(flow)
+    proc = run_binary(["--config", str(config), "connect", "pipeline", "--pipeline", "app", "--sort-by", "orders=id"],
+                      cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert config.read_text() == text
+
+
+CHANGELOG_BAD_FILES = {
+    "name": ("table: customer_history", "table: Customer History"),
+    "flow name": ("changelog:\n          table: customer_history", "changelog: {table: customer-history}"),
+    "empty name": ("table: customer_history", "table: ''"),
+    "text": ("changelog: true", "changelog: orders_history"),
+    "yes": ("changelog: true", "changelog: yes"),
+    "synced table": ("table: customer_history", "table: orders"),
+    "default name taken": ("table: customer_history", "table: orders_changelog"),
+    "snapshot only": ("      tables: [orders, sales.customers]\n",
+                      "      tables: [orders, sales.customers]\n      cdc_mode: snapshot_only\n"),
+}
+
+
+@pytest.mark.parametrize("old, new", CHANGELOG_BAD_FILES.values(), ids=list(CHANGELOG_BAD_FILES))
+def test_bad_changelogs_give_skipprds_message(tmp_path: Path, old: str, new: str) -> None:
+    """A changelog name no catalog takes, a name already taken, a text value, or a
+    `snapshot_only` source: the package names the same file, line, key and message as
+    `skipprd validate`."""
+    text = changelog_config().to_yaml()
+    assert old in text
+    assert_same_error_as_skipprd(tmp_path, text.replace(old, new))
+
+
+def assert_same_error_as_skipprd(tmp_path: Path, text: str) -> None:
+    """`text` is refused by the package, and `skipprd validate` says the same at the same place."""
+    config = tmp_path / "skippr.yml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        Config.load(config)
+    err = info.value
+    if not skipprd_bin().exists():
+        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
+    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert f"error: {config}:{err.line}:{err.column}: {err.path}: {err.message}\n" in proc.stderr, (
+        f"Python: {err}\n{describe(proc)}"
+    )
+
+
 def source_keys_config(**keys: Any) -> Config:
     """One source with the Postgres settings `keys`, one sink, one pipeline."""
     cfg = Config().workspace("w")
@@ -1103,18 +1213,7 @@ def test_bad_source_and_table_settings_give_skipprds_message(tmp_path: Path, old
     names the same file, line, key and message as `skipprd validate`."""
     text = source_keys_config().to_yaml()
     assert old in text
-    config = tmp_path / "skippr.yml"
-    config.write_text(text.replace(old, new))
-    with pytest.raises(ConfigError) as info:
-        Config.load(config)
-    err = info.value
-    if not skipprd_bin().exists():
-        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
-    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
-    assert proc.returncode == 2, describe(proc)
-    assert f"error: {config}:{err.line}:{err.column}: {err.path}: {err.message}\n" in proc.stderr, (
-        f"Python: {err}\n{describe(proc)}"
-    )
+    assert_same_error_as_skipprd(tmp_path, text.replace(old, new))
 
 
 QUERY_BAD_SETTINGS = {
@@ -1139,18 +1238,7 @@ def with_query_section(lines: str) -> str:
 def test_bad_query_limits_give_skipprds_message(tmp_path: Path, lines: str) -> None:
     """A bad `max_memory`, `max_query_memory`, `spill_path` or `max_concurrent_statements`:
     the package names the same file, line, key and message as `skipprd validate`."""
-    config = tmp_path / "skippr.yml"
-    config.write_text(with_query_section(lines))
-    with pytest.raises(ConfigError) as info:
-        Config.load(config)
-    err = info.value
-    if not skipprd_bin().exists():
-        pytest.skip(f"skipprd binary not found at {skipprd_bin()}")
-    proc = run_binary(["--config", str(config), "validate"], cwd=tmp_path)
-    assert proc.returncode == 2, describe(proc)
-    assert f"error: {config}:{err.line}:{err.column}: {err.path}: {err.message}\n" in proc.stderr, (
-        f"Python: {err}\n{describe(proc)}"
-    )
+    assert_same_error_as_skipprd(tmp_path, with_query_section(lines))
 
 
 def test_query_limits_are_written_in_connects_order(tmp_path: Path) -> None:

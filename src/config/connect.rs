@@ -37,6 +37,9 @@ pub enum Connect {
         sort_by: Vec<(String, String)>,
         /// (table, column) pairs of `--exclude-column`.
         exclude_columns: Vec<(String, String)>,
+        /// `--changelog`: (table, `None`) turns the table's changelog on (`changelog: true`),
+        /// (table, name) names it (`changelog: {table: name}`), and an empty name removes it.
+        changelog: Vec<(String, Option<String>)>,
     },
 }
 
@@ -255,6 +258,33 @@ fn source_tables(doc: &Mapping, pipeline: &str) -> Option<(String, Vec<String>)>
     Some((name.to_string(), tables))
 }
 
+/// `table` as a table of the pipeline: a table name, and one the pipeline's data source
+/// follows when the file already says which (`listed`). `given` is the flag as written, for
+/// the message (`--sort-by 'orders=id'`).
+fn flag_table(
+    given: &str,
+    table: &str,
+    listed: &Option<(String, Vec<String>)>,
+) -> Result<super::TableRef> {
+    let Some(r) = super::TableRef::parse(table) else {
+        return Err(Error::config(format!(
+            "{given}: `{table}` is not a table name: write `name` or `schema.name`, as the source's `tables:` lists it"
+        )));
+    };
+    if let Some((source, listed)) = listed {
+        if !listed
+            .iter()
+            .any(|t| super::TableRef::parse(t).as_ref() == Some(&r))
+        {
+            return Err(Error::config(format!(
+                "{given}: `{table}` is not one of the tables data source `{source}` follows ({}): add it with `connect data-source ... --tables {table}`, or correct the name",
+                listed.join(", ")
+            )));
+        }
+    }
+    Ok(r)
+}
+
 /// Sets `pipelines.<p>.tables.<table>.<field>` from `--partition-by`, `--sort-by` or
 /// `--exclude-column` (`field`): every table given gets the entries given for it, in order,
 /// checked as `validate` checks them; an empty entry clears the list. Other tables and keys
@@ -273,22 +303,7 @@ fn table_settings(
     let listed = source_tables(doc, pipeline);
     let mut tables: Vec<(&str, Vec<String>)> = Vec::new();
     for (table, entry) in given {
-        let Some(r) = super::TableRef::parse(table) else {
-            return Err(Error::config(format!(
-                "{flag} '{table}={entry}': `{table}` is not a table name: write `name` or `schema.name`, as the source's `tables:` lists it"
-            )));
-        };
-        if let Some((source, listed)) = &listed {
-            if !listed
-                .iter()
-                .any(|t| super::TableRef::parse(t).as_ref() == Some(&r))
-            {
-                return Err(Error::config(format!(
-                    "{flag} '{table}={entry}': `{table}` is not one of the tables data source `{source}` follows ({}): add it with `connect data-source ... --tables {table}`, or correct the name",
-                    listed.join(", ")
-                )));
-            }
-        }
+        flag_table(&format!("{flag} '{table}={entry}'"), table, &listed)?;
         let at = match tables.iter().position(|(t, _)| *t == table.as_str()) {
             Some(i) => i,
             None => {
@@ -311,12 +326,83 @@ fn table_settings(
         checked.map_err(|e| Error::config(format!("{flag} '{table}={entry}': {e}")))?;
         tables[at].1.push(entry.trim().to_string());
     }
+    let values = tables
+        .into_iter()
+        .map(|(table, entries)| {
+            let list = (!entries.is_empty())
+                .then(|| Value::Sequence(entries.into_iter().map(Value::String).collect()));
+            (table, list)
+        })
+        .collect();
+    set_table_field(doc, pipeline, field, values)
+}
+
+/// Sets `pipelines.<p>.tables.<table>.changelog` from `--changelog`: `TABLE` turns it on,
+/// `TABLE=NAME` names it, `TABLE=` removes it; the name is checked as `validate` checks it,
+/// and must not be the Iceberg table of a table the source follows. The last flag given for
+/// a table wins.
+fn changelog_settings(
+    doc: &mut Mapping,
+    pipeline: &str,
+    given: &[(String, Option<String>)],
+) -> Result<()> {
+    let listed = source_tables(doc, pipeline);
+    let mut values: Vec<(&str, Option<Value>)> = Vec::new();
+    for (table, name) in given {
+        let shown = match name {
+            None => format!("--changelog '{table}'"),
+            Some(n) => format!("--changelog '{table}={n}'"),
+        };
+        let r = flag_table(&shown, table, &listed)?;
+        let (value, iceberg_name) = match name.as_deref().map(str::trim) {
+            None => (Value::Bool(true), format!("{}_changelog", r.iceberg_name())),
+            Some("") => {
+                values.retain(|(t, _)| *t != table.as_str());
+                values.push((table.as_str(), None));
+                continue;
+            }
+            Some(n) => {
+                super::changelog::changelog_name(n)
+                    .map_err(|e| Error::config(format!("{shown}: {e}")))?;
+                let named = Mapping::from_iter([(key("table"), key(n))]);
+                (Value::Mapping(named), n.to_string())
+            }
+        };
+        let synced = listed
+            .iter()
+            .flat_map(|(_, tables)| tables)
+            .find(|t| super::TableRef::parse(t).is_some_and(|t| t.iceberg_name() == iceberg_name));
+        if let Some(synced) = synced {
+            return Err(Error::config(format!(
+                "{shown}: {}: give it another name with --changelog '{table}=<name>'",
+                super::changelog::taken(
+                    table,
+                    &iceberg_name,
+                    &format!("the Iceberg table of `{synced}`")
+                ),
+            )));
+        }
+        values.retain(|(t, _)| *t != table.as_str());
+        values.push((table.as_str(), Some(value)));
+    }
+    set_table_field(doc, pipeline, "changelog", values)
+}
+
+/// Sets (`Some`) or removes (`None`) `pipelines.<p>.tables.<table>.<field>` for each table
+/// given. A table left with no settings goes, and so does a `tables:` left empty; removing
+/// what is not there makes no pipeline.
+fn set_table_field(
+    doc: &mut Mapping,
+    pipeline: &str,
+    field: &str,
+    values: Vec<(&str, Option<Value>)>,
+) -> Result<()> {
     let exists = doc
         .get("pipelines")
         .and_then(|p| p.get(pipeline))
         .and_then(|p| p.get("tables"))
         .is_some();
-    if tables.iter().all(|(_, entries)| entries.is_empty()) && !exists {
+    if values.iter().all(|(_, v)| v.is_none()) && !exists {
         // Only clearing, and nothing to clear.
         return Ok(());
     }
@@ -332,7 +418,7 @@ fn table_settings(
             "pipelines.{pipeline}.tables is not a mapping; fix it by hand first"
         ))
     })?;
-    for (table, entries) in tables {
+    for (table, value) in values {
         let t = settings
             .entry(key(table))
             .or_insert_with(|| Value::Mapping(Mapping::new()));
@@ -344,13 +430,13 @@ fn table_settings(
                 "pipelines.{pipeline}.tables.{table} is not a mapping; fix it by hand first"
             ))
         })?;
-        if entries.is_empty() {
-            t.remove(field);
-        } else {
-            t.insert(
-                key(field),
-                Value::Sequence(entries.into_iter().map(Value::String).collect()),
-            );
+        match value {
+            Some(v) => {
+                t.insert(key(field), v);
+            }
+            None => {
+                t.remove(field);
+            }
         }
         if t.is_empty() {
             settings.remove(table);
@@ -488,11 +574,13 @@ pub fn apply(
             partition_by,
             sort_by,
             exclude_columns,
+            changelog,
         }) => {
             valid_name("pipeline", &pipeline)?;
             table_settings(&mut doc, &pipeline, "partition_by", &partition_by)?;
             table_settings(&mut doc, &pipeline, "sort_by", &sort_by)?;
             table_settings(&mut doc, &pipeline, "exclude_columns", &exclude_columns)?;
+            changelog_settings(&mut doc, &pipeline, &changelog)?;
         }
         Some(Connect::SchemaSink {
             pipeline,

@@ -9,7 +9,6 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::locate::{display_path, Position, Segment};
-use super::model::ChangelogDef;
 use super::{keys, PipelineDef, TableRef, Validator};
 use crate::table::layout::{Layout, PartitionEntry, SortEntry};
 
@@ -222,57 +221,6 @@ impl Validator<'_> {
             }
         }
         out
-    }
-}
-
-impl Validator<'_> {
-    /// `pipelines.<p>.tables.<t>.changelog`: the Iceberg name of each table's changelog table.
-    pub(super) fn changelogs(
-        &mut self,
-        pipeline: &str,
-        def: &PipelineDef,
-    ) -> BTreeMap<TableRef, String> {
-        let mut out = BTreeMap::new();
-        for (key, t) in def.tables.iter() {
-            let Some(table) = TableRef::parse(key) else {
-                continue; // reported with the table's layout
-            };
-            let name = match &t.changelog {
-                None | Some(ChangelogDef::On(false)) => continue,
-                Some(ChangelogDef::On(true)) => format!("{}_changelog", table.iceberg_name()),
-                Some(ChangelogDef::Named(n)) => {
-                    let name = n.table.trim();
-                    if let Err(msg) = changelog_name(name) {
-                        self.report(
-                            keys(&["pipelines", pipeline, "tables", key, "changelog", "table"]),
-                            msg,
-                        );
-                        continue;
-                    }
-                    name.to_string()
-                }
-            };
-            out.insert(table, name);
-        }
-        out
-    }
-}
-
-/// Checks a changelog table's name: Iceberg catalogs (Glue among them) take lower-case
-/// letters, digits and underscores.
-pub(super) fn changelog_name(name: &str) -> Result<(), String> {
-    let plain = !name.is_empty()
-        && name.len() <= 255
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{name}` is not a table name every catalog takes: use lower-case letters, digits and underscores, e.g. `orders_history`"
-        ))
     }
 }
 

@@ -4,6 +4,7 @@
 //! Errors name the file, the line, the field path and what is allowed. Values read from the
 //! environment are never written back and never logged.
 
+pub mod changelog;
 pub mod connect;
 pub mod emit;
 pub mod layouts;

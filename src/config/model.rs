@@ -352,11 +352,58 @@ pub struct PipelineTableDef {
 }
 
 /// `pipelines.<name>.tables.<table>.changelog`: `true`, `false`, or `{table: name}`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum ChangelogDef {
     On(bool),
     Named(ChangelogNamed),
+}
+
+/// Read by hand rather than untagged, so that a wrong value is named with its fix (serde's
+/// untagged enums only say that no variant matched).
+impl<'de> Deserialize<'de> for ChangelogDef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Changelog;
+        impl<'de> serde::de::Visitor<'de> for Changelog {
+            type Value = ChangelogDef;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`true`, `false` or `{table: <name>}`")
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<Self::Value, E> {
+                Ok(ChangelogDef::On(on))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Err(E::custom(changelog_text_message(s)))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                ChangelogNamed::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(ChangelogDef::Named)
+            }
+        }
+        deserializer.deserialize_any(Changelog)
+    }
+}
+
+/// The message for `changelog: <text>`: a name is given as `{table: <name>}` (and `yes`
+/// or `on`, booleans to YAML 1.1, are no name).
+fn changelog_text_message(s: &str) -> String {
+    let yes_no =
+        ["yes", "no", "on", "off", "y", "n"].contains(&s.trim().to_ascii_lowercase().as_str());
+    let name = if !yes_no && super::changelog::changelog_name(s.trim()).is_ok() {
+        s.trim()
+    } else {
+        "<name>"
+    };
+    format!(
+        "`{s}` is not `true`, `false` or `{{table: <name>}}`: write `changelog: true` for a changelog table named `<table>_changelog`, or `changelog: {{table: {name}}}` to name it"
+    )
 }
 
 /// `changelog: {table: name}`.

@@ -242,17 +242,10 @@ impl Validator<'_> {
             });
             let (layouts, layout_origins) = self.layouts(name, def, listed);
             let excluded = self.exclude_columns(name, def);
-            let changelogs = self.changelogs(name, def);
-            if let Some(s) = pg_source.as_ref() {
-                if s.cdc_mode == CdcMode::SnapshotOnly {
-                    for table in changelogs.keys() {
-                        self.report(
-                            keys(&["pipelines", name, "tables", &table.config_key(), "changelog"]),
-                            format!("a changelog records the changes replication brings, and data source `{}` has `cdc_mode: snapshot_only`: use `snapshot_then_cdc` (or `cdc_only`), or remove `changelog`", def.data_source),
-                        );
-                    }
-                }
-            }
+            let snapshot_only = pg_source
+                .as_ref()
+                .is_some_and(|s| s.cdc_mode == CdcMode::SnapshotOnly);
+            let changelogs = self.changelogs(name, def, listed, snapshot_only);
             let pg_source = pg_source.map(|mut s| {
                 s.exclude_columns = excluded;
                 s

@@ -428,24 +428,30 @@ fn layouts_round_trip_through_the_canonical_writer() {
     .replace("tables: [orders, sales.customers]", "tables: [orders, users]");
     // What `connect` writes: entries whole (quoted where YAML needs it), tables in the
     // file's order (not sorted as known keys such as `users` would be).
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("skippr.yml");
-    std::fs::write(&path, &text).unwrap();
-    let written = connect::apply(&path, None, None, None, None).unwrap();
+    let written = rewritten(&text, |c| c.pipelines[0].layouts.clone());
     assert!(
         written.contains(
             "    tables:\n      users:\n        partition_by: ['day(created_at)', 'bucket(16, customer_id)']\n        sort_by: ['created_at desc']\n      orders:\n        sort_by: [id]\n"
         ),
         "{written}"
     );
-    let before = Config::from_str(&path, &text, &env).unwrap();
+}
+
+/// `text` as `connect` writes it back with nothing to add, asserted to read back as `text`
+/// reads (`read` takes what the test is about) and to be written again unchanged.
+fn rewritten<T: PartialEq + std::fmt::Debug>(text: &str, read: impl Fn(&Config) -> T) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skippr.yml");
+    std::fs::write(&path, text).unwrap();
+    let written = connect::apply(&path, None, None, None, None).unwrap();
+    let before = Config::from_str(&path, text, &env).unwrap();
     let after = Config::from_str(&path, &written, &env).unwrap();
-    assert_eq!(before.pipelines[0].layouts, after.pipelines[0].layouts);
-    // And writing it again changes nothing.
+    assert_eq!(read(&before), read(&after));
     assert_eq!(
         emit::to_canonical_yaml(&serde_yaml::from_str(&written).unwrap()),
         written
     );
+    written
 }
 
 #[test]
@@ -465,6 +471,7 @@ fn connect_pipeline_writes_layouts_and_refuses_bad_entries() {
                 partition_by,
                 sort_by,
                 exclude_columns: Vec::new(),
+                changelog: Vec::new(),
             }),
         )
     };
@@ -594,3 +601,6 @@ fn consistent_cuts_take_any_duration_of_a_second_or_more() {
     let p = one_error(&with("{every: 1h, kept: 3}"));
     assert_eq!(p.path, "pipelines.app.consistent_cuts.kept");
 }
+
+#[path = "tests_changelog.rs"]
+mod changelog;

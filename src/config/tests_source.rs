@@ -153,6 +153,7 @@ fn connect_pipeline_writes_and_refuses_excluded_columns() {
                 partition_by: Vec::new(),
                 sort_by,
                 exclude_columns,
+                changelog: Vec::new(),
             }),
         )
     };

@@ -38,6 +38,8 @@ from ._model import (
     SchemaSinkRef,
     SinkConnector,
     Text,
+    changelog_problem,
+    changelog_text_problem,
     check_simple_name,
     describe,
     has_reference,
@@ -257,6 +259,17 @@ class Config:
         unlisted = self._unlisted_table(pipeline)
         if unlisted is not None:
             raise ConfigError(unlisted[1], f"pipelines.{name}.tables.{unlisted[0]}")
+        changelog = self._changelog_problem(pipeline)
+        if changelog is not None:
+            table, last, message = changelog
+            at = "changelog.table" if last == "table" else "changelog"
+            raise ConfigError(message, f"pipelines.{name}.tables.{table}.{at}")
+
+    def _changelog_problem(self, pipeline: Pipeline) -> Optional[Tuple[str, Segment, str]]:
+        source = self._data_sources.get(pipeline.data_source.name)
+        if source is None or pipeline.tables is None:
+            return None
+        return changelog_problem(pipeline.tables, pipeline.data_source.name, source)
 
     def _unlisted_table(self, pipeline: Pipeline) -> Optional[Tuple[str, str]]:
         """The first table of ``pipeline.tables`` its data source does not follow, and the
@@ -430,7 +443,7 @@ class Config:
             if p.consistent_cuts is not None:
                 entry["consistent_cuts"] = _fields(p.consistent_cuts, ConsistentCuts._fields)
             if p.tables is not None:
-                entry["tables"] = {t: _fields(s, PipelineTable._fields) for t, s in p.tables.items()}
+                entry["tables"] = {t: _table_fields(s) for t, s in p.tables.items()}
             pipelines[name] = entry
         sources: Dict[str, Node] = {
             name: {"Postgres": _fields(src, src._fields)} for name, src in self._data_sources.items()
@@ -527,6 +540,14 @@ def _fields(obj: Any, names: Sequence[str]) -> Dict[str, Node]:
             out[n] = inner
         else:
             out[n] = v
+    return out
+
+
+def _table_fields(table: PipelineTable) -> Dict[str, Node]:
+    """A table's settings as written: a changelog name as ``{table: <name>}``."""
+    out = _fields(table, PipelineTable._fields)
+    if isinstance(table.changelog, str):
+        out["changelog"] = {"table": table.changelog}
     return out
 
 
@@ -771,6 +792,10 @@ class _Reader:
             unlisted = cfg._unlisted_table(cfg._pipelines[name])
             if unlisted is not None:
                 raise self.fail(at + ("tables", unlisted[0]), unlisted[1])
+            changelog = cfg._changelog_problem(cfg._pipelines[name])
+            if changelog is not None:
+                table, last, message = changelog
+                raise self.fail(at + ("tables", table, "changelog") + (("table",) if last == "table" else ()), message)
         return cfg
 
     def tables(self, at: Tuple[Segment, ...], entry: Dict[str, Any]) -> Optional[Dict[str, PipelineTable]]:
@@ -780,15 +805,18 @@ class _Reader:
         if entry.get("tables") is None:
             return None
         tables = self.mapping(
-            at, entry["tables"], "a mapping from table name to its settings (partition_by, sort_by, exclude_columns)"
+            at, entry["tables"], "a mapping from table name to its settings (partition_by, sort_by, exclude_columns, changelog)"
         )
         out: Dict[str, PipelineTable] = {}
         for table, value in tables.items():
             at_t = at + (table,)
-            settings = self.mapping(at_t, value, "the table's settings (partition_by, sort_by, exclude_columns)")
+            settings = self.mapping(at_t, value, "the table's settings (partition_by, sort_by, exclude_columns, changelog)")
             self.keys(at_t, settings, PipelineTable._fields)
             kwargs: Dict[str, Any] = {}
             starts: Dict[str, List[int]] = {}
+            named = isinstance(settings.get("changelog"), dict)
+            if settings.get("changelog") is not None:
+                settings = {**settings, "changelog": self.changelog(at_t + ("changelog",), settings["changelog"])}
             for field in PipelineTable._fields:
                 items = settings.get(field)
                 # Only layout entries are joined back (a column name has no parentheses).
@@ -801,6 +829,8 @@ class _Reader:
                 out[table] = PipelineTable(**kwargs)
             except ConfigError as e:
                 segs = list(e.segments)
+                if segs == ["changelog"] and named:
+                    segs.append("table")
                 if len(segs) == 2 and isinstance(segs[0], str) and isinstance(segs[1], int):
                     # Name the item the entry starts at in the file.
                     first = starts.get(segs[0], [])
@@ -808,6 +838,20 @@ class _Reader:
                         segs[1] = first[segs[1]]
                 raise self.fail(at_t + tuple(segs), e.message) from None
         return out
+
+    def changelog(self, at: Tuple[Segment, ...], value: Any) -> Union[bool, str]:
+        """``changelog: true``, ``false`` or ``{table: <name>}``, as PipelineTable takes it."""
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            raise self.fail(at, changelog_text_problem(value))
+        if not isinstance(value, dict):
+            raise self.fail(at, f"wrong type: found {describe(value)}, expected `true`, `false` or `{{table: <name>}}`")
+        self.keys(at, value, ("table",), ("table",))
+        name = value["table"]
+        if not isinstance(name, str):
+            raise self.fail(at + ("table",), f"wrong type: found {describe(name)}, expected the changelog table's name")
+        return name
 
     def maintenance(self, at: Tuple[Segment, ...], entry: Dict[str, Any]) -> Optional[MaintenanceSettings]:
         """``pipelines.<p>.maintenance``, if present."""

@@ -238,7 +238,7 @@ class _Check:
                         f"`{t}` is not a table name: write `name` (schema public) or "
                         "`schema.name`, each a letter or `_` followed by letters, digits, `_` or `$`",
                     )
-                iceberg = ref[1] if ref[0] == "public" else f"{ref[0]}_{ref[1]}"
+                iceberg = iceberg_name(ref)
                 if iceberg in seen:
                     self.fail(
                         [field, i],
@@ -262,6 +262,42 @@ def parse_table(s: str) -> Optional[Tuple[str, str]]:
     if not (_is_identifier(schema) and _is_identifier(name)):
         return None
     return schema, name
+
+
+def iceberg_name(ref: Tuple[str, str]) -> str:
+    """The Iceberg table of a source table: its name in ``public``, ``<schema>_<name>``
+    elsewhere."""
+    return ref[1] if ref[0] == "public" else f"{ref[0]}_{ref[1]}"
+
+
+_CHANGELOG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,254}\Z")
+
+
+def changelog_name_problem(name: str) -> Optional[str]:
+    """What is wrong with ``name`` as a changelog table's name, as skipprd says it, or None:
+    Iceberg catalogs (Glue among them) take lower-case letters, digits and underscores."""
+    if not name:
+        return (
+            "the changelog table needs a name: use lower-case letters, digits and underscores, "
+            "e.g. `orders_history`, or write `changelog: true` for `<table>_changelog`"
+        )
+    if _CHANGELOG_NAME.match(name) is None:
+        return (
+            f"`{name}` is not a table name every catalog takes: use lower-case letters, digits "
+            "and underscores, e.g. `orders_history`"
+        )
+    return None
+
+
+def changelog_text_problem(text: str) -> str:
+    """skipprd's message for ``changelog: <text>`` in a file: a name is ``{table: <name>}``
+    (and ``yes`` or ``on``, booleans to YAML 1.1, are no name)."""
+    yes_no = text.strip().lower() in ("yes", "no", "on", "off", "y", "n")
+    name = text.strip() if not yes_no and changelog_name_problem(text.strip()) is None else "<name>"
+    return (
+        f"`{text}` is not `true`, `false` or `{{table: <name>}}`: write `changelog: true` for a "
+        f"changelog table named `<table>_changelog`, or `changelog: {{table: {name}}}` to name it"
+    )
 
 
 def _is_identifier(s: str) -> bool:
@@ -1395,20 +1431,26 @@ class PipelineTable(_Value):
     streamed (each column once).
     A bare column name is folded to lower case; write ``'"Name"'`` for a mixed-case one.
     ``skipprd discover`` checks the entries against the table's columns.
+    ``changelog`` adds a changelog table beside the table, every change of the table as a
+    row, appended: ``True`` names it ``<table>_changelog``, a name such as
+    ``"orders_history"`` names it (written ``changelog: {table: orders_history}``).
     """
 
-    _fields = ("partition_by", "sort_by", "exclude_columns")
+    _fields = ("partition_by", "sort_by", "exclude_columns", "changelog")
     __slots__ = _fields
     #: ``None`` when not given (an empty list is not written).
     partition_by: Optional[Tuple[str, ...]]
     sort_by: Optional[Tuple[str, ...]]
     exclude_columns: Optional[Tuple[str, ...]]
+    #: ``True``/``False`` as given, the changelog table's name, or ``None`` when not given.
+    changelog: Union[bool, str, None]
 
     def __init__(
         self,
         partition_by: Optional[Sequence[str]] = None,
         sort_by: Optional[Sequence[str]] = None,
         exclude_columns: Optional[Sequence[str]] = None,
+        changelog: Union[bool, str, None] = None,
     ) -> None:
         c = _Check("PipelineTable")
         seen: Dict[str, str] = {}
@@ -1446,6 +1488,25 @@ class PipelineTable(_Value):
                 c.fail(["exclude_columns", i], f"`{e}` is given twice: give each column once")
             names.append(name)
         self._set("exclude_columns", excluded)
+        if isinstance(changelog, str):
+            c._string(["changelog"], changelog)
+            changelog = changelog.strip()
+            problem = changelog_name_problem(changelog)
+            if problem is not None:
+                c.fail(["changelog"], problem)
+        elif changelog is not None and not isinstance(changelog, bool):
+            c.fail(["changelog"], f"expected True, False or the changelog table's name, found {describe(changelog)}")
+        self._set("changelog", changelog)
+
+    def changelog_table(self, table: str) -> Optional[str]:
+        """The Iceberg name of the changelog table of ``table`` (named as the source's
+        ``tables:`` lists it), or None when it has none."""
+        if isinstance(self.changelog, str):
+            return self.changelog
+        ref = parse_table(table)
+        if self.changelog is not True or ref is None:
+            return None
+        return f"{iceberg_name(ref)}_changelog"
 
     @staticmethod
     def _entries(c: _Check, field: str, value: object) -> Optional[Tuple[str, ...]]:
@@ -1496,6 +1557,38 @@ def _pipeline_tables(value: object) -> Optional["MappingProxyType[str, PipelineT
             )
         out[name] = settings
     return MappingProxyType(out) if out else None
+
+
+def changelog_problem(
+    tables: Mapping[str, PipelineTable], source_name: str, source: "DataSourcePostgres"
+) -> Optional[Tuple[str, Segment, str]]:
+    """The first changelog of a pipeline's ``tables`` that skipprd refuses, as (table,
+    the key it is refused at, skipprd's message): one named like a table the pipeline
+    already writes, or any, when the source only copies its tables (``snapshot_only``)."""
+    written: Dict[str, str] = {}
+    if not any(has_reference(t) for t in source.tables):
+        for t in source.tables:
+            ref = parse_table(t)
+            if ref is not None:
+                key = ref[1] if ref[0] == "public" else t
+                written[iceberg_name(ref)] = f"the Iceberg table of `{key}`"
+    for table, settings in tables.items():
+        name = settings.changelog_table(table)
+        if name is None:
+            continue
+        if source.cdc_mode is DataSourcePostgresSourceCdcMode.SNAPSHOTONLY:
+            return table, "changelog", (
+                f"a changelog records the changes replication brings, and data source `{source_name}` has "
+                "`cdc_mode: snapshot_only`: set `cdc_mode: snapshot_then_cdc` (or `cdc_only`), or remove `changelog`"
+            )
+        if name in written:
+            named = isinstance(settings.changelog, str)
+            fix = "give the changelog table another name" if named else "name it yourself with `changelog: {table: <name>}`"
+            return table, "table" if named else "changelog", (
+                f"the changelog of `{table}` would be Iceberg table `{name}`, which is already {written[name]}: {fix}"
+            )
+        written[name] = f"the changelog of `{table}`"
+    return None
 
 
 class ConsistentCuts(_Value):
