@@ -153,7 +153,7 @@ pub enum Command {
 
     /// Run SQL over the workspace's tables.
     #[command(
-        after_help = "Examples:\n  skipprd query \"SELECT count(*), sum(amount) FROM analytics.orders\"\n  skipprd query --format csv \"SELECT * FROM analytics.customers\"\n  skipprd query --engine athena \"SELECT count(*) FROM orders\"   # in Athena, over the Glue database"
+        after_help = "Examples:\n  skipprd query \"SELECT count(*), sum(amount) FROM analytics.orders\"\n  skipprd query --format csv \"SELECT * FROM analytics.customers\"\n  skipprd query --as-of '2026-12-01 10:00:00+00' \"SELECT sum(balance) FROM analytics.accounts\"\n  skipprd query --engine athena \"SELECT count(*) FROM orders\"   # in Athena, over the Glue database"
     )]
     Query {
         /// The SQL statement.
@@ -171,6 +171,11 @@ pub enum Command {
         /// omitted when only one AthenaIceberg sink is configured).
         #[arg(long, allow_hyphen_values = true, value_parser = flag_value, value_name = "NAME")]
         pipeline: Option<String>,
+        /// Read the tables as they were at a source LSN (`0/16B3748`), an instant with a
+        /// time zone (`2026-12-01 10:00:00+00`) or a consistent cut
+        /// (`skippr-cut-20261201T100000Z`), as the gateway's `SET skippr.as_of` does.
+        #[arg(long, value_name = "POINT")]
+        as_of: Option<String>,
     },
 
     /// Show what is running: per pipeline and table, the committed LSN, the slot's confirmed

@@ -193,7 +193,17 @@ async fn run(cli: Cli) -> Result<u8> {
             format,
             engine,
             pipeline,
+            as_of,
         } => {
+            let as_of = match as_of.as_deref() {
+                None => None,
+                Some(text) => Some(query::as_of::AsOf::parse(text).ok_or_else(|| {
+                    Error::config(format!(
+                        "--as-of `{text}` is not a point in time: write {}",
+                        query::as_of::AS_OF_FORMS
+                    ))
+                })?),
+            };
             match engine {
                 QueryEngine::Local => {
                     if pipeline.is_some() {
@@ -201,11 +211,16 @@ async fn run(cli: Cli) -> Result<u8> {
                             "--pipeline goes with --engine athena; the local engine reads the tables of every pipeline",
                         ));
                     }
-                    let ctx = query::session(&config).await?;
+                    let ctx = query::session_as_of(&config, as_of).await?;
                     let (schema, batches) = query::run(&ctx, &sql).await?;
                     query::format::write(&mut stdout, format, &schema, &batches)?;
                 }
                 QueryEngine::Athena => {
+                    if as_of.is_some() {
+                        return Err(Error::config(
+                            "--as-of goes with the local engine; in Athena write `FOR TIMESTAMP AS OF` or `FOR VERSION AS OF` (the snapshot ids are in skippr.cuts)",
+                        ));
+                    }
                     let target = query::athena::AthenaTarget::pick(&config, pipeline.as_deref())?;
                     let out = query::athena::query(target, &sql).await?;
                     query::athena::write_output(&mut stdout, format, &out)?;

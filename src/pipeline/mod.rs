@@ -52,6 +52,18 @@ impl Drop for AbortOnDrop {
 /// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change
 /// stream: up to the server's position at the start of the call with `once`, or until
 /// `shutdown` otherwise.
+/// The pipeline's WAL as its writer opens it: segments Iceberg holds go into the WAL's
+/// history, kept for the pipeline's `snapshot_retention` (time travel between commits).
+pub(crate) fn wal_of(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
+    let history = crate::wal::WalHistory::for_pipeline(
+        &config.storage,
+        &config.storage_path,
+        &p.name,
+        p.maintenance.snapshot_retention,
+    )?;
+    Ok(WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?.keeping_history(history))
+}
+
 pub async fn sync(
     config: &Config,
     p: &PipelineConfig,
@@ -70,7 +82,7 @@ pub async fn sync(
     if p.source.cdc_mode.needs_replication() {
         let catalog = LocalCatalog::for_sink(&p.sink).await?;
         let namespace = catalog.ensure_namespace(&config.workspace).await?;
-        let wal = WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?;
+        let wal = wal_of(config, p)?;
         let tables = IcebergTables {
             catalog: &catalog,
             namespace: &namespace,

@@ -20,7 +20,6 @@ use crate::source::postgres::connect::connect;
 use crate::source::postgres::schema::{check_partition_overlap, describe_followed, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
 use crate::source::postgres::snapshot::{copy_tables, TableJob};
-use crate::wal::WalStore;
 
 /// Clears the pipeline's WAL and slot and asks for a new copy of every table (`sync
 /// --resnapshot`), which the next snapshot makes.
@@ -35,7 +34,7 @@ pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Res
         ..PipelineState::default()
     }
     .save(&p.state_file)?;
-    WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?.clear()?;
+    super::wal_of(config, p)?.clear()?;
     if p.source.cdc_mode.needs_replication() {
         let client = connect(&p.source).await?;
         if slot_info(&client, &p.source.slot).await?.is_some() {

@@ -275,10 +275,11 @@ pub fn lsn_at(view: &PipelineView, micros: i64, wal_from: Lsn) -> Result<Lsn> {
 /// Moves `view` (read live, at or after `as_of`) back to `as_of`: each table at its newest
 /// snapshot at or before the LSN, the tail over (that snapshot, LSN] from the WAL read.
 /// Refuses, rather than answering a state the source never had, where a table's state at
-/// the LSN is not known exactly: a statement that reads such a table fails. Later than the view is the view itself (the caller waited
-/// for an LSN; an instant newer than everything held is the live state).
-pub fn travel(mut view: PipelineView, as_of: AsOf, wal_removed: Lsn) -> Result<PipelineView> {
-    let wal_from = wal_removed.max(view.read.vanished_through().unwrap_or_default());
+/// the LSN is not known exactly: a statement that reads such a table fails. Later than the
+/// view is the view itself (the caller waited for an LSN; an instant newer than everything
+/// held is the live state). `wal_from` is the position after which `view.read` holds every
+/// transaction (the WAL's history included, see [`crate::wal::WalHistory`]).
+pub fn travel(mut view: PipelineView, as_of: AsOf, wal_from: Lsn) -> Result<PipelineView> {
     let lsn = match as_of {
         AsOf::Lsn(l) => l,
         AsOf::Micros(m) => lsn_at(&view, m, wal_from)?,

@@ -62,6 +62,8 @@ struct TableEntry {
 struct PipelineEntry {
     name: String,
     wal: WalReader,
+    /// The WAL's history, which time travel between commits reads.
+    history: crate::wal::WalHistory,
     tables: Vec<TableRef>,
     /// Its state (how far its WAL was removed, for the read view's cut).
     state_file: crate::storage::state_file::StateFile,
@@ -148,6 +150,12 @@ impl Workspace {
             pipelines[i].push(PipelineEntry {
                 name: p.name.clone(),
                 wal: WalReader::for_pipeline(&config.storage, &config.storage_path, &p.name)?,
+                history: crate::wal::WalHistory::for_pipeline(
+                    &config.storage,
+                    &config.storage_path,
+                    &p.name,
+                    p.maintenance.snapshot_retention,
+                )?,
                 tables: p.source.tables.clone(),
                 state_file: p.state_file.clone(),
                 source: p.source.clone(),
@@ -501,16 +509,18 @@ pub fn session_config(workspace: &str, target_partitions: usize) -> SessionConfi
 /// Registers the workspace's live schema and the system schema in `ctx`'s default catalog,
 /// and the functions that answer as Postgres's do.
 pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
+    register_with(ctx, ws, Arc::new(ViewHandle::default()))
+}
+
+/// Like [`register`], with the session's read views in `views` (moved back in time, say).
+fn register_with(ctx: &SessionContext, ws: &Arc<Workspace>, views: Arc<ViewHandle>) -> Result<()> {
     // Postgres's avg(): a numeric mean of integers and numerics, rounded as Postgres rounds.
     ctx.register_udaf(numeric::avg());
     let catalog = ctx
         .catalog(CATALOG)
         .ok_or_else(|| Error::fatal("the query session has no default catalog"))?;
     catalog
-        .register_schema(
-            &ws.name,
-            Arc::new(LiveSchema(ws.clone(), Arc::new(ViewHandle::default()))),
-        )
+        .register_schema(&ws.name, Arc::new(LiveSchema(ws.clone(), views)))
         .map_err(Error::from)?;
     if ws.name != SYSTEM_SCHEMA {
         catalog
@@ -528,6 +538,16 @@ pub fn register(ctx: &SessionContext, ws: &Arc<Workspace>) -> Result<()> {
 /// the gateway are visible in their schemas.
 /// Its statements run under `skippr.query`'s `statement_timeout` and `max_query_memory`.
 pub async fn session(config: &Config) -> Result<SessionContext> {
+    session_as_of(config, None).await
+}
+
+/// How long `skipprd query --as-of` waits for an LSN the WAL does not hold yet (as the
+/// gateway's `skippr.wait_timeout` does by default).
+const AS_OF_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Like [`session`], with the tables read as of `as_of` (`skipprd query --as-of`), as the
+/// gateway's `SET skippr.as_of` reads them: an LSN not reached yet is waited for.
+pub async fn session_as_of(config: &Config, as_of: Option<as_of::AsOf>) -> Result<SessionContext> {
     let ws = Workspace::open(config).await?;
     let limits = limits::Limits::from(&config.query);
     let runtime = limits::session_runtime(
@@ -545,7 +565,18 @@ pub async fn session(config: &Config) -> Result<SessionContext> {
         .with_physical_optimizer_rule(Arc::new(yielding::YieldPoints))
         .build();
     let ctx = SessionContext::new_with_state(state);
-    register(&ctx, &ws)?;
+    let views = Arc::new(ViewHandle::default());
+    if let Some(a) = as_of {
+        let fence = match a {
+            as_of::AsOf::Lsn(min_lsn) => Some(view::Fence {
+                min_lsn,
+                timeout: AS_OF_WAIT,
+            }),
+            _ => None,
+        };
+        views.begin_statement(fence, Some(a));
+    }
+    register_with(&ctx, &ws, views)?;
     register_models(&ctx, &ws).await?;
     Ok(ctx)
 }

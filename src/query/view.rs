@@ -193,6 +193,62 @@ pub fn same_point(lsn: Lsn) -> Lsn {
     }
 }
 
+/// Adds to `view`'s WAL read the segments of the WAL's history that travel to `as_of` may
+/// need (older than the live WAL's) and returns the position from which the read then holds
+/// every transaction: the history's start when it has one, else where the live WAL was
+/// removed (`removed`, or a segment removed while it was read).
+fn with_history(
+    view: &mut PipelineView,
+    history: &crate::wal::WalHistory,
+    as_of: AsOf,
+    removed: Lsn,
+) -> Result<Lsn> {
+    let live_from = removed.max(view.read.vanished_through().unwrap_or_default());
+    let through = match as_of {
+        // A cut reads tagged snapshots only.
+        AsOf::Cut(_) => return Ok(live_from),
+        AsOf::Lsn(l) if l >= view.lsn => return Ok(live_from),
+        AsOf::Lsn(l) => Some(l),
+        // An instant is found from the transactions' commit times: all of them.
+        AsOf::Micros(_) => None,
+    };
+    let kept = history.read(through)?;
+    let Some(from) = kept.from else {
+        return Ok(live_from);
+    };
+    // A segment listed live and then moved into the history is in both: keep one.
+    let live: std::collections::HashSet<(Lsn, Lsn)> = view
+        .read
+        .segments
+        .iter()
+        .map(|(s, _)| (s.first, s.last))
+        .collect();
+    let moved: std::collections::HashSet<(Lsn, Lsn)> =
+        kept.segments.iter().map(|(s, _)| (s.first, s.last)).collect();
+    // A segment that vanished from the live WAL and is not in the history either was
+    // removed past it: the read is complete only after it.
+    let lost = view
+        .read
+        .vanished
+        .iter()
+        .filter(|s| !moved.contains(&(s.first, s.last)))
+        .map(|s| s.last)
+        .max()
+        .unwrap_or_default();
+    let mut segments: Vec<_> = kept
+        .segments
+        .into_iter()
+        .filter(|(s, _)| !live.contains(&(s.first, s.last)))
+        .collect();
+    if segments.is_empty() && from >= live_from {
+        return Ok(live_from);
+    }
+    segments.append(&mut view.read.segments);
+    segments.sort_by_key(|(s, _)| (s.first, s.last));
+    view.read.segments = segments;
+    Ok(from.max(lost).min(live_from))
+}
+
 /// The error of a fence that timed out.
 pub fn fence_timeout(pipeline: &str, fence: &Fence, reached: Lsn) -> Error {
     Error::query(format!(
@@ -274,7 +330,7 @@ impl Workspace {
             }
             if fitting {
                 tracing::debug!(pipeline, lsn = %lsn, "read view");
-                let view = PipelineView {
+                let mut view = PipelineView {
                     pipeline: pipeline.to_string(),
                     lsn,
                     read,
@@ -282,7 +338,10 @@ impl Workspace {
                     refused: HashMap::new(),
                 };
                 return match as_of {
-                    Some(a) => travel(view, a, removed),
+                    Some(a) => {
+                        let wal_from = with_history(&mut view, &p.history, a, removed)?;
+                        travel(view, a, wal_from)
+                    }
                     None => Ok(view),
                 };
             }
@@ -346,6 +405,89 @@ mod tests {
             vanished: vec![seg(1, 60)],
         };
         assert_eq!(cut_of(&vanished, Lsn(0), Lsn(50)), Lsn(60));
+    }
+
+    /// A segment file holding one empty transaction per end LSN.
+    fn write(store: &crate::wal::WalStore, ends: &[u64]) -> SegmentInfo {
+        let mut data = bytes::BytesMut::new();
+        for e in ends {
+            if let Record::Txn(t) = txn(*e) {
+                crate::wal::codec::encode_txn(&t, &mut data);
+            }
+        }
+        store
+            .write_segment(Lsn(ends[0]), Lsn(*ends.last().unwrap()), &data)
+            .unwrap()
+    }
+
+    #[test]
+    fn time_travel_reads_the_wals_history_before_the_live_wal() {
+        use crate::storage::Location;
+        use crate::wal::{WalHistory, WalStore};
+        let dir = tempfile::tempdir().unwrap();
+        let history = WalHistory::for_pipeline(
+            &Location::Local(dir.path().to_path_buf()),
+            dir.path(),
+            "p",
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+        let live = WalStore::open(&dir.path().join("wal").join("p"))
+            .unwrap()
+            .keeping_history(history.clone());
+        write(&live, &[10, 20]);
+        write(&live, &[30, 40]);
+        let newest = write(&live, &[50, 60]);
+        // Iceberg committed through 40: both older segments move into the history.
+        assert_eq!(live.remove_through(Lsn(40)).unwrap(), 2);
+        let tail = super::super::tail::TailCache::default();
+        let read = |as_of| {
+            let mut view = PipelineView {
+                pipeline: "p".into(),
+                lsn: Lsn(60),
+                read: tail.read_store(Some(live.clone())).unwrap(),
+                tables: HashMap::new(),
+                refused: HashMap::new(),
+            };
+            let from = with_history(&mut view, &history, as_of, Lsn(40)).unwrap();
+            let ranges: Vec<(u64, u64)> = view
+                .read
+                .segments
+                .iter()
+                .map(|(s, _)| (s.first.0, s.last.0))
+                .collect();
+            (from, ranges)
+        };
+        assert_eq!(read(AsOf::Lsn(Lsn(60))), (Lsn(40), vec![(50, 60)]), "live: no history");
+        assert_eq!(
+            read(AsOf::Lsn(Lsn(25))),
+            (Lsn(9), vec![(10, 20), (50, 60)]),
+            "the history up to the LSN, complete from before its first segment"
+        );
+        assert_eq!(
+            read(AsOf::Micros(0)),
+            (Lsn(9), vec![(10, 20), (30, 40), (50, 60)]),
+            "an instant reads it all"
+        );
+        assert_eq!(
+            read(AsOf::Cut(0)),
+            (Lsn(40), vec![(50, 60)]),
+            "a cut reads tagged snapshots only"
+        );
+        // A segment listed live and moved meanwhile is read once.
+        let mut view = PipelineView {
+            pipeline: "p".into(),
+            lsn: Lsn(60),
+            read: tail.read_store(Some(live.clone())).unwrap(),
+            tables: HashMap::new(),
+            refused: HashMap::new(),
+        };
+        live.remove_through(Lsn(60)).unwrap();
+        assert_eq!(
+            with_history(&mut view, &history, AsOf::Micros(0), Lsn(40)).unwrap(),
+            Lsn(9)
+        );
+        assert_eq!(view.read.segments.len(), 3, "{newest:?} once");
     }
 
     #[test]

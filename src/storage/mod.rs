@@ -445,6 +445,29 @@ impl Store {
         .await
     }
 
+    /// Copies the object at `from` to `to` (replacing what was there), durably; on S3 the copy
+    /// is made by the service, so the bytes never pass through this process.
+    pub async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        match &self.backend {
+            Backend::Local(dir) => {
+                let data = std::fs::read(dir.join(from))
+                    .with_context(|| format!("reading {}", self.describe(from)))?;
+                local::put(&dir.join(to), &Bytes::from(data), PutMode::Overwrite).map(|_| ())
+            }
+            Backend::S3 { store, prefix } => {
+                let (store, src, what) = self.s3_target(store, prefix, from);
+                let dst = Self::object_path(prefix, to);
+                on_io(async move {
+                    store
+                        .copy(&src, &dst)
+                        .await
+                        .map_err(|e| s3_error(e, "copying", &what))
+                })
+                .await
+            }
+        }
+    }
+
     /// Removes the object at `key`; a missing object is not an error.
     pub async fn delete(&self, key: &str) -> Result<()> {
         match &self.backend {

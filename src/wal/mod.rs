@@ -1,5 +1,6 @@
 //! Skippr's write-ahead log: every change from the source is made durable here before
-//! Postgres is acknowledged, and stays here until it is committed to Iceberg.
+//! Postgres is acknowledged, and stays here until it is committed to Iceberg; committed
+//! segments then move to the WAL's history (see `history`) for time travel between commits.
 //!
 //! A segment is a file of whole source transactions (and the relation descriptions they
 //! use), each record framed with its length and a CRC32. Segments are written to a temporary
@@ -15,6 +16,7 @@
 
 pub mod appender;
 pub mod codec;
+mod history;
 pub mod items;
 mod locate;
 mod objects;
@@ -24,6 +26,7 @@ mod view;
 
 pub use crate::change::{Change, Op, Txn};
 pub use codec::Record;
+pub use history::{HistoryRead, WalHistory};
 pub use items::Item;
 pub use locate::WalReader;
 pub use store::{SegmentInfo, WalStore};

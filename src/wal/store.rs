@@ -11,6 +11,7 @@ use super::codec::{
     decode_all, encode_relation, encode_txn, frame_header, txn_prefix, Record, MAGIC, MAGIC_PREFIX,
 };
 use super::items::{Item, SegmentItems, WHOLE_RECORD_MAX};
+use super::history::WalHistory;
 use super::objects::ObjectWal;
 use super::spill::{Finished, SpillFile, Uses, SPILL_DIR};
 use crate::change::{Lsn, Relation, Txn};
@@ -60,6 +61,8 @@ pub struct WalStore {
     dir: PathBuf,
     /// Set when the WAL lives in object storage (S3 mode); `dir` is then its key prefix.
     objects: Option<ObjectWal>,
+    /// Where committed segments go instead of being deleted (the writer's, for time travel).
+    history: Option<WalHistory>,
 }
 
 pub(super) fn parse_name(name: &str) -> Option<(Lsn, Lsn)> {
@@ -98,6 +101,7 @@ impl WalStore {
         Ok(Self {
             dir: dir.to_path_buf(),
             objects: None,
+            history: None,
         })
     }
 
@@ -107,7 +111,15 @@ impl WalStore {
         Self {
             dir: PathBuf::from(prefix.trim_matches('/')),
             objects: Some(ObjectWal::new(store, prefix)),
+            history: None,
         }
+    }
+
+    /// Committed segments are moved into `history` (and expire there) instead of being
+    /// deleted (see [`WalStore::remove_through`]).
+    pub fn keeping_history(mut self, history: WalHistory) -> Self {
+        self.history = Some(history);
+        self
     }
 
     /// Marks an object WAL as `pipeline`'s, opened by its writer or by a reader (see
@@ -134,6 +146,7 @@ impl WalStore {
         dir.is_dir().then(|| Self {
             dir: dir.to_path_buf(),
             objects: None,
+            history: None,
         })
     }
 
@@ -349,33 +362,52 @@ impl WalStore {
         })
     }
 
-    /// Deletes segments whose every transaction ends at or before `lsn`.
+    /// Removes from the WAL the segments whose every transaction ends at or before `lsn`:
+    /// into the history when the WAL keeps one (which then drops what is past its
+    /// retention), deleted otherwise.
     pub fn remove_through(&self, lsn: Lsn) -> Result<usize> {
-        let mut n = 0;
-        for s in self.segments()? {
-            if s.last <= lsn {
-                if let Some(objects) = &self.objects {
-                    objects.remove(&s)?;
-                    n += 1;
-                    continue;
+        let done: Vec<SegmentInfo> = self
+            .segments()?
+            .into_iter()
+            .filter(|s| s.last <= lsn)
+            .collect();
+        match &self.history {
+            Some(h) => h.keep(self, &done)?,
+            None => {
+                for s in &done {
+                    self.remove_segment(s)?;
                 }
-                std::fs::remove_file(&s.path)
-                    .with_context(|| format!("removing WAL segment {}", s.path.display()))?;
-                n += 1;
+            }
+        }
+        let n = done.len();
+        if let Some(h) = &self.history {
+            let expired = h.expire()?;
+            if expired > 0 {
+                tracing::debug!(
+                    segments = expired,
+                    "WAL history segments past snapshot_retention removed"
+                );
             }
         }
         Ok(n)
     }
 
-    /// Deletes every segment (used by a re-snapshot).
+    /// Deletes one segment.
+    pub(super) fn remove_segment(&self, s: &SegmentInfo) -> Result<()> {
+        if let Some(objects) = &self.objects {
+            return objects.remove(s);
+        }
+        std::fs::remove_file(&s.path)
+            .with_context(|| format!("removing WAL segment {}", s.path.display()))
+    }
+
+    /// Deletes every segment, and the history (used by a re-snapshot).
     pub fn clear(&self) -> Result<()> {
         for s in self.segments()? {
-            if let Some(objects) = &self.objects {
-                objects.remove(&s)?;
-                continue;
-            }
-            std::fs::remove_file(&s.path)
-                .with_context(|| format!("removing WAL segment {}", s.path.display()))?;
+            self.remove_segment(&s)?;
+        }
+        if let Some(h) = &self.history {
+            h.clear()?;
         }
         if let Some(objects) = &self.objects {
             return objects.remove_marker(ACKNOWLEDGED_FILE);
