@@ -61,7 +61,10 @@ pub(crate) fn wal_of(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
         &p.name,
         p.maintenance.snapshot_retention,
     )?;
-    Ok(WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?.keeping_history(history))
+    Ok(
+        WalStore::for_pipeline(&config.storage, &config.storage_path, &p.name)?
+            .keeping_history(history),
+    )
 }
 
 pub async fn sync(

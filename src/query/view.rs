@@ -223,8 +223,11 @@ fn with_history(
         .iter()
         .map(|(s, _)| (s.first, s.last))
         .collect();
-    let moved: std::collections::HashSet<(Lsn, Lsn)> =
-        kept.segments.iter().map(|(s, _)| (s.first, s.last)).collect();
+    let moved: std::collections::HashSet<(Lsn, Lsn)> = kept
+        .segments
+        .iter()
+        .map(|(s, _)| (s.first, s.last))
+        .collect();
     // A segment that vanished from the live WAL and is not in the history either was
     // removed past it: the read is complete only after it.
     let lost = view
@@ -458,7 +461,11 @@ mod tests {
                 .collect();
             (from, ranges)
         };
-        assert_eq!(read(AsOf::Lsn(Lsn(60))), (Lsn(40), vec![(50, 60)]), "live: no history");
+        assert_eq!(
+            read(AsOf::Lsn(Lsn(60))),
+            (Lsn(40), vec![(50, 60)]),
+            "live: no history"
+        );
         assert_eq!(
             read(AsOf::Lsn(Lsn(25))),
             (Lsn(9), vec![(10, 20), (50, 60)]),

@@ -104,9 +104,7 @@ impl WalHistory {
                 let entries = match std::fs::read_dir(dir) {
                     Ok(e) => e,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-                    Err(e) => {
-                        return Err(e).with_context(|| format!("listing {}", dir.display()))
-                    }
+                    Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
                 };
                 for entry in entries {
                     let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
@@ -294,8 +292,9 @@ impl WalHistory {
     fn remove(&self, seg: &SegmentInfo) -> Result<()> {
         match &self.place {
             Place::Dir(_) => match std::fs::remove_file(&seg.path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e)
-                    .with_context(|| format!("removing WAL history segment {}", seg.path.display())),
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| {
+                    format!("removing WAL history segment {}", seg.path.display())
+                }),
                 _ => Ok(()),
             },
             Place::Objects { store, .. } => {
@@ -377,9 +376,17 @@ mod tests {
         let b = live.write_segment(Lsn(30), Lsn(40), &seg_bytes()).unwrap();
         let c = live.write_segment(Lsn(50), Lsn(60), &seg_bytes()).unwrap();
         h.keep(&live, &[a, b]).unwrap();
-        assert_eq!(live.segments().unwrap(), vec![c.clone()], "moved, not copied");
+        assert_eq!(
+            live.segments().unwrap(),
+            vec![c.clone()],
+            "moved, not copied"
+        );
         let read = h.read(None).unwrap();
-        assert_eq!(read.from, Some(Lsn(9)), "complete from just before the first kept");
+        assert_eq!(
+            read.from,
+            Some(Lsn(9)),
+            "complete from just before the first kept"
+        );
         assert_eq!(
             read.segments
                 .iter()

@@ -10,8 +10,8 @@ use bytes::{Bytes, BytesMut};
 use super::codec::{
     decode_all, encode_relation, encode_txn, frame_header, txn_prefix, Record, MAGIC, MAGIC_PREFIX,
 };
-use super::items::{Item, SegmentItems, WHOLE_RECORD_MAX};
 use super::history::WalHistory;
+use super::items::{Item, SegmentItems, WHOLE_RECORD_MAX};
 use super::objects::ObjectWal;
 use super::spill::{Finished, SpillFile, Uses, SPILL_DIR};
 use crate::change::{Lsn, Relation, Txn};
@@ -62,7 +62,7 @@ pub struct WalStore {
     /// Set when the WAL lives in object storage (S3 mode); `dir` is then its key prefix.
     objects: Option<ObjectWal>,
     /// Where committed segments go instead of being deleted (the writer's, for time travel).
-    history: Option<WalHistory>,
+    history: Option<std::sync::Arc<WalHistory>>,
 }
 
 pub(super) fn parse_name(name: &str) -> Option<(Lsn, Lsn)> {
@@ -118,7 +118,7 @@ impl WalStore {
     /// Committed segments are moved into `history` (and expire there) instead of being
     /// deleted (see [`WalStore::remove_through`]).
     pub fn keeping_history(mut self, history: WalHistory) -> Self {
-        self.history = Some(history);
+        self.history = Some(std::sync::Arc::new(history));
         self
     }
 
