@@ -97,18 +97,19 @@ SQL
   done
   # 2. Commit latency: each pipeline's continuous sync under the same paced writer.
   for name in plain logged; do
+    base=$((rows + ins + run * 10000000)); [ "$name" = logged ] && base=$((base + 5000000))
     RUST_LOG="skippr=debug,skipprd=info,warn" "$bin" --config "$work/$name/skippr.yml" --log-format json \
       sync --pipeline p >/dev/null 2>"$work/$name/sync.log" &
     pid=$!
     sleep 3
-    psql -q -d bench_changelog >/dev/null <<SQL
+    psql -q -v ON_ERROR_STOP=1 -d bench_changelog >/dev/null <<SQL
 DO \$\$
 DECLARE i bigint; t0 timestamptz := clock_timestamp();
 BEGIN
   i := 0;
   WHILE clock_timestamp() < t0 + interval '$duration seconds' LOOP
     UPDATE orders SET amount = amount + 1, updated_at = now() WHERE id = 1 + (i * 7919) % $upd;
-    INSERT INTO orders VALUES ($((rows + ins)) + 1 + i + $run * 10000000, 2, 2, 'live', NULL, now());
+    INSERT INTO orders VALUES ($base + 1 + i, 2, 2, 'live', NULL, now());
     COMMIT;
     i := i + 1;
     PERFORM pg_sleep(0.004);

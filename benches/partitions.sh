@@ -3,9 +3,9 @@
 # and saves the reads. One source table of 30 days of rows, followed by two pipelines side by
 # side in the same run: `plain` (unpartitioned) and `parted` (partitioned by day). Measured:
 # the snapshot, then CDC (inserts, updates that move rows to other days, deletes), each
-# pipeline's `sync --once` timed; then a one-day query through each one's gateway (`serve`),
-# its time and the bytes the server read for it (/proc/PID/io rchar), with Postgres's own time
-# for the same query as the baseline.
+# pipeline's `sync --once` timed; then a one-day query through each one's gateway (`serve`,
+# once its pipeline streams), its time and the bytes the server read for it (/proc/PID/io
+# rchar), with Postgres's own time for the same query as the baseline.
 #   benches/partitions.sh [ROWS] [RUNS]     (defaults: 3000000 rows, 3 runs)
 # The source rows are laid out in key order with the days interleaved (row i is on day
 # i*7 mod 30), so the snapshot writes every partition at once: the partitioned writer's worst case.
@@ -38,6 +38,13 @@ query_through() {
   "$bin" --config "$work/$name/skippr.yml" serve >"$work/$name/serve.log" 2>&1 &
   pid=$!
   for _ in $(seq 120); do psql -h 127.0.0.1 -p "$port" -d "$name" -qAt -c "SELECT 1" >/dev/null 2>&1 && break; sleep 0.5; done
+  # Steady state: the pipeline has started streaming (its start-up work, which shares the
+  # cores, is over), then a second for it to settle.
+  for _ in $(seq 120); do
+    [ "$(psql -h 127.0.0.1 -p "$port" -d "$name" -qAt -c "SELECT pipeline_state FROM skippr.tables LIMIT 1" 2>/dev/null)" = streaming ] && break
+    sleep 0.5
+  done
+  sleep 1
   psql -h 127.0.0.1 -p "$port" -d "$name" -qAt -c "$query" >/dev/null   # warm: footers, listing
   # One session runs the query $queries times; psql's \timing gives each one's round trip.
   local r0 r1 args=(-c "\\timing on")
