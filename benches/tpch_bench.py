@@ -14,7 +14,11 @@ run and prints a Markdown results block with the exact command.
    and once in Postgres (no warm-up: the tables were just read by COPY and the snapshot), with
    statement_timeout PG_TIMEOUT (Postgres plans Q17 and Q20 as nested loops over lineitem, which
    at SF 1 take far longer than the rest together).
-4. Every gateway answer is compared with Postgres's (tests/tpch.py's rule: sums and counts
+4. Concurrent clients (CLIENTS, default 1, 4 and 8): that many clients each run the 22 queries
+   once, from its own starting point, through a fresh `serve` (throughput, p50/p99 latency,
+   `serve`'s peak RSS), then DuckDB with one cursor per client over the same files; every
+   answer must equal the single client's.
+5. Every gateway answer is compared with Postgres's (tests/tpch.py's rule: sums and counts
    exact, an average to 1e-6), or with DuckDB's where Postgres ran out of time.
 
 Exit code 1 on a wrong answer, a failed query or a failure (the `serve` log tail is printed).
@@ -28,6 +32,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,9 +51,11 @@ PARAMS: dict[str, str] = {
     "RUNS": "3",               # timed runs per query through the gateway and in DuckDB (after one warm-up)
     "PG_TIMEOUT": "300",       # statement_timeout of each query in Postgres, seconds
     "QUERY_TIMEOUT": "1800",   # bound of each query through the gateway and in DuckDB, seconds
+    "CLIENTS": "1,4,8",        # concurrent clients, each running the 22 queries once ("" skips the phase)
 }
 P = {k: os.environ.get(k, v) for k, v in PARAMS.items()}
 SF, RUNS = float(P["SF"]), int(P["RUNS"])
+CLIENTS = [int(c) for c in P["CLIENTS"].split(",") if c.strip()]
 PG_TIMEOUT, QUERY_TIMEOUT = float(P["PG_TIMEOUT"]), float(P["QUERY_TIMEOUT"])
 SERVE_TIMEOUT = float(os.environ.get("SERVE_TIMEOUT", "600"))
 SYNC_TIMEOUT = float(os.environ.get("SYNC_TIMEOUT", "7200"))
@@ -64,6 +71,8 @@ ENV = ServeEnv(bin=os.environ["SKIPPRD"], work=WORK, pg_port=int(os.environ["BEN
                ws="tpch", tables=tpch.TABLES, prepare="never", log=log)
 R: dict[str, Any] = {}
 problems: list[str] = []
+#: Each query's answer through the gateway with one client, which every concurrent run must repeat.
+ANSWERS: dict[int, list[tuple]] = {}
 
 
 def load() -> list[tuple[int, str]]:
@@ -117,6 +126,7 @@ def run_queries(texts: list[tuple[int, str]]) -> list[dict]:
                 return duck.execute(sql).fetchall()
 
             row["duck_s"], _, duck_answer = timed_runs(in_duckdb, RUNS)
+            ANSWERS[n] = gw_answer
             t0 = time.perf_counter()
             try:
                 pg_answer = pg.execute(sql).fetchall()
@@ -141,6 +151,75 @@ def run_queries(texts: list[tuple[int, str]]) -> list[dict]:
     serve.stop(SERVE_TIMEOUT)
     R["serve_rss_kib"] = serve.peak_rss_kib
     return rows
+
+
+def pct(values: list[float], p: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+
+def concurrent(clients: int, texts: list[tuple[int, str]], run_one) -> dict:
+    """`clients` threads, each running the 22 queries once from its own starting point
+    (`run_one(client, n, sql)` answers one): throughput, latencies, and the wrong answers."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        start = i * len(texts) // clients
+        for n, sql in texts[start:] + texts[:start]:
+            t0 = time.perf_counter()
+            try:
+                answer = run_one(i, n, sql)
+            except Exception as e:  # reported below
+                with lock:
+                    errors.append(f"client {i}, Q{n}: {e}")
+                continue
+            took = time.perf_counter() - t0
+            with lock:
+                latencies.append(took)
+                if n in ANSWERS and not tpch.same_answer(sql, ANSWERS[n], answer):
+                    errors.append(f"client {i}, Q{n}: not the single client's answer")
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"qps": len(latencies) / wall, "wall_s": wall, "p50": pct(latencies, 50) if latencies else float("nan"),
+            "p99": pct(latencies, 99) if latencies else float("nan"), "errors": errors}
+
+
+def run_clients(texts: list[tuple[int, str]]) -> None:
+    """The 22 queries from 1, 4 and 8 clients at once: a fresh `serve` per client count (its
+    peak RSS is that run's), then DuckDB with as many threads, each with its own cursor."""
+    R["clients"] = []
+    duck = ENV.duckdb()
+    for t in tpch.TABLES:
+        duck.execute(f"CREATE VIEW {t} AS SELECT * FROM iceberg_scan('{ENV.metadata_location(t)}')")
+    for c in CLIENTS:
+        serve = Serve(ENV, f"clients-{c}", "1h")
+        serve.wait_ready(SERVE_TIMEOUT)
+        conns = [ENV.gateway() for _ in range(c)]
+        try:
+            gw = concurrent(c, texts, lambda i, n, sql: fetch(conns[i], sql, QUERY_TIMEOUT, prepare=False)())
+        finally:
+            for conn in conns:
+                conn.close()
+        serve.stop(SERVE_TIMEOUT)
+        cursors = [duck.cursor() for _ in range(c)]
+        dk = concurrent(c, texts, lambda i, n, sql: cursors[i].execute(sql).fetchall())
+        for cur in cursors:
+            cur.close()
+        for e in gw["errors"]:
+            problems.append(f"{c} clients through the gateway: {e}")
+        for e in dk["errors"]:
+            problems.append(f"{c} clients in DuckDB: {e}")
+        R["clients"].append({"clients": c, "gw": gw, "duck": dk, "rss_kib": serve.peak_rss_kib})
+        log(f"{c} clients: gateway {gw['qps']:.2f} queries/s (p99 {gw['p99']:.2f}s, peak RSS "
+            f"{serve.peak_rss_kib // 1024} MiB), DuckDB {dk['qps']:.2f} queries/s (p99 {dk['p99']:.2f}s)")
 
 
 def report(rows: list[dict]) -> str:
@@ -182,6 +261,21 @@ def report(rows: list[dict]) -> str:
         f"Gateway and DuckDB: median of {RUNS} runs after a warm-up; Postgres: one run, statement_timeout "
         f"{PG_TIMEOUT:.0f} s. Peak RSS of `serve`: {R['serve_rss_kib'] // 1024} MiB.",
     ]
+    if R.get("clients"):
+        out += [
+            "",
+            "Concurrent clients, each running the 22 queries once from its own starting point (a fresh `serve` per "
+            "row; DuckDB with one cursor per client over the same files):",
+            "",
+            "| clients | gateway queries/s | gateway p50 / p99 (s) | `serve` peak RSS | DuckDB queries/s "
+            "| DuckDB p50 / p99 (s) | gateway / DuckDB throughput |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in R["clients"]:
+            gw, dk = r["gw"], r["duck"]
+            out.append(f"| {r['clients']} | {gw['qps']:.2f} | {gw['p50']:.2f} / {gw['p99']:.2f} | "
+                       f"{r['rss_kib'] // 1024} MiB | {dk['qps']:.2f} | {dk['p50']:.2f} / {dk['p99']:.2f} | "
+                       f"**{gw['qps'] / dk['qps']:.2f}x** |")
     if problems:
         out += ["", "### Problems", ""] + [f"- {p}" for p in problems]
     return "\n".join(out)
@@ -190,7 +284,10 @@ def report(rows: list[dict]) -> str:
 def phases() -> list[dict]:
     texts = load()
     snapshot()
-    return run_queries(texts)
+    rows = run_queries(texts)
+    if CLIENTS:
+        run_clients(texts)
+    return rows
 
 
 if __name__ == "__main__":
