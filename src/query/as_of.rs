@@ -249,13 +249,7 @@ pub fn lsn_at(view: &PipelineView, micros: i64, wal_from: Lsn) -> Result<Lsn> {
         let Some(next) = steps.iter().find(|s| s.lsn > lsn) else {
             continue;
         };
-        let first_time = next
-            .snapshot
-            .summary()
-            .additional_properties
-            .get(SUMMARY_FIRST_COMMIT_TIME)
-            .and_then(|v| v.parse::<i64>().ok());
-        if first_time.is_none_or(|f| f <= micros) {
+        if first_commit_time(next).is_none_or(|f| f <= micros) {
             return Err(Error::query(format!(
                 "{AS_OF_MESSAGE}: table {name} changed between {lsn} and {} and the WAL of that time was removed, so the state at {} is not known; the nearest instants it can answer at are {} and {}",
                 next.lsn,
@@ -270,6 +264,50 @@ pub fn lsn_at(view: &PipelineView, micros: i64, wal_from: Lsn) -> Result<Lsn> {
         }
     }
     Ok(lsn)
+}
+
+/// The source commit time of the first transaction a step holds (`skippr.first-commit-time`).
+fn first_commit_time(step: &Step<'_>) -> Option<i64> {
+    step.snapshot
+        .summary()
+        .additional_properties
+        .get(SUMMARY_FIRST_COMMIT_TIME)
+        .and_then(|v| v.parse::<i64>().ok())
+}
+
+/// The oldest position after which travel to `as_of` may need the WAL's transactions: the
+/// newest snapshot at or before the point of each table that changed across it (its next
+/// snapshot holds a transaction from at or before the point; by source commit time for an
+/// instant). `None` when no table needs any: each is then exactly its snapshot at the point
+/// (or, after its newest snapshot, the live WAL's tail), or is refused. A time-travel view
+/// reads the WAL's history only from here, so its memory is bounded by the commits around
+/// the point, not by `snapshot_retention`.
+pub fn wal_needed_from(view: &PipelineView, as_of: AsOf) -> Option<Lsn> {
+    let mut floor: Option<Lsn> = None;
+    for table in view.tables.values() {
+        let (steps, _) = history(table);
+        let (at, changed) = match as_of {
+            AsOf::Cut(_) => return None,
+            AsOf::Lsn(l) => {
+                let i = steps.iter().rposition(|s| s.lsn <= l);
+                let next = steps.get(i.map_or(0, |i| i + 1));
+                (i, next.is_some_and(|n| n.first.is_none_or(|f| f <= l)))
+            }
+            AsOf::Micros(m) => {
+                let i = steps.iter().rposition(|s| reached_at(s) <= m);
+                let next = steps.get(i.map_or(0, |i| i + 1));
+                (
+                    i,
+                    next.is_some_and(|n| first_commit_time(n).is_none_or(|f| f <= m)),
+                )
+            }
+        };
+        if let (Some(i), true) = (at, changed) {
+            let from = steps[i].lsn;
+            floor = Some(floor.map_or(from, |f| f.min(from)));
+        }
+    }
+    floor
 }
 
 /// Moves `view` (read live, at or after `as_of`) back to `as_of`: each table at its newest

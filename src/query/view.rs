@@ -193,17 +193,23 @@ pub fn same_point(lsn: Lsn) -> Lsn {
     }
 }
 
-/// Adds to `view`'s WAL read the segments of the WAL's history that travel to `as_of` may
-/// need (older than the live WAL's) and returns the position from which the read then holds
-/// every transaction: the history's start when it has one, else where the live WAL was
-/// removed (`removed`, or a segment removed while it was read).
+/// Adds to `view`'s WAL read the segments of the WAL's history that travel to `as_of` needs
+/// (older than the live WAL's, holding transactions after `needed`: see
+/// [`super::as_of::wal_needed_from`]) and returns the position from which the read then
+/// holds every transaction: the later of the history's start and `needed` when the history
+/// is read, else where the live WAL was removed (`removed`, or a segment removed while it
+/// was read).
 fn with_history(
     view: &mut PipelineView,
     history: &crate::wal::WalHistory,
     as_of: AsOf,
     removed: Lsn,
+    needed: Option<Lsn>,
 ) -> Result<Lsn> {
     let live_from = removed.max(view.read.vanished_through().unwrap_or_default());
+    let Some(needed) = needed.filter(|n| *n < live_from) else {
+        return Ok(live_from);
+    };
     let through = match as_of {
         // A cut reads tagged snapshots only.
         AsOf::Cut(_) => return Ok(live_from),
@@ -212,7 +218,7 @@ fn with_history(
         // An instant is found from the transactions' commit times: all of them.
         AsOf::Micros(_) => None,
     };
-    let kept = history.read(through)?;
+    let kept = history.read(needed, through)?;
     let Some(from) = kept.from else {
         return Ok(live_from);
     };
@@ -249,7 +255,7 @@ fn with_history(
     segments.append(&mut view.read.segments);
     segments.sort_by_key(|(s, _)| (s.first, s.last));
     view.read.segments = segments;
-    Ok(from.max(lost).min(live_from))
+    Ok(from.max(lost).max(needed).min(live_from))
 }
 
 /// The error of a fence that timed out.
@@ -342,7 +348,8 @@ impl Workspace {
                 };
                 return match as_of {
                     Some(a) => {
-                        let wal_from = with_history(&mut view, &p.history, a, removed)?;
+                        let needed = super::as_of::wal_needed_from(&view, a);
+                        let wal_from = with_history(&mut view, &p.history, a, removed, needed)?;
                         travel(view, a, wal_from)
                     }
                     None => Ok(view),
@@ -444,15 +451,16 @@ mod tests {
         // Iceberg committed through 40: both older segments move into the history.
         assert_eq!(live.remove_through(Lsn(40)).unwrap(), 2);
         let tail = super::super::tail::TailCache::default();
+        let view_of = || PipelineView {
+            pipeline: "p".into(),
+            lsn: Lsn(60),
+            read: tail.read_store(Some(live.clone())).unwrap(),
+            tables: HashMap::new(),
+            refused: HashMap::new(),
+        };
         let read = |as_of| {
-            let mut view = PipelineView {
-                pipeline: "p".into(),
-                lsn: Lsn(60),
-                read: tail.read_store(Some(live.clone())).unwrap(),
-                tables: HashMap::new(),
-                refused: HashMap::new(),
-            };
-            let from = with_history(&mut view, &history, as_of, Lsn(40)).unwrap();
+            let mut view = view_of();
+            let from = with_history(&mut view, &history, as_of, Lsn(40), Some(Lsn(0))).unwrap();
             let ranges: Vec<(u64, u64)> = view
                 .read
                 .segments
@@ -482,19 +490,27 @@ mod tests {
             "a cut reads tagged snapshots only"
         );
         // A segment listed live and moved meanwhile is read once.
-        let mut view = PipelineView {
-            pipeline: "p".into(),
-            lsn: Lsn(60),
-            read: tail.read_store(Some(live.clone())).unwrap(),
-            tables: HashMap::new(),
-            refused: HashMap::new(),
-        };
+        let mut view = view_of();
         live.remove_through(Lsn(60)).unwrap();
         assert_eq!(
-            with_history(&mut view, &history, AsOf::Micros(0), Lsn(40)).unwrap(),
+            with_history(&mut view, &history, AsOf::Micros(0), Lsn(40), Some(Lsn(0))).unwrap(),
             Lsn(9)
         );
         assert_eq!(view.read.segments.len(), 3, "{newest:?} once");
+        // Only what the tables need: the history after their snapshots before the point.
+        let mut view = view_of();
+        assert_eq!(
+            with_history(&mut view, &history, AsOf::Micros(0), Lsn(40), Some(Lsn(25))).unwrap(),
+            Lsn(25)
+        );
+        assert_eq!(view.read.segments.len(), 2, "(30, 40) and (50, 60)");
+        let mut view = view_of();
+        assert_eq!(
+            with_history(&mut view, &history, AsOf::Micros(0), Lsn(60), None).unwrap(),
+            Lsn(60),
+            "no table needs the WAL"
+        );
+        assert!(view.read.segments.is_empty());
     }
 
     #[test]

@@ -322,10 +322,10 @@ impl WalHistory {
         }
     }
 
-    /// Reads the segments holding transactions that end at or before `through` (all of them
-    /// when `None`), for time travel. A segment expired while it was read is left out and
-    /// the history then counts as complete only after it.
-    pub fn read(&self, through: Option<Lsn>) -> Result<HistoryRead> {
+    /// Reads the segments holding transactions that end after `after` and at or before
+    /// `through` (no upper bound when `None`), for time travel. A segment expired while it
+    /// was read is left out and the history then counts as complete only after it.
+    pub fn read(&self, after: Lsn, through: Option<Lsn>) -> Result<HistoryRead> {
         let kept = self.list()?;
         let reader = match &self.place {
             Place::Dir(dir) => WalStore::reader(dir),
@@ -337,6 +337,9 @@ impl WalHistory {
             for k in kept {
                 if through.is_some_and(|t| k.seg.first > t) {
                     break;
+                }
+                if k.seg.last <= after {
+                    continue;
                 }
                 match reader.read_if_present(&k.seg)? {
                     Some(records) => out.segments.push((k.seg, Arc::new(records))),
@@ -371,7 +374,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let live = WalStore::open(&dir.path().join("wal").join("p")).unwrap();
         let h = history(dir.path(), Duration::from_secs(3600));
-        assert!(h.read(None).unwrap().from.is_none(), "nothing kept yet");
+        assert!(
+            h.read(Lsn(0), None).unwrap().from.is_none(),
+            "nothing kept yet"
+        );
         let a = live.write_segment(Lsn(10), Lsn(20), &seg_bytes()).unwrap();
         let b = live.write_segment(Lsn(30), Lsn(40), &seg_bytes()).unwrap();
         let c = live.write_segment(Lsn(50), Lsn(60), &seg_bytes()).unwrap();
@@ -381,7 +387,7 @@ mod tests {
             vec![c.clone()],
             "moved, not copied"
         );
-        let read = h.read(None).unwrap();
+        let read = h.read(Lsn(0), None).unwrap();
         assert_eq!(
             read.from,
             Some(Lsn(9)),
@@ -394,20 +400,21 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(Lsn(10), Lsn(20)), (Lsn(30), Lsn(40))]
         );
-        assert_eq!(h.read(Some(Lsn(25))).unwrap().segments.len(), 1);
+        assert_eq!(h.read(Lsn(0), Some(Lsn(25))).unwrap().segments.len(), 1);
+        assert_eq!(h.read(Lsn(20), None).unwrap().segments.len(), 1, "after 20");
         // Nothing is old enough yet.
         assert_eq!(h.expire().unwrap(), 0);
 
         // With no retention left, both go, and the marker passes them.
         let h0 = history(dir.path(), Duration::ZERO);
         assert_eq!(h0.expire().unwrap(), 2);
-        let read = h0.read(None).unwrap();
+        let read = h0.read(Lsn(0), None).unwrap();
         assert_eq!(read.from, Some(Lsn(40)));
         assert!(read.segments.is_empty());
         // A later segment continues the history from the marker.
         h0.keep(&live, std::slice::from_ref(&c)).unwrap();
-        assert_eq!(h0.read(None).unwrap().from, Some(Lsn(49)));
+        assert_eq!(h0.read(Lsn(0), None).unwrap().from, Some(Lsn(49)));
         h0.clear().unwrap();
-        assert!(h0.read(None).unwrap().from.is_none());
+        assert!(h0.read(Lsn(0), None).unwrap().from.is_none());
     }
 }
