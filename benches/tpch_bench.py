@@ -158,9 +158,10 @@ def pct(values: list[float], p: float) -> float:
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
 
 
-def concurrent(clients: int, texts: list[tuple[int, str]], run_one) -> dict:
+def concurrent(clients: int, texts: list[tuple[int, str]], run_one, check: bool) -> dict:
     """`clients` threads, each running the 22 queries once from its own starting point
-    (`run_one(client, n, sql)` answers one): throughput, latencies, and the wrong answers."""
+    (`run_one(client, n, sql)` answers one): throughput, latencies, and the errors (with
+    `check`, an answer other than the single client's through the gateway is one)."""
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -178,7 +179,7 @@ def concurrent(clients: int, texts: list[tuple[int, str]], run_one) -> dict:
             took = time.perf_counter() - t0
             with lock:
                 latencies.append(took)
-                if n in ANSWERS and not tpch.same_answer(sql, ANSWERS[n], answer):
+                if check and n in ANSWERS and not tpch.same_answer(sql, ANSWERS[n], answer):
                     errors.append(f"client {i}, Q{n}: not the single client's answer")
 
     t0 = time.perf_counter()
@@ -204,13 +205,13 @@ def run_clients(texts: list[tuple[int, str]]) -> None:
         serve.wait_ready(SERVE_TIMEOUT)
         conns = [ENV.gateway() for _ in range(c)]
         try:
-            gw = concurrent(c, texts, lambda i, n, sql: fetch(conns[i], sql, QUERY_TIMEOUT, prepare=False)())
+            gw = concurrent(c, texts, lambda i, n, sql: fetch(conns[i], sql, QUERY_TIMEOUT, prepare=False)(), True)
         finally:
             for conn in conns:
                 conn.close()
         serve.stop(SERVE_TIMEOUT)
         cursors = [duck.cursor() for _ in range(c)]
-        dk = concurrent(c, texts, lambda i, n, sql: cursors[i].execute(sql).fetchall())
+        dk = concurrent(c, texts, lambda i, n, sql: cursors[i].execute(sql).fetchall(), False)
         for cur in cursors:
             cur.close()
         for e in gw["errors"]:
