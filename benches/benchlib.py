@@ -309,6 +309,18 @@ data_sinks:
         return float(seconds), int(kib)
 
 
+def vm_hwm_kib(pid: int) -> int:
+    """The peak resident memory of a running process (VmHWM of /proc/PID/status, KiB); 0 when
+    it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 class Serve:
     """One `skipprd serve` process: stdout and stderr in WORK/serve-<label>.log, its pid in
     WORK/serve.pid (the shell wrapper kills it on exit if the driver could not)."""
@@ -340,7 +352,11 @@ class Serve:
             return False
         self.returncode = os.waitstatus_to_exitcode(status)
         self.proc.returncode = self.returncode  # so Popen does not wait for it again
-        self.peak_rss_kib = usage.ru_maxrss
+        # ru_maxrss of a child starts at the forking process's RSS (Linux keeps the larger of
+        # the two across exec): a driver holding DuckDB's gigabytes would be reported as the
+        # child's. VmHWM, read before the process ends (`stop`), is the child's own.
+        if not self.peak_rss_kib:
+            self.peak_rss_kib = usage.ru_maxrss
         Serve.running.remove(self)
         return True
 
@@ -367,6 +383,7 @@ class Serve:
         """SIGTERM (the tail is committed), waits; returns the seconds it took to exit."""
         if self._reap(block=False):
             raise BenchError(f"serve[{self.label}] had already exited with {self.returncode}\n{tail(self.logfile)}")
+        self.peak_rss_kib = vm_hwm_kib(self.proc.pid)
         t0 = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         while not self._reap(block=False):
