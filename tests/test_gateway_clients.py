@@ -1259,6 +1259,81 @@ def test_superset_queries(gw):
         assert conn.execute("SELECT count(*) FROM lines").fetchone()[0] == count_lines
 
 
+#: Result shapes BI tools' generated SQL takes for granted: duplicate output names, and
+#: expressions without a name named as Postgres names them. `{s}` is the schema.
+RESULT_SHAPES = [
+    "SELECT count(*), count(*) FROM {s}.lines",
+    "SELECT 1 AS a, 2 AS a",
+    "SELECT count(*) AS n, sum(qty) AS n, 'x', 1 + 1, NULL FROM {s}.lines",
+    "SELECT order_id, order_id, sum(qty), max(qty) + 1, CAST(sku AS text), lower(sku), qty::bigint, "
+    "CASE WHEN qty > 2 THEN 'big' END, coalesce(sku, '-') "
+    "FROM {s}.lines WHERE order_id < 5 GROUP BY order_id, sku, qty ORDER BY order_id, sku, qty",
+    "SELECT a.order_id, b.order_id, a.line_no, b.line_no FROM {s}.lines a JOIN {s}.lines b "
+    "ON a.order_id = b.order_id AND a.line_no = b.line_no WHERE a.order_id < 5 ORDER BY 1, 3",
+    "SELECT t.*, t.order_id FROM (SELECT order_id, count(*) FROM {s}.lines GROUP BY order_id) t "
+    "ORDER BY 1 LIMIT 4",
+    "SELECT *, order_id, qty * 2 AS total FROM {s}.lines ORDER BY total DESC, order_id, line_no LIMIT 3",
+    "SELECT l.order_id, l.* FROM {s}.lines l ORDER BY l.order_id, l.line_no LIMIT 3",
+    "SELECT * FROM (SELECT l.*, l.qty FROM {s}.lines l) q ORDER BY order_id, line_no LIMIT 3",
+]
+
+
+def _copy_out(conn: psycopg.Connection, sql: str) -> list[list[str]]:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    with conn.cursor().copy(f"COPY ({sql}) TO STDOUT WITH (FORMAT csv, HEADER)") as copy:
+        for chunk in copy:
+            buf.write(bytes(chunk).decode())
+    return list(csv.reader(io.StringIO(buf.getvalue())))
+
+
+@pytest.mark.parametrize("shape", RESULT_SHAPES)
+def test_result_shapes_as_postgres_in_every_protocol_path(gw, shape):
+    """The same names and values as Postgres through the simple protocol (psycopg's client-side
+    cursor, psql), the extended protocol (psycopg prepared, asyncpg's binary format) and COPY."""
+    import asyncpg
+
+    def shapes(conn: psycopg.Connection, sql: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        simple = psycopg.ClientCursor(conn)
+        simple.execute(sql)
+        out["simple"] = ([d.name for d in simple.description], simple.fetchall())
+        extended = conn.cursor()
+        extended.execute(sql, prepare=True)
+        out["extended"] = ([d.name for d in extended.description], extended.fetchall())
+        out["copy"] = _copy_out(conn, sql)
+        return out
+
+    async def asyncpg_shape(params: dict[str, Any], sql: str) -> tuple[list[str], list[tuple]]:
+        conn = await asyncpg.connect(host=params["host"], port=params["port"], user=params["user"],
+                                     password=params.get("password"), database=params["dbname"],
+                                     ssl=False, timeout=30)
+        try:
+            stmt = await conn.prepare(sql)
+            return [a.name for a in stmt.get_attributes()], [tuple(r) for r in await stmt.fetch()]
+        finally:
+            await conn.close()
+
+    source_sql, gw_sql = shape.format(s="public"), shape.format(s=gw.schema)
+    with gw.source.connect() as conn:
+        want = shapes(conn, source_sql)
+    with gw.connect() as conn:
+        got = shapes(conn, gw_sql)
+    src = gw.source
+    src_params = dict(host=src.host, port=src.port, user=src.cluster.user, password=src.cluster.password,
+                      dbname=src.name)
+    want["asyncpg"] = asyncio.run(asyncpg_shape(src_params, source_sql))
+    got["asyncpg"] = asyncio.run(asyncpg_shape(gw.params(), gw_sql))
+    want["psql"] = psql(src.dsn(), source_sql, unaligned=True).stdout.splitlines()[0]
+    got["psql"] = psql(gw.conninfo(), gw_sql, unaligned=True).stdout.splitlines()[0]
+    for path in want:
+        assert got[path] == want[path], (
+            f"{path}: the gateway's result differs from Postgres's for {gw_sql}\n"
+            f"  Postgres: {want[path]!r}\n  gateway:  {got[path]!r}\n{gw.log()[-2000:]}")
+
+
 # --------------------------------------------------------------------------------------------
 # skippr.tables and /metrics
 # --------------------------------------------------------------------------------------------

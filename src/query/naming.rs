@@ -11,8 +11,8 @@ use arrow::datatypes::{Field, Schema, SchemaRef};
 
 use datafusion::sql::sqlparser::ast::{
     AccessExpr, ArrayElemTypeDef, DataType as SqlType, ExactNumberInfo, Expr, Ident,
-    ObjectNamePart, Query, SelectItem, SetExpr, Statement, TimezoneInfo, TrimWhereField, VisitMut,
-    VisitorMut,
+    ObjectNamePart, Query, SelectItem, SelectItemQualifiedWildcardKind, SetExpr, Statement,
+    TimezoneInfo, TrimWhereField, VisitMut, VisitorMut,
 };
 
 use crate::error::Result;
@@ -76,15 +76,66 @@ fn folded(i: &Ident) -> String {
     }
 }
 
+/// What a select list's wildcards bring in: `*` (every column of every relation), and the
+/// qualifiers of `q.*`, folded.
+struct Wildcards {
+    all: bool,
+    qualified: Vec<String>,
+}
+
+impl Wildcards {
+    fn of(items: &[SelectItem]) -> Self {
+        let mut w = Wildcards {
+            all: false,
+            qualified: Vec::new(),
+        };
+        for item in items {
+            match item {
+                SelectItem::Wildcard(_) => w.all = true,
+                SelectItem::QualifiedWildcard(
+                    SelectItemQualifiedWildcardKind::ObjectName(n),
+                    _,
+                ) => w.qualified.push(
+                    n.0.iter()
+                        .filter_map(|p| p.as_ident().map(folded))
+                        .collect::<Vec<_>>()
+                        .join("."),
+                ),
+                _ => {}
+            }
+        }
+        w
+    }
+
+    /// Whether a wildcard of the list surely outputs the column `parts` names too: any
+    /// column beside `*`, a bare column beside `q.*`, `q.c` beside `q.*`. Postgres outputs
+    /// both under one name; the engine needs the second one named apart.
+    fn repeats(&self, parts: &[Ident]) -> bool {
+        match parts {
+            [] => false,
+            [_] => self.all || !self.qualified.is_empty(),
+            [qualifier @ .., _] => {
+                self.all || {
+                    let q = qualifier.iter().map(folded).collect::<Vec<_>>().join(".");
+                    self.qualified
+                        .iter()
+                        .any(|w| *w == q || w.ends_with(&format!(".{q}")))
+                }
+            }
+        }
+    }
+}
+
 fn name_select(items: &mut [SelectItem], outermost: bool) -> bool {
     let mut seen: HashMap<String, usize> = HashMap::new();
+    let wildcards = Wildcards::of(items);
     let mut changed = false;
     for item in items.iter_mut() {
         let (name, named) = match item {
             SelectItem::UnnamedExpr(e) => match e {
-                Expr::Identifier(i) => (folded(i), true),
+                Expr::Identifier(i) => (folded(i), !wildcards.repeats(std::slice::from_ref(i))),
                 Expr::CompoundIdentifier(parts) => match parts.last() {
-                    Some(i) => (folded(i), true),
+                    Some(i) => (folded(i), !wildcards.repeats(parts)),
                     None => continue,
                 },
                 e => (figure_name(e), false),
@@ -101,9 +152,13 @@ fn name_select(items: &mut [SelectItem], outermost: bool) -> bool {
         };
         let n = seen.entry(name.clone()).or_insert(0);
         *n += 1;
+        let repeated = matches!(
+            item,
+            SelectItem::UnnamedExpr(Expr::Identifier(_) | Expr::CompoundIdentifier(_))
+        ) && !named;
         let alias = match (*n, named) {
             (1, true) => continue,
-            (1, false) if !outermost => continue,
+            (1, false) if !outermost && !repeated => continue,
             (1, false) => format!("{name}{DUPLICATE_MARK}"),
             (k, _) => format!("{name}{DUPLICATE_MARK}{k}"),
         };
@@ -372,6 +427,23 @@ mod tests {
         assert_eq!(
             named("SELECT a, t.b AS c FROM t"),
             "SELECT a, t.b AS c FROM t"
+        );
+        // A column a wildcard of the same list outputs too is named apart, in subqueries as
+        // well; one the wildcard may not output is left alone.
+        assert_eq!(
+            named("SELECT *, id FROM t"),
+            format!("SELECT *, id AS \"id{m}\" FROM t")
+        );
+        assert_eq!(
+            named("SELECT x FROM (SELECT s.*, S.id, o.id, id FROM t s JOIN o ON true) q"),
+            format!(
+                "SELECT x FROM (SELECT s.*, S.id AS \"id{m}\", o.id AS \"id{m}2\", \
+                 id AS \"id{m}3\" FROM t s JOIN o ON true) q"
+            )
+        );
+        assert_eq!(
+            named("SELECT a.* FROM (SELECT s.*, o.id FROM t s JOIN o ON true) a"),
+            "SELECT a.* FROM (SELECT s.*, o.id FROM t s JOIN o ON true) a"
         );
         assert_eq!(pg_column_name(&format!("count{m}2")), "count");
         assert_eq!(pg_column_name(&format!("?column?{m}")), "?column?");
