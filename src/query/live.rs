@@ -259,7 +259,16 @@ impl TableProvider for LiveTable {
         &self,
         filters: &[&Expr],
     ) -> DfResult<Vec<TableProviderFilterPushDown>> {
-        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if applied_exactly(&self.schema, f) {
+                    TableProviderFilterPushDown::Exact
+                } else {
+                    TableProviderFilterPushDown::Inexact
+                }
+            })
+            .collect())
     }
 
     async fn scan(
@@ -313,7 +322,7 @@ impl TableProvider for LiveTable {
                     self.key_cols.clone(),
                     hide,
                     limit,
-                    scan_filter(state, &self.schema, &self.key_cols, filters, self.extended),
+                    scan_filter(state, &self.schema, &self.key_cols, filters, self.extended)?,
                     state.config().target_partitions(),
                     self.caches.clone(),
                 )
@@ -321,7 +330,9 @@ impl TableProvider for LiveTable {
             ));
         }
         if let Some(rows) = rows.as_ref().filter(|b| b.num_rows() > 0) {
-            let rows = filter_tail(state, &self.schema, rows, filters)?;
+            let rows = filter_tail(state, &self.schema, rows, filters, |f| {
+                applied_exactly(&self.schema, f)
+            })?;
             let projected = rows.project(&wanted)?;
             let schema = projected.schema();
             inputs.push(MemorySourceConfig::try_new_exec(
@@ -341,18 +352,46 @@ impl TableProvider for LiveTable {
     }
 }
 
+/// Whether the live scan applies `filter` itself to every row it returns, so that
+/// DataFusion need not filter again above it (`Exact` pushdown): a deterministic filter over
+/// the table's own columns that compiles without the session (no parameter left unbound,
+/// no subquery). The committed reader and the tail then evaluate it strictly (an error is
+/// the statement's error, not a row kept).
+fn applied_exactly(schema: &SchemaRef, filter: &Expr) -> bool {
+    if filter.is_volatile() {
+        return false;
+    }
+    let expr = unnormalize_col(filter.clone());
+    let refs = expr.column_refs();
+    if refs.is_empty() || refs.iter().any(|c| schema.index_of(&c.name).is_err()) {
+        return false;
+    }
+    let Ok(df_schema) = DFSchema::try_from(schema.as_ref().clone()) else {
+        return false;
+    };
+    datafusion::physical_expr::create_physical_expr(
+        &expr,
+        &df_schema,
+        &datafusion::execution::context::ExecutionProps::new(),
+    )
+    .is_ok()
+}
+
 /// The pushed-down filters in the forms the committed reader skips data with; `None` when
-/// none of them can be evaluated on the table's columns alone.
+/// none of them can be evaluated on the table's columns alone. When some were pushed down
+/// `Exact` ([`applied_exactly`]), the filter is strict: the reader returns only rows they
+/// keep.
 pub(super) fn scan_filter(
     state: &dyn Session,
     schema: &SchemaRef,
     key_cols: &[usize],
     filters: &[Expr],
     extended: bool,
-) -> Option<ScanFilter> {
+) -> DfResult<Option<ScanFilter>> {
     if filters.is_empty() {
-        return None;
+        return Ok(None);
     }
+    let strict = filters.iter().any(|f| applied_exactly(schema, f));
     let exprs: Vec<Expr> = filters.iter().map(|f| unnormalize_col(f.clone())).collect();
     let mut columns: Vec<usize> = exprs
         .iter()
@@ -361,27 +400,43 @@ pub(super) fn scan_filter(
         .collect();
     columns.sort_unstable();
     columns.dedup();
-    let sub = Arc::new(schema.project(&columns).ok()?);
-    let df_schema = DFSchema::try_from(sub.as_ref().clone()).ok()?;
-    let compiled: Vec<Arc<dyn PhysicalExpr>> = exprs
-        .iter()
-        .filter_map(|e| state.create_physical_expr(e.clone(), &df_schema).ok())
-        .collect();
+    let sub = Arc::new(schema.project(&columns)?);
+    let df_schema = DFSchema::try_from(sub.as_ref().clone())?;
+    let mut compiled: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+    let mut used: Vec<Expr> = Vec::new();
+    for (filter, expr) in filters.iter().zip(&exprs) {
+        match state.create_physical_expr(expr.clone(), &df_schema) {
+            Ok(c) => {
+                compiled.push(c);
+                used.push(expr.clone());
+            }
+            // DataFusion filters again above the scan: the filter only reads more here.
+            Err(_) if !applied_exactly(schema, filter) => {}
+            Err(e) => return Err(e.context("compiling a filter the live scan applies")),
+        }
+    }
     if compiled.is_empty() {
-        return None;
+        return Ok(None);
     }
     let predicate = conjunction(compiled);
-    let pruning = PruningPredicate::try_new(predicate.clone(), sub)
+    let pruning = PruningPredicate::try_new(predicate.clone(), sub.clone())
         .ok()
         .filter(|p| !p.always_true())
         .map(Arc::new);
+    let proof = if strict {
+        proof_of(state, &used, &df_schema, sub)
+    } else {
+        None
+    };
     let keys = match key_cols {
         [k] if crate::query::committed::int_key(schema.field(*k).data_type()) => {
             key_values(&exprs, schema.field(*k).name())
         }
         _ => None,
     };
-    Some(ScanFilter {
+    Ok(Some(ScanFilter {
+        strict,
+        proof,
         keys,
         // Iceberg binds names to the committed schema: not when the tail adds columns.
         iceberg: if extended {
@@ -392,7 +447,29 @@ pub(super) fn scan_filter(
         columns,
         predicate,
         pruning,
-    })
+    }))
+}
+
+/// The negation of `filters` (NOT pushed down to the comparisons, as the simplifier does)
+/// as a pruner over `sub`, the filter columns: where it prunes a row group whose filter
+/// columns hold no NULL, every row passes the filters. `None` when statistics cannot prove
+/// that of any row group.
+fn proof_of(
+    state: &dyn Session,
+    filters: &[Expr],
+    df_schema: &DFSchema,
+    sub: SchemaRef,
+) -> Option<Arc<PruningPredicate>> {
+    use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+    let all = filters.iter().cloned().reduce(Expr::and)?;
+    let context = datafusion::logical_expr::simplify::SimplifyContext::default()
+        .with_schema(Arc::new(df_schema.clone()));
+    let negated = ExprSimplifier::new(context).simplify(!all).ok()?;
+    let compiled = state.create_physical_expr(negated, df_schema).ok()?;
+    PruningPredicate::try_new(compiled, sub)
+        .ok()
+        .filter(|p| !p.always_true())
+        .map(Arc::new)
 }
 
 /// The values a single integer key column must take by one of the filters (`k = 5`,
@@ -459,6 +536,7 @@ fn filter_tail(
     schema: &SchemaRef,
     rows: &RecordBatch,
     filters: &[Expr],
+    exact: impl Fn(&Expr) -> bool,
 ) -> DfResult<RecordBatch> {
     if filters.is_empty() {
         return Ok(rows.clone());
@@ -467,17 +545,24 @@ fn filter_tail(
     let mut out = rows.clone();
     for f in filters {
         let expr = unnormalize_col(f.clone());
-        let Ok(physical) = state.create_physical_expr(expr, &df_schema) else {
-            continue;
+        let mask = state
+            .create_physical_expr(expr, &df_schema)
+            .and_then(|physical| physical.evaluate(&out))
+            .and_then(|value| value.into_array(out.num_rows()));
+        let mask = match mask {
+            Ok(array) => array,
+            // DataFusion filters again above the scan, and reports what fails there.
+            Err(_) if !exact(f) => continue,
+            Err(e) => return Err(e.context("filtering the WAL tail's rows")),
         };
-        let Ok(value) = physical.evaluate(&out) else {
-            continue;
-        };
-        let Ok(array) = value.into_array(out.num_rows()) else {
-            continue;
-        };
-        if let Some(mask) = array.as_any().downcast_ref::<BooleanArray>() {
-            out = filter_record_batch(&out, mask)?;
+        match mask.as_any().downcast_ref::<BooleanArray>() {
+            Some(mask) => out = filter_record_batch(&out, mask)?,
+            None if !exact(f) => {}
+            None => {
+                return Err(DataFusionError::Plan(format!(
+                    "the filter {f} does not give a boolean"
+                )))
+            }
         }
     }
     Ok(out)

@@ -69,10 +69,18 @@ pub enum Hide {
 /// The scan's pushed-down filters, for skipping data: files by Iceberg's column metrics,
 /// row groups by their Parquet statistics, pages by the page index, and, in a search (a
 /// lookup, or a filter the page index narrowed), rows by evaluating the filters while
-/// decoding (the filter columns first, the others only for the rows that pass). DataFusion
-/// filters again above the scan, so any part that cannot be used here only reads more.
+/// decoding (the filter columns first, the others only for the rows that pass). Unless
+/// `strict`, DataFusion filters again above the scan, so any part that cannot be used here
+/// only reads more.
 #[derive(Clone)]
 pub struct ScanFilter {
+    /// The scan returns only rows the filters keep (they were pushed down `Exact`): every row
+    /// read is tested, except in the row groups whose statistics prove the filters true for
+    /// all of their rows (`proof`), which are read without the filter or its columns.
+    pub strict: bool,
+    /// The filters' negation as a pruner: a row group it prunes, and whose filter columns
+    /// hold no NULL, has no row the filters drop.
+    pub proof: Option<Arc<PruningPredicate>>,
     /// Iceberg's form of the filters, for file pruning by the manifests' metrics.
     pub iceberg: Option<iceberg::expr::Predicate>,
     /// The table's columns the filters read.
@@ -284,10 +292,19 @@ impl CommittedScan {
             .iter()
             .map(|i| field_id(table_schema.field(*i)))
             .collect();
-        let total_statistics = statistics(partitions.iter().flatten(), &schema, &ids, limit);
+        // A strict filter is applied by the scan: its statistics are those after it.
+        let selectivity = filter
+            .as_ref()
+            .filter(|f| f.strict)
+            .map(|f| stats::selectivity(f, partitions.iter().flatten(), &table_schema))
+            .transpose()?;
+        let total_statistics = stats::filtered(
+            statistics(partitions.iter().flatten(), &schema, &ids, limit),
+            selectivity,
+        );
         let statistics: Vec<Statistics> = partitions
             .iter()
-            .map(|p| statistics(p.iter(), &schema, &ids, limit))
+            .map(|p| stats::filtered(statistics(p.iter(), &schema, &ids, limit), selectivity))
             .collect();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
@@ -486,6 +503,8 @@ impl ExecutionPlan for CommittedScan {
                 .counter("row_groups_read", partition),
             row_groups_pruned: MetricBuilder::new(&self.metrics)
                 .counter("row_groups_pruned", partition),
+            row_groups_proven: MetricBuilder::new(&self.metrics)
+                .counter("row_groups_proven", partition),
         });
         let stream = futures::stream::iter(files)
             .then(move |f| {

@@ -359,7 +359,7 @@ impl TestTable {
         let scan_filter = match filter {
             Some(f) => {
                 let filters = pushed(schema.clone(), f).await?;
-                super::super::live::scan_filter(&ctx.state(), &schema, &key_cols, &filters, false)
+                super::super::live::scan_filter(&ctx.state(), &schema, &key_cols, &filters, false)?
             }
             None => None,
         };
@@ -518,10 +518,20 @@ async fn check(t: &TestTable, filter: &str, keyed: bool, exact: bool) -> DfResul
     let counts = scan.file_counts();
     assert_eq!(counts.files_in_table, t.files.len(), "{filter}");
     assert_eq!(counts.files_scanned, kept.len(), "{filter}");
-    let pruned = select_ids(run(Arc::new(scan)).await?, filter).await?;
+    let strict = scan.filter.as_ref().is_some_and(|f| f.strict);
+    let raw = run(Arc::new(scan)).await?;
+    let pruned = select_ids(raw.clone(), filter).await?;
     let full = select_ids(run(Arc::new(t.plan(None, keyed).await?)).await?, filter).await?;
     assert_eq!(pruned, full, "rows of {filter}");
     assert_eq!(pruned, t.expected(filter).await?, "rows of {filter}");
+    if strict {
+        // Pushed down exactly: the scan alone returns only the rows the filter keeps.
+        assert_eq!(
+            select_ids(raw, "true").await?,
+            pruned,
+            "rows the strict scan of {filter} returns"
+        );
+    }
     Ok(counts)
 }
 
@@ -698,5 +708,44 @@ async fn column_metrics_prune_too_and_deletes_of_skipped_partitions_are_not_read
         .iter()
         .flatten()
         .all(|f| f.deletes.len() == 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_filter_the_statistics_prove_true_is_not_tested_again() -> TestResult {
+    let mut t = TestTable::new("proof", spec(&[(3, "at_day", Transform::Day)])?)?;
+    t.append(0..ROWS, true).await?;
+    // (filter, whether every row group read is proven to pass it)
+    let cases = [
+        (
+            "at >= '2024-01-03T00:00:00Z' AND at < '2024-01-05T00:00:00Z'",
+            true,
+        ),
+        (
+            "at >= '2024-01-03T12:00:00Z' AND at < '2024-01-05T00:00:00Z'",
+            false,
+        ),
+        ("at < '2024-01-02T00:00:00Z' OR n = 3", false),
+    ];
+    for (filter, all_proven) in cases {
+        check(&t, filter, false, true).await?;
+        let scan = Arc::new(t.plan(Some(filter), false).await?);
+        assert!(
+            scan.filter.as_ref().is_some_and(|f| f.strict),
+            "{filter} is applied by the scan itself"
+        );
+        run(scan.clone()).await?;
+        let metrics = scan.metrics().ok_or("the scan has metrics")?;
+        let count = |name: &str| metrics.sum_by_name(name).map_or(0, |v| v.as_usize());
+        let (proven, read) = (count("row_groups_proven"), count("row_groups_read"));
+        if all_proven {
+            assert_eq!(proven, read, "{filter}: every row group read is proven");
+        } else {
+            assert!(
+                proven < read,
+                "{filter}: {proven} of {read} row groups proven"
+            );
+        }
+    }
     Ok(())
 }

@@ -45,6 +45,51 @@ pub(super) fn row_groups(
     }
 }
 
+/// Whether every row of the row groups `kept` passes the filters, by the file's statistics:
+/// the filters' negation ([`ScanFilter::proof`]) rules out each of them, and none holds a
+/// NULL in a filter column (where a filter gives NULL, the row does not pass). False when a
+/// filter column is missing from the file or has no statistics.
+pub(super) fn proven_true(
+    file: &SchemaRef,
+    metadata: &parquet::file::metadata::ParquetMetaData,
+    table_schema: &SchemaRef,
+    filter: &ScanFilter,
+    kept: &[usize],
+) -> bool {
+    let Some(proof) = &filter.proof else {
+        return false;
+    };
+    if kept.is_empty() {
+        return false;
+    }
+    let stats = RowGroupStats {
+        file: file.clone(),
+        parquet: metadata.file_metadata().schema_descr(),
+        row_groups: metadata.row_groups(),
+        targets: filter
+            .columns
+            .iter()
+            .map(|i| table_schema.field(*i).clone())
+            .collect(),
+    };
+    let no_nulls = stats.targets.iter().all(|t| {
+        let column = datafusion::common::Column::new_unqualified(t.name());
+        stats.null_counts(&column).is_some_and(|counts| {
+            counts
+                .as_any()
+                .downcast_ref::<arrow::array::UInt64Array>()
+                .is_some_and(|c| {
+                    kept.iter()
+                        .all(|rg| *rg < c.len() && c.is_valid(*rg) && c.value(*rg) == 0)
+                })
+        })
+    });
+    no_nulls
+        && proof
+            .prune(&stats)
+            .is_ok_and(|may_fail| kept.iter().all(|rg| may_fail.get(*rg) == Some(&false)))
+}
+
 impl FileReader {
     /// The rows of the row groups `kept` on the pages that the filters may match, judged by
     /// the file's column index (each page's min, max and null count); None when the filters

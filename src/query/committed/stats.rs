@@ -5,7 +5,9 @@ use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::stats::Precision;
 use datafusion::common::Statistics;
 
-use super::DataFile;
+use std::sync::Arc;
+
+use super::{field_id, DataFile, ScanFilter};
 use crate::query::listing::ColumnMetrics;
 
 /// The planner's statistics of reading `files` (projected to `schema`, whose columns have
@@ -59,6 +61,49 @@ pub(super) fn statistics<'a>(
             .sum();
         rows.saturating_mul(width.max(1))
     }));
+    stats
+}
+
+/// The share of the rows of `files` that `filter` keeps, estimated as DataFusion's filter
+/// does above a scan (interval analysis of the predicate over the filter columns' bounds,
+/// its default of 20% where the predicate is beyond that analysis).
+pub(super) fn selectivity<'a>(
+    filter: &ScanFilter,
+    files: impl Iterator<Item = &'a DataFile> + Clone,
+    table_schema: &SchemaRef,
+) -> datafusion::error::Result<f64> {
+    use datafusion::physical_expr::analysis::{analyze, AnalysisContext};
+    use datafusion::physical_expr::intervals::utils::check_support;
+    const DEFAULT: f64 = 0.2;
+    let sub = Arc::new(table_schema.project(&filter.columns)?);
+    if !check_support(&filter.predicate, &sub) {
+        return Ok(DEFAULT);
+    }
+    let ids: Vec<Option<i32>> = filter
+        .columns
+        .iter()
+        .map(|i| field_id(table_schema.field(*i)))
+        .collect();
+    let input = statistics(files, &sub, &ids, None);
+    let analysed = AnalysisContext::try_from_statistics(&sub, &input.column_statistics)
+        .and_then(|context| analyze(&filter.predicate, context, &sub));
+    Ok(match analysed {
+        Ok(a) => a.selectivity.unwrap_or(1.0),
+        Err(_) => DEFAULT,
+    })
+}
+
+/// `stats` after a filter keeping `selectivity` of the rows (unchanged without one).
+pub(super) fn filtered(mut stats: Statistics, selectivity: Option<f64>) -> Statistics {
+    let Some(s) = selectivity else {
+        return stats;
+    };
+    stats.num_rows = stats.num_rows.with_estimated_selectivity(s);
+    stats.total_byte_size = stats.total_byte_size.with_estimated_selectivity(s);
+    for c in &mut stats.column_statistics {
+        c.byte_size = c.byte_size.with_estimated_selectivity(s);
+        c.null_count = c.null_count.with_estimated_selectivity(s);
+    }
     stats
 }
 
