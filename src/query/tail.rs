@@ -6,15 +6,15 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
-use crate::change::types::{ColumnBuilder, PgType};
+use crate::change::types::PgType;
+use crate::change::Datum;
 use crate::change::Lsn;
-use crate::change::{Datum, Relation};
 use crate::config::TableRef;
-use crate::error::{Error, Result};
-use crate::sink::iceberg::keys::{Key, KeyEncoder};
+use crate::error::Result;
+use crate::sink::iceberg::keys::Key;
 use crate::sink::iceberg::SourceColumn;
 use crate::wal::{Op, Record, SegmentInfo, WalStore};
 
@@ -223,264 +223,89 @@ pub fn reduce(
     floor: Lsn,
     through: Lsn,
 ) -> Result<TailSnapshot> {
-    let names: Vec<&str> = shape
-        .schema
-        .fields()
-        .iter()
-        .map(|f| f.name().as_str())
-        .collect();
-    let pg = shape.pg_types();
-    let key_cols = shape.key_columns().to_vec();
-    let encoder = KeyEncoder::new(
-        key_cols
-            .iter()
-            .map(|i| shape.schema.field(*i).data_type().clone())
-            .collect(),
-    );
+    let walk = walk::Walk::new(shape);
     let keyed = shape.keyed();
-    let width = names.len();
-    // Relation id -> for each live column, the relation column it comes from; and the
-    // relation's width, which every change of it must have.
-    let mut maps: HashMap<u32, (Vec<Option<usize>>, usize)> = HashMap::new();
+    let width = walk.names.len();
     let mut rows: Vec<Option<Pending>> = Vec::new();
     let mut by_key: HashMap<Key, Vec<usize>> = HashMap::new();
     let mut hidden = Hidden::default();
-    let mut changes = 0u64;
-    let mut oldest = None;
-    let mut wal_lsn = Lsn::default();
-
-    let key_of = |row: &[Datum]| -> Result<(Key, Vec<Option<String>>)> {
-        let mut texts = Vec::with_capacity(key_cols.len());
-        let mut types = Vec::with_capacity(key_cols.len());
-        for &i in &key_cols {
-            match row.get(i) {
-                Some(Datum::Text(b)) => texts.push(Some(
-                    std::str::from_utf8(b)
-                        .map_err(|_| {
-                            Error::unrepresentable(format!(
-                                "table {}, column `{}`: a key value is not UTF-8",
-                                shape.source, names[i]
-                            ))
-                        })?
-                        .to_string(),
-                )),
-                Some(Datum::Unchanged) => {
-                    return Err(Error::fatal(format!(
-                        "table {}: the key column `{}` arrived without a value",
-                        shape.source, names[i]
-                    )))
-                }
-                _ => texts.push(None),
-            }
-            types.push(pg[i].clone());
-        }
-        let refs: Vec<Option<&str>> = texts.iter().map(|t| t.as_deref()).collect();
-        let key = encoder.from_text(&types, &refs).map_err(|e| {
-            Error::unrepresentable(format!(
-                "table {}: a key value cannot be read: {e}",
-                shape.source
-            ))
-        })?;
-        Ok((key, texts))
-    };
-
-    let relation = |r: &Relation, maps: &mut HashMap<u32, (Vec<Option<usize>>, usize)>| {
-        if r.namespace != shape.source.schema || r.name != shape.source.name {
-            return;
-        }
-        let mut map = vec![None; names.len()];
-        for (ri, c) in r.columns.iter().enumerate() {
-            let same =
-                |x: &&SourceColumn| x.name == c.name && x.oid == c.type_oid && x.typmod == c.typmod;
-            let recorded = shape
-                .columns
-                .as_ref()
-                .and_then(|cols| cols.iter().find(|x| x.name == c.name));
-            // A column whose type changed since the last commit: its values go where the
-            // live schema puts them (a widened or sibling column), or nowhere (NULL) for a
-            // type the live schema cannot show before the commit.
-            let target = match recorded {
-                Some(x) if same(&x) => x.target(),
-                Some(_) => match shape.tail_columns.iter().rev().find(same) {
-                    Some(x) => x.target(),
-                    None => continue,
-                },
-                None => shape
-                    .tail_columns
-                    .iter()
-                    .rev()
-                    .find(same)
-                    .map(|x| x.target())
-                    .unwrap_or(c.name.as_str()),
-            };
-            if let Some(ti) = names.iter().position(|n| *n == target) {
-                map[ti] = Some(ri);
-            }
-        }
-        maps.insert(r.id, (map, r.columns.len()));
-    };
-
-    for (_, records) in &read.segments {
-        for rec in records.iter() {
-            let txn = match rec {
-                Record::Relation(r) => {
-                    relation(r, &mut maps);
-                    continue;
-                }
-                Record::Txn(t) => t,
-            };
-            if txn.end_lsn > through {
-                // After the view's cut: not visible to this statement (segments are in LSN
-                // order, but a cut inside a segment leaves the rest of it).
-                continue;
-            }
-            wal_lsn = wal_lsn.max(txn.end_lsn);
-            // A transaction the snapshot covers still carries the descriptions the later
-            // transactions of its segment are read with.
-            let covered = txn.end_lsn <= floor;
-            for c in &txn.changes {
-                if covered && c.op != Op::Relation {
-                    continue;
-                }
-                if c.op == Op::Relation {
-                    if let Some(r) = &c.relation {
-                        relation(r, &mut maps);
-                    }
-                    continue;
-                }
-                let Some((map, rel_width)) = maps.get(&c.rel) else {
-                    continue;
+    let walked = walk.each(read, floor, through, |step| {
+        match step.op {
+            Op::Relation => {}
+            Op::Truncate => {
+                hidden = Hidden {
+                    all: true,
+                    ..Hidden::default()
                 };
-                changes += 1;
-                oldest.get_or_insert(txn.commit_time_micros);
-                // A tuple always has its description's width (the WAL refuses others when
-                // read): a mismatch here is an error, never padded.
-                for t in [&c.old, &c.new].into_iter().flatten() {
-                    if t.len() != *rel_width {
-                        return Err(Error::fatal(format!(
-                            "table {}: a change in the WAL carries {} columns but its description has {rel_width}",
-                            shape.source,
-                            t.len()
-                        )));
-                    }
+                rows.clear();
+                by_key.clear();
+            }
+            Op::Insert => {
+                let row = step.new.unwrap_or_default();
+                let (key, texts) = walk.key_of(&row)?;
+                if keyed {
+                    take_pending(&mut rows, &mut by_key, &key, true);
+                    hide(&mut hidden, key.clone(), texts, true);
                 }
-                let to_row = |t: &Option<Vec<Datum>>| -> Vec<Datum> {
-                    let tuple = t.as_deref().unwrap_or_default();
-                    map.iter()
-                        .map(|m| m.and_then(|i| tuple.get(i).cloned()).unwrap_or(Datum::Null))
-                        .collect()
-                };
-                match c.op {
-                    Op::Relation => {}
-                    Op::Truncate => {
-                        hidden = Hidden {
-                            all: true,
-                            ..Hidden::default()
-                        };
-                        rows.clear();
-                        by_key.clear();
-                    }
-                    Op::Insert => {
-                        let row = to_row(&c.new);
-                        let (key, texts) = key_of(&row)?;
-                        if keyed {
-                            take_pending(&mut rows, &mut by_key, &key, true);
-                            hide(&mut hidden, key.clone(), texts, true);
-                        }
-                        push(&mut rows, &mut by_key, key, row);
-                    }
-                    Op::Delete => {
-                        let old = to_row(&c.old);
-                        let (key, texts) = key_of(&old)?;
-                        let taken = take_pending(&mut rows, &mut by_key, &key, keyed);
-                        if keyed || taken.is_none() {
-                            hide(&mut hidden, key, texts, keyed);
-                        }
-                    }
-                    Op::Update => {
-                        let mut row = to_row(&c.new);
-                        let old = c.old.as_ref().map(|_| to_row(&c.old));
-                        if let Some(old) = &old {
-                            for (d, o) in row.iter_mut().zip(old) {
-                                if matches!(d, Datum::Unchanged) && matches!(o, Datum::Text(_)) {
-                                    *d = o.clone();
-                                }
-                            }
-                        }
-                        let (new_key, _) = key_of(&row)?;
-                        let (old_key, old_texts) = match &old {
-                            Some(o) => key_of(o)?,
-                            None => key_of(&row)?,
-                        };
-                        let previous = take_pending(&mut rows, &mut by_key, &old_key, keyed);
-                        if keyed || previous.is_none() {
-                            hide(&mut hidden, old_key.clone(), old_texts, keyed);
-                        }
-                        if keyed && new_key != old_key {
-                            take_pending(&mut rows, &mut by_key, &new_key, true);
-                            let (_, new_texts) = key_of(&row)?;
-                            hide(&mut hidden, new_key.clone(), new_texts, true);
-                        }
-                        // Where values still unchanged live: the committed row of the old
-                        // key, or wherever the pending version said its own came from.
-                        let mut fill_from = Datum::Text(old_key.to_vec().into());
-                        if let Some(mut p) = previous {
-                            if p.values.len() > width {
-                                fill_from = p.values.swap_remove(width);
-                            }
-                            for (d, v) in row.iter_mut().zip(p.values) {
-                                if matches!(d, Datum::Unchanged) {
-                                    *d = v;
-                                }
-                            }
-                        }
-                        if row.iter().any(|d| matches!(d, Datum::Unchanged)) {
-                            row.push(fill_from);
-                        }
-                        push(&mut rows, &mut by_key, new_key, row);
-                    }
+                push(&mut rows, &mut by_key, key, row);
+            }
+            Op::Delete => {
+                let old = step.old.unwrap_or_default();
+                let (key, texts) = walk.key_of(&old)?;
+                let taken = take_pending(&mut rows, &mut by_key, &key, keyed);
+                if keyed || taken.is_none() {
+                    hide(&mut hidden, key, texts, keyed);
                 }
             }
+            Op::Update => {
+                let mut row = step.new.unwrap_or_default();
+                let old = step.old;
+                if let Some(old) = &old {
+                    fill_from_old(&mut row, old);
+                }
+                let (new_key, _) = walk.key_of(&row)?;
+                let (old_key, old_texts) = match &old {
+                    Some(o) => walk.key_of(o)?,
+                    None => walk.key_of(&row)?,
+                };
+                let previous = take_pending(&mut rows, &mut by_key, &old_key, keyed);
+                if keyed || previous.is_none() {
+                    hide(&mut hidden, old_key.clone(), old_texts, keyed);
+                }
+                if keyed && new_key != old_key {
+                    take_pending(&mut rows, &mut by_key, &new_key, true);
+                    let (_, new_texts) = walk.key_of(&row)?;
+                    hide(&mut hidden, new_key.clone(), new_texts, true);
+                }
+                // Where values still unchanged live: the committed row of the old
+                // key, or wherever the pending version said its own came from.
+                let mut fill_from = Datum::Text(old_key.to_vec().into());
+                if let Some(mut p) = previous {
+                    if p.values.len() > width {
+                        fill_from = p.values.swap_remove(width);
+                    }
+                    for (d, v) in row.iter_mut().zip(p.values) {
+                        if matches!(d, Datum::Unchanged) {
+                            *d = v;
+                        }
+                    }
+                }
+                if row.iter().any(|d| matches!(d, Datum::Unchanged)) {
+                    row.push(fill_from);
+                }
+                push(&mut rows, &mut by_key, new_key, row);
+            }
         }
-    }
+        Ok(())
+    })?;
 
     let live: Vec<Pending> = rows.into_iter().flatten().collect();
     let mut fill = Vec::new();
     let batch = if live.is_empty() {
         None
     } else {
-        let mut builders: Vec<ColumnBuilder> = shape
-            .schema
-            .fields()
-            .iter()
-            .zip(&pg)
-            .map(|(f, t)| ColumnBuilder::new(t, f.data_type(), live.len()))
-            .collect();
-        for (r, row) in live.iter().enumerate() {
-            let mut unchanged = Vec::new();
-            for (i, b) in builders.iter_mut().enumerate() {
-                match row.values.get(i) {
-                    Some(Datum::Text(v)) => {
-                        let s = std::str::from_utf8(v).map_err(|_| {
-                            Error::unrepresentable(format!(
-                                "table {}, column `{}`: the value is not UTF-8",
-                                shape.source, names[i]
-                            ))
-                        })?;
-                        b.append_text(s).map_err(|e| {
-                            Error::unrepresentable(format!(
-                                "table {}, column `{}`: {}",
-                                shape.source, names[i], e.0
-                            ))
-                        })?;
-                    }
-                    Some(Datum::Unchanged) => {
-                        unchanged.push(i);
-                        b.append_null();
-                    }
-                    _ => b.append_null(),
-                }
-            }
+        let (batch, unchanged) = walk.batch(live.iter().map(|p| p.values.as_slice()))?;
+        for (r, (row, unchanged)) in live.iter().zip(unchanged).enumerate() {
             if !unchanged.is_empty() {
                 let from = match row.values.get(width) {
                     Some(Datum::Text(k)) => Key::from(k.to_vec()),
@@ -489,19 +314,7 @@ pub fn reduce(
                 fill.push((r, from, unchanged));
             }
         }
-        let columns: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
-        let columns = columns
-            .into_iter()
-            .zip(shape.schema.fields())
-            .map(|(c, f)| {
-                if c.data_type() == f.data_type() {
-                    Ok(c)
-                } else {
-                    arrow::compute::cast(&c, f.data_type()).map_err(Error::from)
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Some(RecordBatch::try_new(shape.schema.clone(), columns)?)
+        Some(batch)
     };
     Ok(TailSnapshot {
         floor,
@@ -509,10 +322,20 @@ pub fn reduce(
         hidden,
         rows: batch,
         fill,
-        changes,
-        oldest_commit_micros: oldest,
-        wal_lsn,
+        changes: walked.changes,
+        oldest_commit_micros: walked.oldest_commit_micros,
+        wal_lsn: walked.wal_lsn,
     })
+}
+
+/// Values a TOASTed column left unchanged in `row`, taken from a full old row (replica
+/// identity full) where it has them; a key-only old row has NULL there and gives nothing.
+pub(crate) fn fill_from_old(row: &mut [Datum], old: &[Datum]) {
+    for (d, o) in row.iter_mut().zip(old) {
+        if matches!(d, Datum::Unchanged) && matches!(o, Datum::Text(_)) {
+            *d = o.clone();
+        }
+    }
 }
 
 fn take_pending(
@@ -628,3 +451,4 @@ impl ReducedCache {
 
 #[cfg(test)]
 mod tests;
+pub(crate) mod walk;

@@ -2,7 +2,7 @@
 //! keyless tables and unchanged values.
 
 use super::*;
-use crate::change::RelColumn;
+use crate::change::{RelColumn, Relation};
 use crate::wal::{Change, Txn};
 use arrow::array::{AsArray, Int32Array};
 use arrow::datatypes::{DataType, Field, Int32Type, Schema};
