@@ -14,7 +14,7 @@ import signal
 import time
 
 from conftest import Skippr, assert_no_panic
-from test_cdc import bg_log
+from test_cdc import bg_log, stop
 
 META = ["_skippr_op", "_skippr_lsn", "_skippr_commit_time", "_skippr_seq"]
 
@@ -247,3 +247,84 @@ def test_a_consistent_cut_tags_the_changelog_with_its_table(skippr: Skippr) -> N
     at_log = log.scan(snapshot_id=log.metadata.refs[newest].snapshot_id).to_arrow().to_pylist()
     rebuilt = replay(at_log, ["id"])
     assert rebuilt == {(r["id"],): r for r in at_state}
+
+
+def query_rows(skippr: Skippr, sql: str) -> list[dict]:
+    proc = skippr.run("query", sql, "--format", "json", check=False)
+    assert_no_panic(proc)
+    assert proc.returncode == 0, f"query failed: {sql}\n{proc.stderr}"
+    return [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
+
+
+def test_a_changelog_reads_live_before_its_commit(skippr: Skippr) -> None:
+    """While the changes are still only in the WAL (commit_interval 1h), `skipprd query` reads
+    a changelog with their rows already, exactly the rows the commit then writes: TOASTed
+    values an update left unchanged (from the committed row and from an earlier update in the
+    tail), an insert and delete in one transaction, key changes, TRUNCATE of committed and
+    tail rows."""
+    from test_live import wait_live
+
+    db = skippr.db
+    db.execute(SETUP)
+    skippr.write_config(
+        ["accounts", "pairs"],
+        extra_pipeline={"commit_interval": "1h",
+                        "tables": {"accounts": {"changelog": True},
+                                   "pairs": {"changelog": {"table": "pairs_history"}}}},
+    )
+    big = "y" * 200_000  # stored out of line (TOAST)
+    db.execute("UPDATE accounts SET doc = %s WHERE id <= 4", (big,))
+    skippr.sync_once()
+    before = {t: skippr.table(t).current_snapshot().snapshot_id for t in ("accounts_changelog", "pairs_history")}
+    committed = {t: len(query_rows(skippr, f"SELECT _skippr_lsn FROM analytics.{t}")) for t in before}
+    proc = skippr.start("sync", "--pipeline", "app")
+    try:
+        with db.connect() as conn:
+            # Unchanged TOASTed values: from the committed row, then from the tail's own update.
+            conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id <= 3")
+            conn.execute("UPDATE accounts SET owner = 'again' WHERE id = 2")
+            with conn.transaction():
+                conn.execute("INSERT INTO accounts VALUES (1000, 'brief', 1, NULL, NULL)")
+                conn.execute("DELETE FROM accounts WHERE id = 1000")
+                conn.execute("UPDATE accounts SET id = 2000 WHERE id = 10")
+                conn.execute("UPDATE accounts SET id = 2004, balance = 0 WHERE id = 4")  # key change, TOAST kept
+            conn.execute("DELETE FROM accounts WHERE id BETWEEN 20 AND 22")
+            with conn.transaction():
+                conn.execute("INSERT INTO pairs VALUES (7, 7, 'tail')")
+                conn.execute("UPDATE pairs SET v = 'changed' WHERE a = 1")
+                conn.execute("DELETE FROM pairs WHERE a = 2 AND b = 1")
+                conn.execute("TRUNCATE pairs")
+                conn.execute("INSERT INTO pairs VALUES (9, 9, 'after')")
+        wait_live(skippr, ["accounts", "pairs"], proc)
+        columns = {"accounts_changelog": "id, owner, balance, doc, tags", "pairs_history": "a, b, v"}
+        live = {t: query_rows(skippr, f"SELECT {c}, {', '.join(META)} FROM analytics.{t} "
+                                      f"ORDER BY _skippr_lsn, _skippr_seq") for t, c in columns.items()}
+        for t, snap in before.items():
+            assert skippr.table(t).current_snapshot().snapshot_id == snap, f"{t} was committed during the test"
+        tail = {t: live[t][committed[t]:] for t in live}
+        ops = [(r["_skippr_op"], r["id"]) for r in tail["accounts_changelog"]]
+        assert ops == [("update", 1), ("update", 2), ("update", 3), ("update", 2),
+                       ("insert", 1000), ("delete", 1000), ("delete", 10), ("insert", 2000),
+                       ("delete", 4), ("insert", 2004),
+                       ("delete", 20), ("delete", 21), ("delete", 22)], ops
+        assert all(r["doc"] == big for r in tail["accounts_changelog"]
+                   if r["_skippr_op"] in ("update", "insert") and r["id"] in (1, 2, 3, 2004)), (
+            "a live change row lacks the TOASTed value its update left unchanged")
+        pairs = [(r["_skippr_op"], r["a"], r["b"]) for r in tail["pairs_history"]]
+        # 20 committed rows, one inserted in the tail, one deleted before the TRUNCATE.
+        assert len([p for p in pairs if p[0] == "delete"]) == 1 + 20, pairs
+        assert pairs[-1] == ("insert", 9, 9), pairs
+        # Filters reach the tail's rows too.
+        recent = query_rows(skippr, "SELECT count(*) AS n FROM analytics.accounts_changelog "
+                                    "WHERE _skippr_commit_time > now() - interval '5 minutes' AND _skippr_op = 'delete'")
+        # (The committed rows are the first copy's inserts.)
+        assert recent[0]["n"] == sum(1 for op, _ in ops if op == "delete"), recent
+    finally:
+        assert stop(proc) == 0, bg_log(skippr)
+    skippr.sync_once()
+    for t, c in columns.items():
+        after = query_rows(skippr, f"SELECT {c}, {', '.join(META)} FROM analytics.{t} ORDER BY _skippr_lsn, _skippr_seq")
+        assert skippr.table(t).current_snapshot().snapshot_id != before[t], f"{t} was not committed"
+        assert after == live[t], f"{t}: the committed changelog differs from what was read live"
+    assert_changelog_rebuilds(skippr, "accounts", "accounts_changelog", ["id"])
+    assert_changelog_rebuilds(skippr, "pairs", "pairs_history", ["a", "b"])

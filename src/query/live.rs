@@ -169,76 +169,108 @@ async fn fill_unchanged(
     batch: &RecordBatch,
     tail: &TailSnapshot,
 ) -> Result<RecordBatch> {
-    let encoder = KeyEncoder::new(
-        key_cols
-            .iter()
-            .map(|i| schema.field(*i).data_type().clone())
-            .collect(),
-    );
-    let wanted: HashMap<&Key, ()> = tail.fill.iter().map(|(_, k, _)| (k, ())).collect();
-    let mut found: HashMap<Key, (usize, usize)> = HashMap::new();
-    let mut batches: Vec<RecordBatch> = Vec::new();
-    let stream = table
-        .scan()
-        .build()
-        .context("planning a read of the committed rows")?
-        .to_arrow()
-        .await
-        .context("reading the committed rows")?;
-    let mut stream = Box::pin(stream);
-    while let Some(b) = stream.next().await {
-        let b = b.context("reading the committed rows")?;
-        let cols: Vec<ArrayRef> = key_cols.iter().map(|i| b.column(*i).clone()).collect();
-        let mut keep = false;
-        for row in 0..b.num_rows() {
-            if let Some(k) = encoder.from_arrays(&cols, row) {
-                if wanted.contains_key(&k) {
-                    found.insert(k, (batches.len(), row));
-                    keep = true;
+    let wanted: std::collections::HashSet<&Key> = tail.fill.iter().map(|(_, k, _)| k).collect();
+    let committed = CommittedRows::read(table, schema, key_cols, |k| wanted.contains(k)).await?;
+    committed.fill(table, batch, &tail.fill)
+}
+
+/// Committed rows of a table read in full (the rows of the keys asked for, or all of them),
+/// found by key: what the tail's values left unchanged are filled from, and what a TRUNCATE
+/// in a changelog's tail deletes.
+pub(super) struct CommittedRows {
+    pub batches: Vec<RecordBatch>,
+    /// Key -> (batch, row) of each row kept.
+    pub found: HashMap<Key, (usize, usize)>,
+}
+
+impl CommittedRows {
+    /// Reads the committed rows of `table` whose key (`key_cols` of `schema`) `want` keeps.
+    pub async fn read(
+        table: &Table,
+        schema: &SchemaRef,
+        key_cols: &[usize],
+        want: impl Fn(&Key) -> bool,
+    ) -> Result<Self> {
+        let encoder = KeyEncoder::new(
+            key_cols
+                .iter()
+                .map(|i| schema.field(*i).data_type().clone())
+                .collect(),
+        );
+        let mut found: HashMap<Key, (usize, usize)> = HashMap::new();
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let stream = table
+            .scan()
+            .build()
+            .context("planning a read of the committed rows")?
+            .to_arrow()
+            .await
+            .context("reading the committed rows")?;
+        let mut stream = Box::pin(stream);
+        while let Some(b) = stream.next().await {
+            let b = b.context("reading the committed rows")?;
+            let cols: Vec<ArrayRef> = key_cols.iter().map(|i| b.column(*i).clone()).collect();
+            let mut keep = false;
+            for row in 0..b.num_rows() {
+                if let Some(k) = encoder.from_arrays(&cols, row) {
+                    if want(&k) {
+                        found.insert(k, (batches.len(), row));
+                        keep = true;
+                    }
                 }
             }
+            if keep {
+                batches.push(b);
+            }
         }
-        if keep {
-            batches.push(b);
-        }
+        Ok(Self { batches, found })
     }
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    for (c, col) in columns.iter_mut().enumerate() {
-        let sources: Vec<(usize, &Key)> = tail
-            .fill
-            .iter()
-            .filter(|(_, _, cols)| cols.contains(&c))
-            .map(|(r, k, _)| (*r, k))
-            .collect();
-        if sources.is_empty() {
-            continue;
-        }
-        let mut parts: Vec<ArrayRef> = vec![col.clone()];
-        let mut indices: Vec<(usize, usize)> = (0..batch.num_rows()).map(|r| (0, r)).collect();
-        for (r, k) in sources {
-            let Some((b, row)) = found.get(k) else {
-                return Err(crate::error::Error::fatal(format!(
-                    "table {}: an update left a large (TOAST) value unchanged, but the previous version of the row is not in Iceberg; run `skipprd sync --resnapshot`",
-                    table.identifier()
-                )));
-            };
-            // A column the tail adds has no committed value: it stays NULL.
-            if c >= batches[*b].num_columns() {
+
+    /// `batch` with the values `fill` lists (row, key of the committed row, columns) taken
+    /// from the committed rows.
+    pub fn fill(
+        &self,
+        table: &Table,
+        batch: &RecordBatch,
+        fill: &[(usize, Key, Vec<usize>)],
+    ) -> Result<RecordBatch> {
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        for (c, col) in columns.iter_mut().enumerate() {
+            let sources: Vec<(usize, &Key)> = fill
+                .iter()
+                .filter(|(_, _, cols)| cols.contains(&c))
+                .map(|(r, k, _)| (*r, k))
+                .collect();
+            if sources.is_empty() {
                 continue;
             }
-            let value = batches[*b].column(c).slice(*row, 1);
-            let value = if value.data_type() == col.data_type() {
-                value
-            } else {
-                arrow::compute::cast(&value, col.data_type())?
-            };
-            indices[r] = (parts.len(), 0);
-            parts.push(value);
+            let mut parts: Vec<ArrayRef> = vec![col.clone()];
+            let mut indices: Vec<(usize, usize)> = (0..batch.num_rows()).map(|r| (0, r)).collect();
+            for (r, k) in sources {
+                let Some((b, row)) = self.found.get(k) else {
+                    return Err(crate::error::Error::fatal(format!(
+                        "table {}: an update left a large (TOAST) value unchanged, but the previous version of the row is not in Iceberg; run `skipprd sync --resnapshot`",
+                        table.identifier()
+                    )));
+                };
+                // A column the tail adds has no committed value: it stays NULL.
+                if c >= self.batches[*b].num_columns() {
+                    continue;
+                }
+                let value = self.batches[*b].column(c).slice(*row, 1);
+                let value = if value.data_type() == col.data_type() {
+                    value
+                } else {
+                    arrow::compute::cast(&value, col.data_type())?
+                };
+                indices[r] = (parts.len(), 0);
+                parts.push(value);
+            }
+            let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+            *col = arrow::compute::interleave(&refs, &indices)?;
         }
-        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-        *col = arrow::compute::interleave(&refs, &indices)?;
+        Ok(RecordBatch::try_new(batch.schema(), columns)?)
     }
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 #[async_trait]

@@ -3,6 +3,7 @@
 
 pub mod as_of;
 pub mod athena;
+mod changelog;
 pub mod committed;
 mod cuts;
 mod file_read;
@@ -54,8 +55,11 @@ pub const SYSTEM_SCHEMA: &str = "skippr";
 struct TableEntry {
     sink: usize,
     ident: TableIdent,
-    /// The pipeline writing it (and the folder of its WAL), when one still does.
+    /// The pipeline writing it (and the folder of its WAL), when one still does; for a
+    /// changelog table, the table whose changes it holds.
     pipeline: Option<(String, WalReader, TableRef)>,
+    /// It is the changelog table of `pipeline`'s table.
+    changelog: bool,
 }
 
 /// A pipeline writing to one of the workspace's sinks.
@@ -65,6 +69,8 @@ struct PipelineEntry {
     /// The WAL's history, which time travel between commits reads.
     history: crate::wal::WalHistory,
     tables: Vec<TableRef>,
+    /// The changelog table of each table that has one, by Iceberg name.
+    changelogs: BTreeMap<TableRef, String>,
     /// Its state (how far its WAL was removed, for the read view's cut).
     state_file: crate::storage::state_file::StateFile,
     /// Its source, for the gateway's `skippr.wait_lsn(NULL)` (queries never connect to it).
@@ -157,6 +163,7 @@ impl Workspace {
                     p.maintenance.snapshot_retention,
                 )?,
                 tables: p.source.tables.clone(),
+                changelogs: p.changelogs.clone(),
                 state_file: p.state_file.clone(),
                 source: p.source.clone(),
                 latest: view::Latest::default(),
@@ -214,12 +221,23 @@ impl Workspace {
                         .find(|t| t.iceberg_name() == ident.name())
                         .map(|t| (p.name.clone(), p.wal.clone(), t.clone()))
                 });
+                let changelog_of = match pipeline {
+                    Some(_) => None,
+                    None => self.pipelines[i].iter().find_map(|p| {
+                        p.changelogs
+                            .iter()
+                            .find(|(_, name)| name.as_str() == ident.name())
+                            .map(|(t, _)| (p.name.clone(), p.wal.clone(), t.clone()))
+                    }),
+                };
+                let changelog = changelog_of.is_some();
                 found.insert(
                     ident.name().to_string(),
                     TableEntry {
                         sink: i,
                         ident,
-                        pipeline,
+                        pipeline: pipeline.or(changelog_of),
+                        changelog,
                     },
                 );
             }
@@ -322,11 +340,17 @@ impl Workspace {
         view: &PipelineView,
     ) -> Result<LiveState> {
         let floor = crate::table::summary::committed_lsn(&table).unwrap_or_default();
+        // A changelog's live rows are made when a statement reads it (`live_changelog`).
+        let read = if entry.changelog {
+            &tail::WalRead::default()
+        } else {
+            &view.read
+        };
         let tail = self.reduced.get_or_reduce(
             entry.ident.name(),
             &self.shape(&table)?,
             &source,
-            &view.read,
+            read,
             floor,
             view.lsn.max(floor),
         )?;
@@ -387,6 +411,9 @@ impl Workspace {
     ) -> Result<Option<Arc<dyn TableProvider>>> {
         if self.entry(name).is_none() {
             self.refresh().await?;
+        }
+        if let Some(entry) = self.entry(name).filter(|e| e.changelog) {
+            return self.live_changelog(name, &entry, views).await;
         }
         let Some(state) = self.state_with(name, views).await? else {
             return Ok(None);

@@ -6,12 +6,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::SchemaRef;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
-use super::{PROP_COLUMNS, PROP_PRIMARY_KEY};
+use super::{PG_EPOCH_MICROS, PROP_COLUMNS, PROP_PRIMARY_KEY};
 use crate::catalog::LocalCatalog;
+use crate::change::Lsn;
 use crate::config::TableRef;
 use crate::error::{Context, Error, Result};
 
@@ -140,6 +143,48 @@ pub async fn create_or_load(
         .with_context(|| format!("creating Iceberg table {ident}"))?;
     tracing::info!(table = %ident, source = %source, "created changelog table");
     Ok(table)
+}
+
+/// The changelog rows of `values` (rows in the table's schema): each column of `target` by
+/// name, then the change columns from `meta` (operation, commit LSN, commit time in the
+/// Postgres epoch, order).
+pub fn batch(
+    values: &RecordBatch,
+    target: &SchemaRef,
+    meta: impl Iterator<Item = (ChangeOp, Lsn, i64, i64)>,
+) -> Result<RecordBatch> {
+    let (mut ops, mut lsns, mut times, mut seqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (op, lsn, time, seq) in meta {
+        ops.push(op.as_str());
+        lsns.push(i64::try_from(lsn.0).unwrap_or(i64::MAX));
+        times.push(time + PG_EPOCH_MICROS);
+        seqs.push(seq);
+    }
+    if ops.len() != values.num_rows() {
+        return Err(Error::fatal(format!(
+            "{} change rows were described for {} rows of values",
+            ops.len(),
+            values.num_rows()
+        )));
+    }
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
+    for field in target.fields() {
+        let col: ArrayRef = match field.name().as_str() {
+            OP => Arc::new(StringArray::from(std::mem::take(&mut ops))),
+            LSN => Arc::new(Int64Array::from(std::mem::take(&mut lsns))),
+            COMMIT_TIME => Arc::new(
+                TimestampMicrosecondArray::from(std::mem::take(&mut times)).with_timezone("+00:00"),
+            ),
+            SEQ => Arc::new(Int64Array::from(std::mem::take(&mut seqs))),
+            name => match values.column_by_name(name) {
+                Some(c) if c.data_type() == field.data_type() => c.clone(),
+                Some(c) => arrow::compute::cast(c, field.data_type())?,
+                None => arrow::array::new_null_array(field.data_type(), values.num_rows()),
+            },
+        };
+        columns.push(col);
+    }
+    Ok(RecordBatch::try_new(target.clone(), columns)?)
 }
 
 #[cfg(test)]

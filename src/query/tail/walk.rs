@@ -170,7 +170,9 @@ impl<'a> Walk<'a> {
                         let tuple = t.as_deref()?;
                         Some(
                             map.iter()
-                                .map(|m| m.and_then(|i| tuple.get(i).cloned()).unwrap_or(Datum::Null))
+                                .map(|m| {
+                                    m.and_then(|i| tuple.get(i).cloned()).unwrap_or(Datum::Null)
+                                })
                                 .collect(),
                         )
                     };

@@ -7,8 +7,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
-use arrow::datatypes::SchemaRef;
+use arrow::array::RecordBatch;
 use futures::StreamExt;
 use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
@@ -17,7 +16,7 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use super::{Loc, PendingRow, TableSink};
 use crate::catalog::LocalCatalog;
 use crate::change::{Datum, Lsn};
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Result};
 use crate::sink::iceberg::writer::TableWriter;
 use crate::sink::iceberg::{
     evolve, maintenance, rowdelta, PG_EPOCH_MICROS, PROP_COLUMNS, SUMMARY_COMMIT_TIME, SUMMARY_LSN,
@@ -269,7 +268,7 @@ impl TableSink {
             .collect();
         let values =
             RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(nullable)), columns)?;
-        let batch = changelog_batch(
+        let batch = changelog::batch(
             &values,
             &crate::table::schema::arrow_schema(&c.table)?,
             entries.iter().map(|e| (e.op, e.lsn, e.time, e.seq)),
@@ -316,7 +315,7 @@ impl TableSink {
             // The rows are the table as of its LSN: they carry that LSN.
             let meta =
                 (seq..seq + n).map(|s| (ChangeOp::Insert, lsn, time_micros - PG_EPOCH_MICROS, s));
-            w.write(changelog_batch(&values, &target, meta)?).await?;
+            w.write(changelog::batch(&values, &target, meta)?).await?;
             seq += n;
         }
         let (files, _) = w.close().await?;
@@ -427,46 +426,4 @@ impl TableSink {
         }
         Ok(())
     }
-}
-
-/// The changelog rows of `values` (rows in the table's schema): each column of `target` by
-/// name, then the change columns from `meta` (operation, commit LSN, commit time in the
-/// Postgres epoch, order).
-fn changelog_batch(
-    values: &RecordBatch,
-    target: &SchemaRef,
-    meta: impl Iterator<Item = (ChangeOp, Lsn, i64, i64)>,
-) -> Result<RecordBatch> {
-    let (mut ops, mut lsns, mut times, mut seqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (op, lsn, time, seq) in meta {
-        ops.push(op.as_str());
-        lsns.push(i64::try_from(lsn.0).unwrap_or(i64::MAX));
-        times.push(time + PG_EPOCH_MICROS);
-        seqs.push(seq);
-    }
-    if ops.len() != values.num_rows() {
-        return Err(Error::fatal(format!(
-            "{} change rows were described for {} rows of values",
-            ops.len(),
-            values.num_rows()
-        )));
-    }
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
-    for field in target.fields() {
-        let col: ArrayRef = match field.name().as_str() {
-            changelog::OP => Arc::new(StringArray::from(std::mem::take(&mut ops))),
-            changelog::LSN => Arc::new(Int64Array::from(std::mem::take(&mut lsns))),
-            changelog::COMMIT_TIME => Arc::new(
-                TimestampMicrosecondArray::from(std::mem::take(&mut times)).with_timezone("+00:00"),
-            ),
-            changelog::SEQ => Arc::new(Int64Array::from(std::mem::take(&mut seqs))),
-            name => match values.column_by_name(name) {
-                Some(c) if c.data_type() == field.data_type() => c.clone(),
-                Some(c) => arrow::compute::cast(c, field.data_type())?,
-                None => arrow::array::new_null_array(field.data_type(), values.num_rows()),
-            },
-        };
-        columns.push(col);
-    }
-    Ok(RecordBatch::try_new(target.clone(), columns)?)
 }

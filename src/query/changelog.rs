@@ -1,0 +1,477 @@
+//! Queries, changelog tables live: a changelog table (`pipelines.<p>.tables.<t>.changelog`)
+//! as its committed change rows UNION the change rows its table's changes still in the WAL
+//! will become, made as the sink makes them (`sink/iceberg/apply/changelog.rs`): one row per
+//! change in (commit LSN, order) order, values an update left unchanged filled from the
+//! previous version, a key change as a delete and an insert, a TRUNCATE as a delete of every
+//! row. So a query sees the same rows before and after the commit round that writes them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch};
+use datafusion::datasource::TableProvider;
+use iceberg::table::Table;
+
+use super::live::{CommittedRows, LiveTable};
+use super::tail::walk::Walk;
+use super::tail::{TableShape, TailSnapshot, WalRead};
+use super::view::ViewHandle;
+use super::{TableEntry, Workspace};
+use crate::change::{Datum, Lsn};
+use crate::error::{Error, Result};
+use crate::sink::iceberg::keys::{Key, KeyEncoder};
+use crate::table::changelog::{self, ChangeOp};
+use crate::table::schema as ice_schema;
+use crate::wal::Op;
+
+/// One change row of the tail.
+struct Row {
+    op: ChangeOp,
+    /// In the table's live column order; `Unchanged` where an update left a value that
+    /// `fill_from` holds.
+    values: Vec<Datum>,
+    /// The committed row of the table holding the values an update left unchanged.
+    fill_from: Option<Key>,
+    txn: Txn,
+}
+
+/// The transaction of a change row.
+#[derive(Clone, Copy)]
+struct Txn {
+    commit_lsn: Lsn,
+    /// Source commit time, Postgres epoch.
+    time: i64,
+    /// Counts the transactions of the tail: the change order restarts with each.
+    n: usize,
+}
+
+/// A TRUNCATE's deletes of the table's committed rows, placed before row `at`: every
+/// committed row except the copies the tail had already replaced or deleted (`replaced`:
+/// key -> copies, `u32::MAX` for all); none after an earlier TRUNCATE of the tail.
+struct Truncate {
+    at: usize,
+    replaced: Option<HashMap<Key, u32>>,
+    txn: Txn,
+}
+
+/// The change rows of a table's tail, before the committed rows they need are read.
+pub(crate) struct ChangeTail {
+    rows: Vec<Row>,
+    truncates: Vec<Truncate>,
+}
+
+impl ChangeTail {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.truncates.is_empty()
+    }
+}
+
+/// A version of a row written in the tail.
+struct Version {
+    key: Key,
+    values: Vec<Datum>,
+    fill_from: Option<Key>,
+}
+
+/// The tail's versions of rows, in the order written, by key.
+#[derive(Default)]
+struct Versions {
+    list: Vec<Option<Version>>,
+    by_key: HashMap<Key, Vec<usize>>,
+}
+
+impl Versions {
+    /// Removes the newest version of `key` (every version with `all`), returning the newest.
+    fn take(&mut self, key: &Key, all: bool) -> Option<Version> {
+        let indices = self.by_key.get_mut(key)?;
+        let mut newest = None;
+        while let Some(i) = indices.pop() {
+            newest = newest.or_else(|| self.list[i].take());
+            if !all {
+                break;
+            }
+            if let Some(v) = self.list.get_mut(i) {
+                v.take();
+            }
+        }
+        if indices.is_empty() {
+            self.by_key.remove(key);
+        }
+        newest
+    }
+
+    fn push(&mut self, v: Version) {
+        self.by_key
+            .entry(v.key.clone())
+            .or_default()
+            .push(self.list.len());
+        self.list.push(Some(v));
+    }
+
+    fn drain(&mut self) -> Vec<Version> {
+        self.by_key.clear();
+        self.list.drain(..).flatten().collect()
+    }
+}
+
+/// The change rows of `shape`'s table in the transactions of `read` after its changelog's
+/// LSN (`log_floor`) and up to `through`. Changes after the table's own LSN (`state_floor`)
+/// are followed to know each row's previous version. A change the changelog lacks although
+/// the table holds it (the changelog is behind: only after a re-snapshot) is refused, as
+/// the sink refuses it.
+pub(crate) fn changes(
+    shape: &TableShape,
+    read: &WalRead,
+    state_floor: Lsn,
+    log_floor: Lsn,
+    through: Lsn,
+) -> Result<ChangeTail> {
+    let walk = Walk::new(shape);
+    let keyed = !shape.key.is_empty();
+    let mut versions = Versions::default();
+    // Committed rows the tail replaced or deleted; None once the tail truncated the table.
+    let mut replaced: Option<HashMap<Key, u32>> = Some(HashMap::new());
+    let mut out = ChangeTail {
+        rows: Vec::new(),
+        truncates: Vec::new(),
+    };
+    let mut txn: Option<(Lsn, Txn)> = None;
+    let replace = |replaced: &mut Option<HashMap<Key, u32>>, key: Key, all: bool| {
+        if let Some(r) = replaced {
+            let n = r.entry(key).or_insert(0);
+            *n = if all { u32::MAX } else { n.saturating_add(1) };
+        }
+    };
+    walk.each(read, state_floor.min(log_floor), through, |step| {
+        let t = match txn {
+            Some((end, t)) if end == step.txn.end_lsn => t,
+            _ => {
+                let t = Txn {
+                    commit_lsn: step.txn.commit_lsn,
+                    time: step.txn.commit_time_micros,
+                    n: txn.map_or(0, |(_, t)| t.n + 1),
+                };
+                txn = Some((step.txn.end_lsn, t));
+                t
+            }
+        };
+        let log = step.txn.end_lsn > log_floor;
+        if log && step.txn.end_lsn <= state_floor {
+            return Err(Error::query(format!(
+                "the changelog of {} is behind the table's own commits; run `skipprd sync --resnapshot`",
+                shape.source
+            )));
+        }
+        let emit = |out: &mut ChangeTail, op: ChangeOp, values: Vec<Datum>, fill_from| {
+            if log {
+                out.rows.push(Row {
+                    op,
+                    values,
+                    fill_from,
+                    txn: t,
+                });
+            }
+        };
+        match step.op {
+            Op::Relation => {}
+            Op::Truncate => {
+                if log {
+                    out.truncates.push(Truncate {
+                        at: out.rows.len(),
+                        replaced: replaced.clone(),
+                        txn: t,
+                    });
+                }
+                for v in versions.drain() {
+                    emit(&mut out, ChangeOp::Delete, v.values, v.fill_from);
+                }
+                replaced = None;
+            }
+            Op::Insert => {
+                let row = step.new.unwrap_or_default();
+                let (key, _) = walk.key_of(&row)?;
+                if keyed {
+                    versions.take(&key, true);
+                    replace(&mut replaced, key.clone(), true);
+                }
+                emit(&mut out, ChangeOp::Insert, row.clone(), None);
+                versions.push(Version {
+                    key,
+                    values: row,
+                    fill_from: None,
+                });
+            }
+            Op::Delete => {
+                let old = step.old.unwrap_or_default();
+                let (key, _) = walk.key_of(&old)?;
+                let taken = versions.take(&key, keyed);
+                if keyed || taken.is_none() {
+                    replace(&mut replaced, key, keyed);
+                }
+                emit(&mut out, ChangeOp::Delete, old, None);
+            }
+            Op::Update => {
+                let mut row = step.new.unwrap_or_default();
+                if let Some(old) = &step.old {
+                    super::tail::fill_from_old(&mut row, old);
+                }
+                let (new_key, _) = walk.key_of(&row)?;
+                let old_key = match &step.old {
+                    Some(o) => walk.key_of(o)?.0,
+                    None => new_key.clone(),
+                };
+                let mut fill_from = None;
+                match versions.take(&old_key, keyed) {
+                    Some(previous) => {
+                        for (d, v) in row.iter_mut().zip(previous.values) {
+                            if matches!(d, Datum::Unchanged) {
+                                *d = v;
+                            }
+                        }
+                        fill_from = previous.fill_from;
+                    }
+                    None => {
+                        if replaced.is_some() {
+                            fill_from = Some(old_key.clone());
+                        }
+                        replace(&mut replaced, old_key.clone(), keyed);
+                    }
+                }
+                if !row.iter().any(|d| matches!(d, Datum::Unchanged)) {
+                    fill_from = None;
+                }
+                if keyed && new_key != old_key {
+                    versions.take(&new_key, true);
+                    replace(&mut replaced, new_key.clone(), true);
+                }
+                match &step.old {
+                    // A row that changes its key (or a row without a key, which is its whole
+                    // content) is a delete and an insert, as the sink writes it.
+                    Some(old) if old_key != new_key || !keyed => {
+                        emit(&mut out, ChangeOp::Delete, old.clone(), None);
+                        emit(&mut out, ChangeOp::Insert, row.clone(), fill_from.clone());
+                    }
+                    _ => emit(&mut out, ChangeOp::Update, row.clone(), fill_from.clone()),
+                }
+                versions.push(Version {
+                    key: new_key,
+                    values: row,
+                    fill_from,
+                });
+            }
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// The change rows of `tail` as rows of the changelog (`log_schema`): values left
+/// unchanged read from the table's committed rows (`state`), a TRUNCATE's deletes of them
+/// too, each row's order in its transaction counted as the sink counts it.
+pub(crate) async fn materialize(
+    tail: ChangeTail,
+    shape: &TableShape,
+    state: &Table,
+    log_schema: &arrow::datatypes::SchemaRef,
+) -> Result<Option<RecordBatch>> {
+    if tail.is_empty() {
+        return Ok(None);
+    }
+    // A delete row holds the old key only: every column may be NULL in a changelog.
+    let shape = &TableShape {
+        schema: nullable(&shape.schema),
+        ..shape.clone()
+    };
+    let walk = Walk::new(shape);
+    let (values, unchanged) = walk.batch(tail.rows.iter().map(|r| r.values.as_slice()))?;
+    let mut fill = Vec::new();
+    for (i, (row, cols)) in tail.rows.iter().zip(unchanged).enumerate() {
+        if cols.is_empty() {
+            continue;
+        }
+        let Some(from) = &row.fill_from else {
+            return Err(Error::fatal(format!(
+                "table {}: an update left a large (TOAST) value unchanged, but the previous version of the row is not known; run `skipprd sync --resnapshot`",
+                shape.source
+            )));
+        };
+        fill.push((i, from.clone(), cols));
+    }
+    let whole = tail.truncates.iter().any(|t| t.replaced.is_some());
+    let committed = if fill.is_empty() && !whole {
+        None
+    } else {
+        let wanted: std::collections::HashSet<&Key> = fill.iter().map(|(_, k, _)| k).collect();
+        Some(
+            CommittedRows::read(state, &shape.schema, walk.key_cols.as_slice(), |k| {
+                whole || wanted.contains(k)
+            })
+            .await?,
+        )
+    };
+    let values = match &committed {
+        Some(c) if !fill.is_empty() => c.fill(state, &values, &fill)?,
+        _ => values,
+    };
+    // The committed rows in the live schema (columns the tail adds are NULL there).
+    let committed: Vec<RecordBatch> = match committed {
+        Some(c) if whole => c
+            .batches
+            .iter()
+            .map(|b| in_schema(b, &shape.schema))
+            .collect::<Result<_>>()?,
+        _ => Vec::new(),
+    };
+    // The output, in order: (source batch, row) and the change it is.
+    let encoder = KeyEncoder::new(
+        walk.key_cols
+            .iter()
+            .map(|i| shape.schema.field(*i).data_type().clone())
+            .collect(),
+    );
+    let mut order: Vec<(usize, usize)> = Vec::new();
+    let mut meta: Vec<(ChangeOp, Txn)> = Vec::new();
+    let mut truncates = tail.truncates.into_iter().peekable();
+    for r in 0..=tail.rows.len() {
+        while let Some(t) = truncates.next_if(|t| t.at == r) {
+            let Some(mut replaced) = t.replaced else {
+                continue;
+            };
+            for (b, batch) in committed.iter().enumerate() {
+                let keys: Vec<ArrayRef> = walk
+                    .key_cols
+                    .iter()
+                    .map(|i| batch.column(*i).clone())
+                    .collect();
+                for row in 0..batch.num_rows() {
+                    if let Some(n) = encoder
+                        .from_arrays(&keys, row)
+                        .and_then(|k| replaced.get_mut(&k))
+                        .filter(|n| **n > 0)
+                    {
+                        if *n != u32::MAX {
+                            *n -= 1;
+                        }
+                        continue;
+                    }
+                    order.push((b + 1, row));
+                    meta.push((ChangeOp::Delete, t.txn));
+                }
+            }
+        }
+        if let Some(row) = tail.rows.get(r) {
+            order.push((0, r));
+            meta.push((row.op, row.txn));
+        }
+    }
+    let sources: Vec<&RecordBatch> = std::iter::once(&values).chain(committed.iter()).collect();
+    let columns = (0..values.num_columns())
+        .map(|c| {
+            let parts: Vec<&dyn Array> = sources.iter().map(|b| b.column(c).as_ref()).collect();
+            arrow::compute::interleave(&parts, &order)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let values = RecordBatch::try_new(values.schema(), columns)?;
+    // Each change's order inside its transaction, from 0.
+    let mut seq = 0i64;
+    let mut last = None;
+    let meta = meta.into_iter().map(|(op, t)| {
+        if last != Some(t.n) {
+            last = Some(t.n);
+            seq = 0;
+        }
+        seq += 1;
+        (op, t.commit_lsn, t.time, seq - 1)
+    });
+    Ok(Some(changelog::batch(&values, log_schema, meta)?))
+}
+
+/// `batch` (a committed read) with the columns of `schema`: by position, cast where the
+/// live type is wider, NULL for columns it lacks.
+fn in_schema(batch: &RecordBatch, schema: &arrow::datatypes::SchemaRef) -> Result<RecordBatch> {
+    let columns = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match batch.columns().get(i) {
+            Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
+            Some(c) => arrow::compute::cast(c, f.data_type()).map_err(Error::from),
+            None => Ok(new_null_array(f.data_type(), batch.num_rows())),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        nullable(schema),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
+}
+
+/// `schema` with every field nullable.
+fn nullable(schema: &arrow::datatypes::SchemaRef) -> arrow::datatypes::SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    ))
+}
+
+impl Workspace {
+    /// The changelog table `name` (of the table `entry` names) live in the statement's read
+    /// view: its committed rows and the change rows of its table's tail.
+    pub(super) async fn live_changelog(
+        &self,
+        name: &str,
+        entry: &TableEntry,
+        views: &ViewHandle,
+    ) -> Result<Option<Arc<dyn TableProvider>>> {
+        let Some((pipeline, _, source)) = &entry.pipeline else {
+            return Ok(None);
+        };
+        let view = views.view(self, pipeline).await?;
+        if let Some(reason) = view.refused.get(name) {
+            return Err(Error::query(reason.clone()));
+        }
+        let Some(log) = view.tables.get(name) else {
+            return Ok(None);
+        };
+        let log_schema = ice_schema::arrow_schema(log)?;
+        let log_floor = crate::table::summary::committed_lsn(log).unwrap_or_default();
+        let rows = match view.tables.get(&source.iceberg_name()) {
+            Some(state) => {
+                let base = self.shape(state)?;
+                let mut shape = TableShape {
+                    source: source.clone(),
+                    ..(*base).clone()
+                };
+                super::tail_schema::extend(&mut shape, &view.read);
+                let state_floor = crate::table::summary::committed_lsn(state).unwrap_or_default();
+                let through = view.lsn.max(state_floor).max(log_floor);
+                let tail = changes(&shape, &view.read, state_floor, log_floor, through)?;
+                materialize(tail, &shape, state, &log_schema).await?
+            }
+            None => None,
+        };
+        let tail = TailSnapshot {
+            floor: log_floor,
+            schema: log_schema,
+            hidden: Default::default(),
+            changes: rows.as_ref().map_or(0, |r| r.num_rows() as u64),
+            rows,
+            fill: Vec::new(),
+            oldest_commit_micros: None,
+            wal_lsn: view.lsn,
+        };
+        let table = LiveTable::new(
+            log,
+            Vec::new(),
+            false,
+            Arc::new(tail),
+            self.scan_caches.clone(),
+        )
+        .await?;
+        Ok(Some(Arc::new(table)))
+    }
+}
