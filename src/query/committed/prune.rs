@@ -26,16 +26,7 @@ pub(super) fn row_groups(
     let Some(pruning) = &filter.pruning else {
         return all;
     };
-    let stats = RowGroupStats {
-        file: file.clone(),
-        parquet: metadata.file_metadata().schema_descr(),
-        row_groups: metadata.row_groups(),
-        targets: filter
-            .columns
-            .iter()
-            .map(|i| table_schema.field(*i).clone())
-            .collect(),
-    };
+    let stats = RowGroupStats::of(file, metadata, table_schema, filter);
     match pruning.prune(&stats) {
         Ok(keep) => all.into_iter().filter(|i| keep[*i]).collect(),
         Err(e) => {
@@ -62,16 +53,7 @@ pub(super) fn proven_true(
     if kept.is_empty() {
         return false;
     }
-    let stats = RowGroupStats {
-        file: file.clone(),
-        parquet: metadata.file_metadata().schema_descr(),
-        row_groups: metadata.row_groups(),
-        targets: filter
-            .columns
-            .iter()
-            .map(|i| table_schema.field(*i).clone())
-            .collect(),
-    };
+    let stats = RowGroupStats::of(file, metadata, table_schema, filter);
     let no_nulls = stats.targets.iter().all(|t| {
         let column = datafusion::common::Column::new_unqualified(t.name());
         stats.null_counts(&column).is_some_and(|counts| {
@@ -224,7 +206,26 @@ struct RowGroupStats<'a> {
     targets: Vec<arrow::datatypes::Field>,
 }
 
-impl RowGroupStats<'_> {
+impl<'a> RowGroupStats<'a> {
+    /// The statistics of the filter columns of every row group of one file.
+    fn of(
+        file: &SchemaRef,
+        metadata: &'a parquet::file::metadata::ParquetMetaData,
+        table_schema: &SchemaRef,
+        filter: &ScanFilter,
+    ) -> Self {
+        RowGroupStats {
+            file: file.clone(),
+            parquet: metadata.file_metadata().schema_descr(),
+            row_groups: metadata.row_groups(),
+            targets: filter
+                .columns
+                .iter()
+                .map(|i| table_schema.field(*i).clone())
+                .collect(),
+        }
+    }
+
     /// The file's column and the table's type for a filter column.
     fn converter(
         &self,
