@@ -475,3 +475,116 @@ impl Workspace {
         Ok(Some(Arc::new(table)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::query::tail::tests::{change, read, shape, t};
+
+    /// (op, id, txn, fill_from set) of each row.
+    fn rows(tail: &ChangeTail) -> Vec<(ChangeOp, String, usize, bool)> {
+        tail.rows
+            .iter()
+            .map(|r| {
+                let id = match &r.values[0] {
+                    Datum::Text(b) => String::from_utf8_lossy(b).to_string(),
+                    _ => "NULL".into(),
+                };
+                (r.op, id, r.txn.n, r.fill_from.is_some())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_change_is_a_row_and_a_key_change_a_delete_and_an_insert() -> Result<()> {
+        let r = read(vec![
+            vec![
+                change(Op::Insert, None, Some(vec![t("1"), t("a")])),
+                change(Op::Delete, Some(vec![t("1"), Datum::Null]), None),
+                change(Op::Update, None, Some(vec![t("2"), Datum::Unchanged])),
+            ],
+            vec![
+                change(
+                    Op::Update,
+                    Some(vec![t("2"), Datum::Null]),
+                    Some(vec![t("3"), Datum::Unchanged]),
+                ),
+                change(Op::Update, None, Some(vec![t("3"), t("c")])),
+            ],
+        ]);
+        let tail = changes(&shape(true), &r, Lsn(0), Lsn(0), Lsn(u64::MAX))?;
+        use ChangeOp::*;
+        assert_eq!(
+            rows(&tail),
+            vec![
+                (Insert, "1".into(), 0, false),
+                (Delete, "1".into(), 0, false),
+                // Its unchanged value is the committed row's of key 2.
+                (Update, "2".into(), 0, true),
+                (Delete, "2".into(), 1, false),
+                // Still the committed row's, through the tail's version of key 2.
+                (Insert, "3".into(), 1, true),
+                (Update, "3".into(), 1, false),
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn only_transactions_after_the_changelogs_lsn_are_rows() -> Result<()> {
+        let r = read(vec![
+            vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
+            vec![change(Op::Update, None, Some(vec![t("1"), Datum::Unchanged]))],
+        ]);
+        // The changelog holds the first transaction (LSN 100), the table neither.
+        let tail = changes(&shape(true), &r, Lsn(0), Lsn(100), Lsn(u64::MAX))?;
+        assert_eq!(rows(&tail), vec![(ChangeOp::Update, "1".into(), 1, false)]);
+        assert!(
+            matches!(&tail.rows[0].values[1], Datum::Text(v) if v.as_ref() == b"a"),
+            "the unchanged value comes from the tail's version the changelog already holds"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_changelog_behind_its_table_is_refused() {
+        let r = read(vec![
+            vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
+            vec![change(Op::Insert, None, Some(vec![t("2"), t("b")]))],
+        ]);
+        // The table holds LSN 110, the changelog only 100: the change at 110 is missing.
+        let err = changes(&shape(true), &r, Lsn(110), Lsn(100), Lsn(u64::MAX))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("is behind") && err.contains("--resnapshot"), "{err}");
+    }
+
+    #[test]
+    fn a_truncate_deletes_the_committed_rows_the_tail_kept_then_its_own() -> Result<()> {
+        let r = read(vec![vec![
+            change(Op::Delete, Some(vec![t("5"), Datum::Null]), None),
+            change(Op::Insert, None, Some(vec![t("7"), t("x")])),
+            change(Op::Truncate, None, None),
+            change(Op::Insert, None, Some(vec![t("8"), t("y")])),
+        ]]);
+        let tail = changes(&shape(true), &r, Lsn(0), Lsn(0), Lsn(u64::MAX))?;
+        use ChangeOp::*;
+        assert_eq!(
+            rows(&tail),
+            vec![
+                (Delete, "5".into(), 0, false),
+                (Insert, "7".into(), 0, false),
+                (Delete, "7".into(), 0, false),
+                (Insert, "8".into(), 0, false),
+            ]
+        );
+        let [truncate] = tail.truncates.as_slice() else {
+            panic!("one truncate expected");
+        };
+        assert_eq!(truncate.at, 2, "the committed rows' deletes come first");
+        let replaced = truncate.replaced.as_ref().map(|r| r.len());
+        assert_eq!(replaced, Some(2), "keys 5 and 7 are no committed rows to delete");
+        Ok(())
+    }
+}

@@ -450,5 +450,5 @@ impl ReducedCache {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub(crate) mod walk;

@@ -8,11 +8,11 @@ use arrow::array::{AsArray, Int32Array};
 use arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use bytes::Bytes;
 
-fn t(v: &str) -> Datum {
+pub(crate) fn t(v: &str) -> Datum {
     Datum::Text(Bytes::copy_from_slice(v.as_bytes()))
 }
 
-fn relation() -> Relation {
+pub(crate) fn relation() -> Relation {
     Relation {
         id: 7,
         namespace: "public".into(),
@@ -25,7 +25,7 @@ fn relation() -> Relation {
     }
 }
 
-fn shape(keyed: bool) -> TableShape {
+pub(crate) fn shape(keyed: bool) -> TableShape {
     TableShape {
         source: TableRef {
             schema: "public".into(),
@@ -42,7 +42,7 @@ fn shape(keyed: bool) -> TableShape {
     }
 }
 
-fn change(op: Op, old: Option<Vec<Datum>>, new: Option<Vec<Datum>>) -> Change {
+pub(crate) fn change(op: Op, old: Option<Vec<Datum>>, new: Option<Vec<Datum>>) -> Change {
     Change {
         op,
         rel: 7,
@@ -52,7 +52,7 @@ fn change(op: Op, old: Option<Vec<Datum>>, new: Option<Vec<Datum>>) -> Change {
     }
 }
 
-fn read(txns: Vec<Vec<Change>>) -> WalRead {
+pub(crate) fn read(txns: Vec<Vec<Change>>) -> WalRead {
     let mut records = vec![Record::Relation(relation())];
     for (i, changes) in txns.into_iter().enumerate() {
         let lsn = Lsn(100 + i as u64 * 10);
