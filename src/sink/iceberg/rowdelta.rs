@@ -156,14 +156,90 @@ pub async fn commit(
     props: HashMap<String, String>,
     specs: &Specs,
 ) -> Result<Table> {
+    let prepared = prepare(
+        catalog.rest().is_some(),
+        table,
+        data,
+        deletes,
+        replace_all,
+        props,
+        specs,
+    )
+    .await?;
+    finish(catalog, prepared).await
+}
+
+/// A commit of new files made ready up to the catalog's swap: its manifests, manifest list
+/// and (for a local catalog) next metadata file written and durable with the files they
+/// name. [`finish`] makes it current. Two tables' commits can be prepared at once and then
+/// made current in a chosen order (a changelog before its table).
+pub struct Prepared {
+    base: Table,
+    pipeline: Option<String>,
+    step: PreparedStep,
+}
+
+enum PreparedStep {
+    /// The next metadata file, written beside the current one.
+    Local(Table),
+    /// A REST catalog writes the metadata itself: the new metadata and its changes.
+    Rest(Box<iceberg::spec::TableMetadata>, Vec<iceberg::TableUpdate>),
+}
+
+/// Prepares the commit [`commit`] makes (`rest`: the table's catalog is a REST catalog).
+pub async fn prepare(
+    rest: bool,
+    table: &Table,
+    data: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+    replace_all: bool,
+    props: HashMap<String, String>,
+    specs: &Specs,
+) -> Result<Prepared> {
     let pipeline = props.get(super::SUMMARY_PIPELINE).cloned();
     let (snapshot, new_files) =
         new_snapshot(table, data, deletes, replace_all, props, specs).await?;
+    let step = if rest {
+        let built = add_current(
+            TableMetadataBuilder::new_from_metadata(
+                table.metadata().clone(),
+                table.metadata_location().map(str::to_string),
+            ),
+            snapshot,
+        )?
+        .build()?;
+        durable::sync_files(new_files.iter().map(String::as_str))?;
+        PreparedStep::Rest(Box::new(built.metadata), built.changes)
+    } else {
+        PreparedStep::Local(stage_metadata(table, &new_files, |b| add_current(b, snapshot)).await?)
+    };
+    Ok(Prepared {
+        base: table.clone(),
+        pipeline,
+        step,
+    })
+}
+
+/// Makes a prepared commit current: the catalog's compare-and-swap from the table it was
+/// prepared on (failing when another commit came first). Returns the table as committed.
+pub async fn finish(catalog: &LocalCatalog, prepared: Prepared) -> Result<Table> {
     // A process that lost its pipeline's lease (S3 mode) must not make anything current.
-    if let Some(pipeline) = &pipeline {
+    if let Some(pipeline) = &prepared.pipeline {
         crate::storage::lease::ensure_held(pipeline)?;
     }
-    commit_metadata(catalog, table, &new_files, |b| add_current(b, snapshot)).await
+    match prepared.step {
+        PreparedStep::Rest(metadata, changes) => {
+            durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
+            catalog
+                .commit_changes(&prepared.base, *metadata, changes)
+                .await
+        }
+        PreparedStep::Local(staged) => {
+            let old = metadata_location(&prepared.base)?;
+            let new = metadata_location(&staged)?;
+            swap_in(catalog, &prepared.base, &old, &new).await
+        }
+    }
 }
 
 /// Replaces every file of `base` with `data`, written against `staged` (the table with
@@ -435,9 +511,20 @@ pub(super) async fn commit_metadata(
     let old_location = metadata_location(table)?;
     let staged = stage_metadata(table, new_files, change).await?;
     let new_location = metadata_location(&staged)?;
+    swap_in(catalog, table, &old_location, &new_location).await
+}
+
+/// Swaps the catalog's pointer of `table` from `old_location` to the staged `new_location`
+/// (compare-and-swap) and returns the table reloaded.
+async fn swap_in(
+    catalog: &LocalCatalog,
+    table: &Table,
+    old_location: &str,
+    new_location: &str,
+) -> Result<Table> {
     durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
     catalog
-        .swap_metadata(table.identifier(), &old_location, &new_location)
+        .swap_metadata(table.identifier(), old_location, new_location)
         .await?;
     let table = catalog
         .catalog
@@ -445,8 +532,8 @@ pub(super) async fn commit_metadata(
         .await
         .with_context(|| format!("reloading Iceberg table {}", table.identifier()))?;
     if let Some(pipeline) = super::commit::committed_pipeline(&table) {
-        if table.metadata_location() == Some(new_location.as_str()) {
-            catalog.remember(table.identifier(), &new_location, pipeline);
+        if table.metadata_location() == Some(new_location) {
+            catalog.remember(table.identifier(), new_location, pipeline);
         }
     }
     Ok(table)

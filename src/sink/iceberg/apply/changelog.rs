@@ -16,7 +16,7 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use super::{Loc, PendingRow, TableSink};
 use crate::catalog::LocalCatalog;
 use crate::change::{Datum, Lsn};
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::writer::TableWriter;
 use crate::sink::iceberg::{
     evolve, maintenance, rowdelta, PG_EPOCH_MICROS, PROP_COLUMNS, SUMMARY_COMMIT_TIME, SUMMARY_LSN,
@@ -207,56 +207,104 @@ impl TableSink {
         if entries.is_empty() {
             return Ok(());
         }
-        let files = self.write_changelog(&entries).await?;
+        let batch = self.changelog_batch(&entries).await?;
         if let Some(c) = &mut self.changelog {
+            let files = write_changelog_batch(&c.table, batch).await?;
             c.staged.extend(files);
         }
         Ok(())
     }
 
-    /// Appends the staged change rows in one snapshot at `props`' LSN (before the table's
-    /// own commit of the same changes).
-    pub(super) async fn commit_changelog(
+    /// Starts the changelog's part of a commit round at `lsn`: the staged change rows are
+    /// made into a batch here (values an update left unchanged are read through the table's
+    /// index) and written to files on another thread, beside the table's own files.
+    pub(super) async fn start_changelog_write(
         &mut self,
-        catalog: &LocalCatalog,
-        props: &std::collections::HashMap<String, String>,
         lsn: Lsn,
-    ) -> Result<()> {
+    ) -> Result<Option<tokio::task::JoinHandle<Result<Vec<DataFile>>>>> {
         if !self.logs(lsn) {
-            return Ok(());
+            return Ok(None);
         }
-        self.spill_changelog().await?;
         let Some(c) = &mut self.changelog else {
-            return Ok(());
+            return Ok(None);
         };
-        let files = std::mem::take(&mut c.staged);
-        let committed = rowdelta::commit(
-            catalog,
-            &c.table,
-            files.clone(),
-            Vec::new(),
-            false,
-            props.clone(),
-            &rowdelta::Specs::new(),
-        )
-        .await;
-        match committed {
-            Ok(table) => {
-                c.table = table;
-                c.lsn = lsn;
-                Ok(())
+        let entries = std::mem::take(&mut c.entries);
+        c.bytes = 0;
+        let batch = if entries.is_empty() {
+            None
+        } else {
+            Some(self.changelog_batch(&entries).await?)
+        };
+        let Some(c) = &self.changelog else {
+            return Ok(None);
+        };
+        let table = c.table.clone();
+        Ok(Some(tokio::spawn(async move {
+            match batch {
+                Some(batch) => write_changelog_batch(&table, batch).await,
+                None => Ok(Vec::new()),
             }
-            Err(e) => {
-                c.staged = files;
-                Err(e)
-            }
-        }
+        })))
     }
 
-    /// Writes change rows as data files of the changelog (not committed).
-    async fn write_changelog(&self, entries: &[Entry]) -> Result<Vec<DataFile>> {
+    /// Once its files are written (`write`), prepares the changelog's snapshot of them (and
+    /// of any files staged before) on another thread, beside the table's. The files stay
+    /// staged until the snapshot is current.
+    pub(super) async fn start_changelog_prepare(
+        &mut self,
+        write: Option<tokio::task::JoinHandle<Result<Vec<DataFile>>>>,
+        rest: bool,
+        props: &std::collections::HashMap<String, String>,
+    ) -> Result<Option<tokio::task::JoinHandle<Result<rowdelta::Prepared>>>> {
+        let Some(write) = write else {
+            return Ok(None);
+        };
+        let files = joined(write.await)?;
+        let Some(c) = &mut self.changelog else {
+            return Ok(None);
+        };
+        c.staged.extend(files);
+        let (table, files, props) = (c.table.clone(), c.staged.clone(), props.clone());
+        Ok(Some(tokio::spawn(async move {
+            rowdelta::prepare(
+                rest,
+                &table,
+                files,
+                Vec::new(),
+                false,
+                props,
+                &rowdelta::Specs::new(),
+            )
+            .await
+        })))
+    }
+
+    /// Makes the changelog's prepared snapshot current at `lsn` (before the table's own
+    /// commit of the same changes: a crash between the two leaves the changelog ahead).
+    pub(super) async fn finish_changelog(
+        &mut self,
+        catalog: &LocalCatalog,
+        prepared: Option<tokio::task::JoinHandle<Result<rowdelta::Prepared>>>,
+        lsn: Lsn,
+    ) -> Result<()> {
+        let Some(prepared) = prepared else {
+            return Ok(());
+        };
+        let table = rowdelta::finish(catalog, joined(prepared.await)?).await?;
+        if let Some(c) = &mut self.changelog {
+            c.table = table;
+            c.lsn = lsn;
+            c.staged.clear();
+        }
+        Ok(())
+    }
+
+    /// The change rows `entries` as rows of the changelog.
+    async fn changelog_batch(&self, entries: &[Entry]) -> Result<RecordBatch> {
         let Some(c) = &self.changelog else {
-            return Ok(Vec::new());
+            return Err(Error::fatal(
+                "a changelog batch was made for a table without one",
+            ));
         };
         let rows: Vec<PendingRow> = entries.iter().map(|e| e.row.clone()).collect();
         let columns = self.build_columns(&rows).await?;
@@ -268,15 +316,11 @@ impl TableSink {
             .collect();
         let values =
             RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(nullable)), columns)?;
-        let batch = changelog::batch(
+        changelog::batch(
             &values,
             &crate::table::schema::arrow_schema(&c.table)?,
             entries.iter().map(|e| (e.op, e.lsn, e.time, e.seq)),
-        )?;
-        let name = format!("changelog-{}", uuid::Uuid::now_v7().simple());
-        let mut w = TableWriter::new(&c.table, name, u64::MAX / 4).await?;
-        w.write(batch).await?;
-        Ok(w.close().await?.0)
+        )
     }
 
     /// The changelog's first rows: every live row of the table, as an insert at the table's
@@ -426,4 +470,17 @@ impl TableSink {
         }
         Ok(())
     }
+}
+
+/// Writes change rows as data files of the changelog `table` (not committed).
+async fn write_changelog_batch(table: &Table, batch: RecordBatch) -> Result<Vec<DataFile>> {
+    let name = format!("changelog-{}", uuid::Uuid::now_v7().simple());
+    let mut w = TableWriter::new(table, name, u64::MAX / 4).await?;
+    w.write(batch).await?;
+    Ok(w.close().await?.0)
+}
+
+/// The result of a task of the commit round, or its failure as an error.
+fn joined<T>(r: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
+    r.map_err(|e| Error::fatal(format!("a changelog task of the commit round failed: {e}")))?
 }

@@ -222,6 +222,8 @@ impl TableSink {
         // Checked before the schema a NULL may relax, as well as before the data (rowdelta).
         crate::storage::lease::ensure_held(pipeline)?;
         let live = self.take_live();
+        // The changelog's rows go to files on another thread while the table's are written.
+        let log_write = self.start_changelog_write(self.pending_lsn).await?;
         let mut data_files = std::mem::take(&mut self.staged);
         let written = self.write_live(live, catalog).await;
         let written = match written {
@@ -258,26 +260,40 @@ impl TableSink {
                 props.insert(key.to_string(), (t + PG_EPOCH_MICROS).to_string());
             }
         }
-        // The changelog first: a crash between the two commits leaves it ahead, and the
-        // replay then applies the changes to the table alone.
-        if let Err(e) = self
-            .commit_changelog(catalog, &props, self.pending_lsn)
-            .await
-        {
-            self.staged = data_files;
-            self.staged_deletes = delete_files;
-            return Err(e);
-        }
-        self.table = rowdelta::commit(
-            catalog,
+        // Both snapshots are prepared at once (the changelog's on another thread), then made
+        // current changelog first: a crash between the two leaves it ahead, and the replay
+        // then applies the changes to the table alone.
+        let rest = catalog.rest().is_some();
+        let log_prepare = match self.start_changelog_prepare(log_write, rest, &props).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.staged = data_files;
+                self.staged_deletes = delete_files;
+                return Err(e);
+            }
+        };
+        let prepared = rowdelta::prepare(
+            rest,
             &self.table,
-            data_files,
-            delete_files,
+            data_files.clone(),
+            delete_files.clone(),
             self.truncated,
             props,
             &self.delete_specs,
         )
-        .await?;
+        .await;
+        let logged = self
+            .finish_changelog(catalog, log_prepare, self.pending_lsn)
+            .await;
+        let prepared = match (prepared, logged) {
+            (Ok(p), Ok(())) => p,
+            (Err(e), _) | (_, Err(e)) => {
+                self.staged = data_files;
+                self.staged_deletes = delete_files;
+                return Err(e);
+            }
+        };
+        self.table = rowdelta::finish(catalog, prepared).await?;
         self.delete_specs.clear();
         // The index already follows the commit: a TRUNCATE cleared it when it was applied,
         // and the rows written since are indexed in their new files.
