@@ -540,3 +540,19 @@ def test_statements_split_into_target_partitions_and_lookups_plan_one(skippr: Sk
             assert conn.execute(lookup).fetchall() == pgc.execute(lookup).fetchall() == [(242,)]
     finally:
         assert stop(proc) == 0, bg_log(skippr)
+
+
+def test_a_filter_that_fails_on_a_replaced_committed_value_answers_from_the_tail(skippr: Skippr, db: Database) -> None:
+    """The scan applies filters itself: a committed version the tail replaced is never
+    shown, so a filter that cannot evaluate it (a cast of 'abc') must not fail the query."""
+    db.execute("CREATE TABLE codes (id int PRIMARY KEY, s text)")
+    db.execute("INSERT INTO codes SELECT g, 'abc' FROM generate_series(1, 50) g")
+    proc = start_live(skippr, ["codes"])
+    try:
+        tx(db, "UPDATE codes SET s = '5' WHERE id = 7")
+        wait_live(skippr, ["codes"], proc)
+        rows = query_json(skippr, "SELECT id FROM codes WHERE id = 7 AND CAST(s AS integer) = 5")
+        assert rows == [{"id": 7}], rows
+        assert db.execute("SELECT id FROM codes WHERE id = 7 AND s::integer = 5") == [(7,)]
+    finally:
+        assert stop(proc) == 0, bg_log(skippr)

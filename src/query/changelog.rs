@@ -447,6 +447,17 @@ impl Workspace {
                     ..(*base).clone()
                 };
                 super::tail_schema::extend(&mut shape, &view.read);
+                if !shape.tail_columns.is_empty() {
+                    // The table's columns changed in the tail: its changelog takes the same
+                    // change at the next commit, and its live rows show from then on.
+                    tracing::debug!(
+                        table = name,
+                        "changelog read as committed until its schema change is committed"
+                    );
+                    return Ok(Some(Arc::new(
+                        LiveTable::committed(log, self.scan_caches.clone()).await?,
+                    )));
+                }
                 let state_floor = crate::table::summary::committed_lsn(state).unwrap_or_default();
                 let through = view.lsn.max(state_floor).max(log_floor);
                 let tail = changes(&shape, &view.read, state_floor, log_floor, through)?;
@@ -534,7 +545,11 @@ mod tests {
     fn only_transactions_after_the_changelogs_lsn_are_rows() -> Result<()> {
         let r = read(vec![
             vec![change(Op::Insert, None, Some(vec![t("1"), t("a")]))],
-            vec![change(Op::Update, None, Some(vec![t("1"), Datum::Unchanged]))],
+            vec![change(
+                Op::Update,
+                None,
+                Some(vec![t("1"), Datum::Unchanged]),
+            )],
         ]);
         // The changelog holds the first transaction (LSN 100), the table neither.
         let tail = changes(&shape(true), &r, Lsn(0), Lsn(100), Lsn(u64::MAX))?;
@@ -557,7 +572,10 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("is behind") && err.contains("--resnapshot"), "{err}");
+        assert!(
+            err.contains("is behind") && err.contains("--resnapshot"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -584,7 +602,11 @@ mod tests {
         };
         assert_eq!(truncate.at, 2, "the committed rows' deletes come first");
         let replaced = truncate.replaced.as_ref().map(|r| r.len());
-        assert_eq!(replaced, Some(2), "keys 5 and 7 are no committed rows to delete");
+        assert_eq!(
+            replaced,
+            Some(2),
+            "keys 5 and 7 are no committed rows to delete"
+        );
         Ok(())
     }
 }

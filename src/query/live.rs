@@ -209,7 +209,18 @@ impl CommittedRows {
         let mut stream = Box::pin(stream);
         while let Some(b) = stream.next().await {
             let b = b.context("reading the committed rows")?;
-            let cols: Vec<ArrayRef> = key_cols.iter().map(|i| b.column(*i).clone()).collect();
+            // Keys in the live types (a key column the tail widened is read wider).
+            let cols = key_cols
+                .iter()
+                .map(|i| {
+                    let (c, t) = (b.column(*i), schema.field(*i).data_type());
+                    if c.data_type() == t {
+                        Ok(c.clone())
+                    } else {
+                        arrow::compute::cast(c, t)
+                    }
+                })
+                .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
             let mut keep = false;
             for row in 0..b.num_rows() {
                 if let Some(k) = encoder.from_arrays(&cols, row) {

@@ -107,19 +107,21 @@ impl Wildcards {
         w
     }
 
-    /// Whether a wildcard of the list surely outputs the column `parts` names too: any
-    /// column beside `*`, a bare column beside `q.*`, `q.c` beside `q.*`. Postgres outputs
-    /// both under one name; the engine needs the second one named apart.
-    fn repeats(&self, parts: &[Ident]) -> bool {
+    /// Whether a wildcard of the list may output the column `parts` names too: any column
+    /// beside `*`, `q.c` beside `q.*` (or `s.q.*`), and, in the outermost list only (where a
+    /// name given here never reaches a reference), a bare column beside `q.*`. Postgres
+    /// outputs both under one name; the engine needs the second one named apart.
+    fn repeats(&self, parts: &[Ident], outermost: bool) -> bool {
+        let same = |a: &str, b: &str| {
+            a == b || a.ends_with(&format!(".{b}")) || b.ends_with(&format!(".{a}"))
+        };
         match parts {
             [] => false,
-            [_] => self.all || !self.qualified.is_empty(),
+            [_] => self.all || (outermost && !self.qualified.is_empty()),
             [qualifier @ .., _] => {
                 self.all || {
                     let q = qualifier.iter().map(folded).collect::<Vec<_>>().join(".");
-                    self.qualified
-                        .iter()
-                        .any(|w| *w == q || w.ends_with(&format!(".{q}")))
+                    self.qualified.iter().any(|w| same(w, &q))
                 }
             }
         }
@@ -133,9 +135,12 @@ fn name_select(items: &mut [SelectItem], outermost: bool) -> bool {
     for item in items.iter_mut() {
         let (name, named) = match item {
             SelectItem::UnnamedExpr(e) => match e {
-                Expr::Identifier(i) => (folded(i), !wildcards.repeats(std::slice::from_ref(i))),
+                Expr::Identifier(i) => (
+                    folded(i),
+                    !wildcards.repeats(std::slice::from_ref(i), outermost),
+                ),
                 Expr::CompoundIdentifier(parts) => match parts.last() {
-                    Some(i) => (folded(i), !wildcards.repeats(parts)),
+                    Some(i) => (folded(i), !wildcards.repeats(parts, outermost)),
                     None => continue,
                 },
                 e => (figure_name(e), false),
@@ -435,11 +440,21 @@ mod tests {
             format!("SELECT *, id AS \"id{m}\" FROM t")
         );
         assert_eq!(
-            named("SELECT x FROM (SELECT s.*, S.id, o.id, id FROM t s JOIN o ON true) q"),
+            named("SELECT x FROM (SELECT s.*, S.id, o.id FROM t s JOIN o ON true) q"),
             format!(
-                "SELECT x FROM (SELECT s.*, S.id AS \"id{m}\", o.id AS \"id{m}2\", \
-                 id AS \"id{m}3\" FROM t s JOIN o ON true) q"
+                "SELECT x FROM (SELECT s.*, S.id AS \"id{m}\", o.id AS \"id{m}2\" \
+                 FROM t s JOIN o ON true) q"
             )
+        );
+        // A bare column beside `q.*` in a subquery may come from another relation, and an
+        // outer query may name it: only the outermost list names it apart.
+        assert_eq!(
+            named("WITH x AS (SELECT o.*, name FROM o JOIN c USING (k)) SELECT name FROM x"),
+            "WITH x AS (SELECT o.*, name FROM o JOIN c USING(k)) SELECT name FROM x"
+        );
+        assert_eq!(
+            named("SELECT o.*, name FROM o"),
+            format!("SELECT o.*, name AS \"name{m}\" FROM o")
         );
         assert_eq!(
             named("SELECT a.* FROM (SELECT s.*, o.id FROM t s JOIN o ON true) a"),

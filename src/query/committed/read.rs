@@ -296,10 +296,21 @@ impl FileReader {
             .filter(|_| !proven)
             .filter(|f| f.keys.is_some() || narrowed)
             .filter(|f| exact.is_none() || f.columns != self.key_cols)
-            .map(|f| row_filter(f, &self.table_schema, &builder, f.strict));
-        // A strict filter the decoder does not apply is applied to each batch read, from its
-        // columns read beside the projection.
-        let post_filter = strict.filter(|_| row_filter.is_none()).map(|f| {
+            // Rows hidden by key after decoding (the tail replaced them) are still decoded
+            // here: an error on such a stale row must not fail the statement, so the
+            // decoder's filter is strict only when every row it sees is visible.
+            .map(|f| {
+                row_filter(
+                    f,
+                    &self.table_schema,
+                    &builder,
+                    f.strict && hide_keys.is_none(),
+                )
+            });
+        // A strict filter the decoder does not apply (or not strictly) is applied to each
+        // batch read, after hiding, from its columns read beside the projection.
+        let strict_in_decoder = row_filter.is_some() && hide_keys.is_none();
+        let post_filter = strict.filter(|_| !strict_in_decoder).map(|f| {
             for c in &f.columns {
                 if !read.contains(c) {
                     read.push(*c);
