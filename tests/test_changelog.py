@@ -328,3 +328,78 @@ def test_a_changelog_reads_live_before_its_commit(skippr: Skippr) -> None:
         assert after == live[t], f"{t}: the committed changelog differs from what was read live"
     assert_changelog_rebuilds(skippr, "accounts", "accounts_changelog", ["id"])
     assert_changelog_rebuilds(skippr, "pairs", "pairs_history", ["a", "b"])
+
+
+def test_a_resnapshot_records_the_difference_its_copy_makes(skippr: Skippr) -> None:
+    """`sync --resnapshot` copies the tables again, and the changes made while nothing followed
+    them reach each changelog as the difference between the table's old rows and the copy (at
+    the copy's LSN, rows that did not change get none), exactly once across a SIGKILL between
+    the copy's commit and the changelog's: replaying the changelog still rebuilds the table."""
+    db = skippr.db
+    db.execute(SETUP + """
+CREATE TABLE notes (v text, n integer);
+ALTER TABLE notes REPLICA IDENTITY FULL;
+INSERT INTO notes VALUES ('a', 1), ('a', 1), ('b', 2), ('c', 3);
+""")
+    names = ["accounts", "pairs", "notes"]
+    skippr.write_config(names, extra_pipeline={"tables": {t: {"changelog": True} for t in names}})
+    skippr.sync_once()
+    seeded = {t: changelog_rows(skippr, f"{t}_changelog") for t in names}
+    assert [len(seeded[t]) for t in names] == [50, 20, 4]
+
+    # Changes the re-snapshot's copy brings (it drops the slot that held them).
+    with db.connect() as conn:
+        conn.execute("UPDATE accounts SET balance = balance + 100 WHERE id IN (1, 2)")
+        conn.execute("UPDATE accounts SET balance = balance WHERE id = 4")  # no difference
+        conn.execute("DELETE FROM accounts WHERE id = 3")
+        conn.execute("INSERT INTO accounts VALUES (500, 'late', 5, NULL, ARRAY['x'])")
+        conn.execute("UPDATE pairs SET v = 'w' WHERE a = 1 AND b = 1")
+        conn.execute("DELETE FROM notes WHERE v = 'b'")
+        conn.execute("INSERT INTO notes VALUES ('a', 1), ('d', 4)")
+
+    # Killed after the copies committed and before any changelog took their difference.
+    point = "before-copy-difference"
+    proc = skippr.start("sync", "--pipeline", "app", "--once", "--resnapshot",
+                        env={"SKIPPR_TEST_PAUSE_AT": point})
+    try:
+        deadline = time.monotonic() + 120
+        while f"paused at {point}" not in (skippr.workdir / "bg.stderr").read_text(errors="replace"):
+            assert proc.poll() is None, f"the re-snapshot exited before its changelog commit\n{bg_log(skippr)}"
+            assert time.monotonic() < deadline, f"the re-snapshot did not reach its changelog commit\n{bg_log(skippr)}"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    for t in names:
+        assert len(changelog_rows(skippr, f"{t}_changelog")) == len(seeded[t]), f"{t}: a killed copy changed its changelog"
+
+    skippr.sync_once()
+    rows = assert_changelog_rebuilds(skippr, "accounts", "accounts_changelog", ["id"])
+    copy_lsn = max(r["_skippr_lsn"] for r in rows)
+    assert copy_lsn > seeded["accounts"][0]["_skippr_lsn"]
+    diff = sorted((r["_skippr_op"], r["id"]) for r in rows if r["_skippr_lsn"] == copy_lsn)
+    assert diff == [("delete", 3), ("insert", 500), ("update", 1), ("update", 2)], diff
+    by_id = {r["id"]: r for r in rows if r["_skippr_lsn"] == copy_lsn}
+    assert by_id[3]["owner"] == "owner 3", "a delete of the copy holds the row as it was"
+    state = {r["id"]: r for r in skippr.read_pyiceberg("accounts", ["id"])}
+    assert by_id[1]["balance"] == state[1]["balance"], "an update of the copy holds the new values"
+    pairs = assert_changelog_rebuilds(skippr, "pairs", "pairs_changelog", ["a", "b"])
+    assert [(r["_skippr_op"], r["a"], r["b"], r["v"]) for r in pairs if r["_skippr_lsn"] > seeded["pairs"][0]["_skippr_lsn"]] \
+        == [("update", 1, 1, "w")]
+
+    # Without a key, the changelog's rows are a multiset: inserts count up, deletes down.
+    from collections import Counter
+    notes = changelog_rows(skippr, "notes_changelog")
+    counted: Counter = Counter()
+    for r in notes:
+        counted[(r["v"], r["n"])] += -1 if r["_skippr_op"] == "delete" else 1
+    expected = Counter(tuple(r) for r in db.execute("SELECT v, n FROM notes"))
+    assert +counted == expected and not -counted, (counted, expected)
+    late = sorted((r["_skippr_op"], r["v"]) for r in notes if r["_skippr_lsn"] > seeded["notes"][0]["_skippr_lsn"])
+    assert late == [("delete", "b"), ("insert", "a"), ("insert", "d")], late
+    ops = [s.summary.operation.value for s in snapshots(skippr.table("notes_changelog"))]
+    assert set(ops) == {"append"}, ops
+
+    # Recorded once: a later run adds nothing more for the copy.
+    skippr.sync_once()
+    assert len(changelog_rows(skippr, "accounts_changelog")) == len(rows)

@@ -6,9 +6,7 @@
 
 use std::collections::HashMap;
 
-use iceberg::spec::{
-    SnapshotRef, SnapshotReference, SnapshotRetention, TableMetadataBuilder, MAIN_BRANCH,
-};
+use iceberg::spec::SnapshotRef;
 use iceberg::table::Table;
 
 use super::pipeline_view::PipelineView;
@@ -113,29 +111,7 @@ fn history(table: &Table) -> (Vec<Step<'_>>, bool) {
 /// `table` with `snapshot_id` as its current snapshot, in memory only: every reader (the
 /// committed scan, the floor of the tail) then sees the table as it was then.
 fn at_snapshot(table: &Table, snapshot_id: i64) -> Result<Table> {
-    if table.metadata().current_snapshot_id() == Some(snapshot_id) {
-        return Ok(table.clone());
-    }
-    let travelled = || -> iceberg::Result<Table> {
-        let meta = TableMetadataBuilder::new_from_metadata(table.metadata().clone(), None)
-            .set_ref(
-                MAIN_BRANCH,
-                SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
-            )?
-            .build()?
-            .metadata;
-        let mut b = Table::builder()
-            .metadata(meta)
-            .identifier(table.identifier().clone())
-            .file_io(table.file_io().clone())
-            .runtime(iceberg::Runtime::try_current()?)
-            .readonly(true);
-        if let Some(loc) = table.metadata_location() {
-            b = b.metadata_location(loc);
-        }
-        b.build()
-    };
-    travelled().map_err(|e| {
+    crate::table::summary::at_snapshot(table, snapshot_id, false).map_err(|e| {
         Error::query(format!(
             "reading table {} at snapshot {snapshot_id}: {e}",
             table.identifier()

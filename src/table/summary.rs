@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use iceberg::spec::SnapshotRef;
+use iceberg::spec::{
+    SnapshotRef, SnapshotReference, SnapshotRetention, TableMetadataBuilder, MAIN_BRANCH,
+};
 use iceberg::table::Table;
 
 use super::{SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
@@ -51,4 +53,35 @@ pub fn committed_pipeline(table: &Table) -> Option<&str> {
     last_skippr_snapshot(table)
         .and_then(|s| s.summary().additional_properties.get(SUMMARY_PIPELINE))
         .map(String::as_str)
+}
+
+/// `table` with `snapshot_id` as its current snapshot, in memory only (read-only), so that
+/// every reader sees the table's rows as they were then. With `own_schema`, the snapshot's
+/// schema becomes the current one too (the columns as the snapshot's files were written);
+/// otherwise the current schema stays, and older files are read into it by field id.
+pub fn at_snapshot(table: &Table, snapshot_id: i64, own_schema: bool) -> iceberg::Result<Table> {
+    let meta = table.metadata();
+    if meta.current_snapshot_id() == Some(snapshot_id) && !own_schema {
+        return Ok(table.clone());
+    }
+    let mut b = TableMetadataBuilder::new_from_metadata(meta.clone(), None).set_ref(
+        MAIN_BRANCH,
+        SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+    )?;
+    if own_schema {
+        if let Some(id) = meta.snapshot_by_id(snapshot_id).and_then(|s| s.schema_id()) {
+            b = b.set_current_schema(id)?;
+        }
+    }
+    let meta = b.build()?.metadata;
+    let mut b = Table::builder()
+        .metadata(meta)
+        .identifier(table.identifier().clone())
+        .file_io(table.file_io().clone())
+        .runtime(iceberg::Runtime::try_current()?)
+        .readonly(true);
+    if let Some(loc) = table.metadata_location() {
+        b = b.metadata_location(loc);
+    }
+    b.build()
 }

@@ -6,6 +6,7 @@
 mod changelog;
 mod commit;
 mod compact;
+mod copied;
 mod read;
 mod saved;
 

@@ -18,6 +18,10 @@ pub const PAUSE_BEFORE_CATALOG_SWAP: &str = "before-catalog-swap";
 /// Pause point: every table has committed, the WAL segments they cover are not deleted yet.
 pub const PAUSE_BEFORE_WAL_REMOVAL: &str = "before-wal-removal";
 
+/// Pause point: a table's new copy has committed, the difference it makes is not in the
+/// table's changelog yet.
+pub const PAUSE_BEFORE_COPY_DIFFERENCE: &str = "before-copy-difference";
+
 /// Waits forever when [`PAUSE_ENV`] names `point` (see there); returns at once otherwise.
 pub async fn pause_point(point: &str) {
     if std::env::var(PAUSE_ENV).is_ok_and(|v| v == point) {

@@ -70,11 +70,101 @@ impl TableSink {
             txn_lsn: Lsn::default(),
             seq: 0,
         });
-        if lsn.is_none() && crate::table::summary::committed_lsn(&self.table).is_some() {
-            self.ensure_index().await?;
-            self.seed_changelog(catalog, pipeline).await?;
+        match lsn {
+            None if crate::table::summary::committed_lsn(&self.table).is_some() => {
+                self.ensure_index().await?;
+                self.seed_changelog(catalog, pipeline).await?;
+            }
+            Some(logged) if logged < self.lsn => {
+                if let Some(copy) = super::copied::copied_since(&self.table, logged)? {
+                    self.log_copy(copy, catalog, pipeline).await?;
+                }
+            }
+            _ => {}
         }
         Ok(())
+    }
+
+    /// Records in the changelog the difference a copy of the table made (see
+    /// [`TableSink::copy_difference`]), as its next snapshot, at the copy's LSN.
+    async fn log_copy(
+        &mut self,
+        copy: super::copied::Copied,
+        catalog: &LocalCatalog,
+        pipeline: &str,
+    ) -> Result<()> {
+        let Some(c) = &self.changelog else {
+            return Ok(());
+        };
+        let log = c.table.clone();
+        let (table_cols, log_cols) = (
+            evolve::recorded_columns(&self.table).unwrap_or_default(),
+            evolve::recorded_columns(&log).unwrap_or_default(),
+        );
+        let same = table_cols.len() == log_cols.len()
+            && table_cols
+                .iter()
+                .zip(&log_cols)
+                .all(|(a, b)| a.name == b.name && a.oid == b.oid && a.typmod == b.typmod);
+        if !same {
+            return Err(Error::config(format!(
+                "Iceberg table {} was copied again with columns its changelog {} does not have (the source's columns changed while nothing followed them), so the difference the copy made cannot be recorded there: drop the changelog table (in your catalog) and it starts over from the table's rows",
+                self.table.identifier(),
+                log.identifier()
+            )));
+        }
+        let lsn = self.lsn;
+        let time_micros = self.commit_time_micros();
+        let before =
+            crate::table::summary::at_snapshot(&self.table, copy.before, true).map_err(|e| {
+                Error::fatal(format!(
+                    "reading Iceberg table {} at snapshot {}: {e}",
+                    self.table.identifier(),
+                    copy.before
+                ))
+            })?;
+        crate::sink::iceberg::durable::pause_point(
+            crate::sink::iceberg::durable::PAUSE_BEFORE_COPY_DIFFERENCE,
+        )
+        .await;
+        let started = std::time::Instant::now();
+        let (files, rows) = self
+            .copy_difference(before, &log, lsn, time_micros - PG_EPOCH_MICROS)
+            .await?;
+        let props = std::collections::HashMap::from([
+            (SUMMARY_LSN.to_string(), lsn.to_string()),
+            (SUMMARY_PHASE.to_string(), "snapshot".to_string()),
+            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
+            (SUMMARY_COMMIT_TIME.to_string(), time_micros.to_string()),
+        ]);
+        crate::storage::lease::ensure_held(pipeline)?;
+        let table = rowdelta::commit(
+            catalog,
+            &log,
+            files,
+            Vec::new(),
+            false,
+            props,
+            &rowdelta::Specs::new(),
+        )
+        .await?;
+        if let Some(c) = &mut self.changelog {
+            c.table = table;
+            c.lsn = lsn;
+        }
+        tracing::info!(table = %self.table.identifier(), rows, lsn = %lsn, elapsed_ms = started.elapsed().as_millis() as u64, "changelog took the difference the table's new copy made");
+        Ok(())
+    }
+
+    /// The source commit time (microseconds since 1970) of the table's current snapshot:
+    /// recorded in its summary, else the snapshot's own time.
+    fn commit_time_micros(&self) -> i64 {
+        let current = self.table.metadata().current_snapshot();
+        current
+            .and_then(|s| s.summary().additional_properties.get(SUMMARY_COMMIT_TIME))
+            .and_then(|t| t.parse::<i64>().ok())
+            .or_else(|| current.map(|s| s.timestamp_ms() * 1000))
+            .unwrap_or_default()
     }
 
     /// Whether a change of the transaction ending at `end_lsn` goes to the changelog.
@@ -327,22 +417,7 @@ impl TableSink {
     /// LSN and commit time, committed as the changelog's first snapshot.
     async fn seed_changelog(&mut self, catalog: &LocalCatalog, pipeline: &str) -> Result<()> {
         let lsn = self.lsn;
-        let summary = self
-            .table
-            .metadata()
-            .current_snapshot()
-            .map(|s| s.summary().additional_properties.clone())
-            .unwrap_or_default();
-        let time_micros = summary
-            .get(SUMMARY_COMMIT_TIME)
-            .and_then(|t| t.parse::<i64>().ok())
-            .or_else(|| {
-                self.table
-                    .metadata()
-                    .current_snapshot()
-                    .map(|s| s.timestamp_ms() * 1000)
-            })
-            .unwrap_or_default();
+        let time_micros = self.commit_time_micros();
         let mut locs = Vec::new();
         self.for_each_loc(|l| locs.push(l))?;
         locs.sort_unstable_by_key(|l| (l.file, l.pos));
