@@ -155,9 +155,9 @@ impl TableSink {
                     rows.convert_columns(was_now.columns())?,
                     rows.convert_columns(is.columns())?,
                 );
-                for j in 0..matched.len() {
+                for (j, row) in matched.iter().enumerate() {
                     if a.row(j) != b.row(j) {
-                        changed.push(matched[j]);
+                        changed.push(*row);
                         gone.push(j as u32);
                     }
                 }
