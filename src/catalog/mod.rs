@@ -297,6 +297,19 @@ impl SinkCatalog {
         }
     }
 
+    /// Compare-and-swaps of several tables' pointers in one catalog transaction, when the
+    /// catalog has transactions (the SQL catalog): returns `false`, having done nothing,
+    /// when it has not, and the caller swaps them one by one.
+    pub async fn swap_metadata_together(
+        &self,
+        swaps: &[(&TableIdent, &str, &str)],
+    ) -> Result<bool> {
+        match &self.pointer {
+            Pointer::Sql(p) => p.swap_all(swaps).await.map(|()| true),
+            Pointer::Glue(_) | Pointer::Rest(_) => Ok(false),
+        }
+    }
+
     /// Commits to a REST catalog: `updates` (which made `new` from the table's metadata)
     /// with the requirements that keep a concurrent writer from being overwritten. Inside
     /// a [`Round`] and when the catalog offers multi-table commits, the change is staged

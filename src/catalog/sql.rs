@@ -102,33 +102,55 @@ impl SqlPointer {
     /// Points `ident` at `new` if it still points at `old`: the atomic step of a commit,
     /// the same compare-and-swap PyIceberg and the SQL catalog perform.
     pub(super) async fn swap(&self, ident: &TableIdent, old: &str, new: &str) -> Result<()> {
-        use sqlx::ConnectOptions;
+        self.swap_all(&[(ident, old, new)]).await
+    }
+
+    /// Several compare-and-swaps (`ident`, `old`, `new`) in one transaction: every table
+    /// moves to its new metadata, or none does.
+    pub(super) async fn swap_all(&self, swaps: &[(&TableIdent, &str, &str)]) -> Result<()> {
+        use sqlx::{ConnectOptions, Connection};
         let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(&self.db)
             .busy_timeout(std::time::Duration::from_secs(30))
             .connect()
             .await
             .with_context(|| format!("opening the catalog {}", self.db.display()))?;
-        let done = sqlx::query(
-            "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ?
-             WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? AND metadata_location = ?",
-        )
-        .bind(new)
-        .bind(old)
-        .bind(CATALOG_NAME)
-        .bind(ident.namespace().join("."))
-        .bind(ident.name())
-        .bind(old)
-        .execute(&mut conn)
-        .await
-        .with_context(|| format!("committing to Iceberg table {ident}"))?;
-        if done.rows_affected() != 1 {
-            return Err(Error::new(
-                ErrorKind::Retryable,
-                format!("Iceberg table {ident} was changed by another writer during a commit; the commit was not applied and will be retried"),
-            ));
+        let names = || {
+            swaps
+                .iter()
+                .map(|(i, _, _)| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut tx = conn
+            .begin()
+            .await
+            .with_context(|| format!("starting a commit to Iceberg tables {}", names()))?;
+        for (ident, old, new) in swaps {
+            let done = sqlx::query(
+                "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ?
+                 WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? AND metadata_location = ?",
+            )
+            .bind(*new)
+            .bind(*old)
+            .bind(CATALOG_NAME)
+            .bind(ident.namespace().join("."))
+            .bind(ident.name())
+            .bind(*old)
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("committing to Iceberg table {ident}"))?;
+            if done.rows_affected() != 1 {
+                // Dropping the transaction rolls it back: no table of it moved.
+                return Err(Error::new(
+                    ErrorKind::Retryable,
+                    format!("Iceberg table {ident} was changed by another writer during a commit; the commit was not applied and will be retried"),
+                ));
+            }
         }
-        Ok(())
+        tx.commit()
+            .await
+            .with_context(|| format!("committing to Iceberg tables {}", names()))
     }
 }
 

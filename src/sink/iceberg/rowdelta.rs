@@ -236,8 +236,67 @@ pub async fn finish(catalog: &LocalCatalog, prepared: Prepared) -> Result<Table>
         }
         PreparedStep::Local(staged) => {
             let old = metadata_location(&prepared.base)?;
-            let new = metadata_location(&staged)?;
-            swap_in(catalog, &prepared.base, &old, &new).await
+            swap_in(catalog, &prepared.base, &old, staged).await
+        }
+    }
+}
+
+/// Makes two prepared commits current, `first` before `second` (a changelog before its
+/// table): in one catalog transaction where the catalog has them (the SQL catalog), so both
+/// become current or neither does; otherwise one after the other, so that a crash between
+/// them leaves `first` alone current. Returns each one's outcome; `second` is not tried when
+/// `first` failed (it then fails with the same error).
+pub async fn finish_pair(
+    catalog: &LocalCatalog,
+    first: Prepared,
+    second: Prepared,
+) -> (Result<Table>, Result<Table>) {
+    if let (PreparedStep::Local(a), PreparedStep::Local(b)) = (&first.step, &second.step) {
+        let together = async {
+            for pipeline in [&first.pipeline, &second.pipeline].into_iter().flatten() {
+                crate::storage::lease::ensure_held(pipeline)?;
+            }
+            let (old_a, old_b) = (
+                metadata_location(&first.base)?,
+                metadata_location(&second.base)?,
+            );
+            let (new_a, new_b) = (metadata_location(a)?, metadata_location(b)?);
+            durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
+            catalog
+                .swap_metadata_together(&[
+                    (first.base.identifier(), &old_a, &new_a),
+                    (second.base.identifier(), &old_b, &new_b),
+                ])
+                .await
+        };
+        match together.await {
+            Ok(true) => {
+                return match (first.step, second.step) {
+                    (PreparedStep::Local(a), PreparedStep::Local(b)) => {
+                        (Ok(swapped(catalog, a)), Ok(swapped(catalog, b)))
+                    }
+                    _ => {
+                        let e = || {
+                            Error::fatal(
+                                "a local commit changed its kind while it was made current",
+                            )
+                        };
+                        (Err(e()), Err(e()))
+                    }
+                };
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let again = Error::new(e.kind(), e.to_string());
+                return (Err(e), Err(again));
+            }
+        }
+    }
+    match finish(catalog, first).await {
+        Ok(a) => (Ok(a), finish(catalog, second).await),
+        Err(e) => {
+            let again = Error::new(e.kind(), e.to_string());
+            (Err(e), Err(again))
         }
     }
 }
@@ -510,33 +569,36 @@ pub(super) async fn commit_metadata(
     }
     let old_location = metadata_location(table)?;
     let staged = stage_metadata(table, new_files, change).await?;
-    let new_location = metadata_location(&staged)?;
-    swap_in(catalog, table, &old_location, &new_location).await
+    swap_in(catalog, table, &old_location, staged).await
 }
 
-/// Swaps the catalog's pointer of `table` from `old_location` to the staged `new_location`
-/// (compare-and-swap) and returns the table reloaded.
+/// Swaps the catalog's pointer of `table` from `old_location` to the metadata of `staged`
+/// (compare-and-swap) and returns `staged`, now the table as committed: the metadata the
+/// catalog names is the file `staged` was read from, so it is not read back.
 async fn swap_in(
     catalog: &LocalCatalog,
     table: &Table,
     old_location: &str,
-    new_location: &str,
+    staged: Table,
 ) -> Result<Table> {
+    let new_location = metadata_location(&staged)?;
     durable::pause_point(durable::PAUSE_BEFORE_CATALOG_SWAP).await;
     catalog
-        .swap_metadata(table.identifier(), old_location, new_location)
+        .swap_metadata(table.identifier(), old_location, &new_location)
         .await?;
-    let table = catalog
-        .catalog
-        .load_table(table.identifier())
-        .await
-        .with_context(|| format!("reloading Iceberg table {}", table.identifier()))?;
-    if let Some(pipeline) = super::commit::committed_pipeline(&table) {
-        if table.metadata_location() == Some(new_location) {
-            catalog.remember(table.identifier(), new_location, pipeline);
-        }
+    Ok(swapped(catalog, staged))
+}
+
+/// A staged table after its swap: remembered as this process's last commit (see
+/// [`LocalCatalog::remember`]).
+fn swapped(catalog: &LocalCatalog, staged: Table) -> Table {
+    if let (Some(pipeline), Some(location)) = (
+        super::commit::committed_pipeline(&staged),
+        staged.metadata_location(),
+    ) {
+        catalog.remember(staged.identifier(), location, pipeline);
     }
-    Ok(table)
+    staged
 }
 
 /// Where the table's current metadata file is.

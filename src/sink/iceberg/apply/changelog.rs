@@ -369,24 +369,23 @@ impl TableSink {
         })))
     }
 
-    /// Makes the changelog's prepared snapshot current at `lsn` (before the table's own
-    /// commit of the same changes: a crash between the two leaves the changelog ahead).
-    pub(super) async fn finish_changelog(
-        &mut self,
-        catalog: &LocalCatalog,
+    /// The changelog's prepared snapshot, once its task is done.
+    pub(super) async fn changelog_prepared(
         prepared: Option<tokio::task::JoinHandle<Result<rowdelta::Prepared>>>,
-        lsn: Lsn,
-    ) -> Result<()> {
-        let Some(prepared) = prepared else {
-            return Ok(());
-        };
-        let table = rowdelta::finish(catalog, joined(prepared.await)?).await?;
+    ) -> Result<Option<rowdelta::Prepared>> {
+        match prepared {
+            Some(p) => joined(p.await).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The changelog's snapshot at `lsn` is current (`table`): its staged files are in it.
+    pub(super) fn changelog_committed(&mut self, table: Table, lsn: Lsn) {
         if let Some(c) = &mut self.changelog {
             c.table = table;
             c.lsn = lsn;
             c.staged.clear();
         }
-        Ok(())
     }
 
     /// The change rows `entries` as rows of the changelog.

@@ -261,8 +261,9 @@ impl TableSink {
             }
         }
         // Both snapshots are prepared at once (the changelog's on another thread), then made
-        // current changelog first: a crash between the two leaves it ahead, and the replay
-        // then applies the changes to the table alone.
+        // current in one catalog transaction, or changelog first where the catalog has no
+        // transactions: a crash between the two leaves it ahead, and the replay then applies
+        // the changes to the table alone.
         let rest = catalog.rest().is_some();
         let log_prepare = match self.start_changelog_prepare(log_write, rest, &props).await {
             Ok(p) => p,
@@ -282,18 +283,25 @@ impl TableSink {
             &self.delete_specs,
         )
         .await;
-        let logged = self
-            .finish_changelog(catalog, log_prepare, self.pending_lsn)
-            .await;
-        let prepared = match (prepared, logged) {
-            (Ok(p), Ok(())) => p,
+        let log_prepared = Self::changelog_prepared(log_prepare).await;
+        let (prepared, log_prepared) = match (prepared, log_prepared) {
+            (Ok(p), Ok(l)) => (p, l),
             (Err(e), _) | (_, Err(e)) => {
                 self.staged = data_files;
                 self.staged_deletes = delete_files;
                 return Err(e);
             }
         };
-        self.table = rowdelta::finish(catalog, prepared).await?;
+        self.table = match log_prepared {
+            // Made current together where the catalog can (one transaction), else the
+            // changelog first.
+            Some(log) => {
+                let (logged, committed) = rowdelta::finish_pair(catalog, log, prepared).await;
+                self.changelog_committed(logged?, self.pending_lsn);
+                committed?
+            }
+            None => rowdelta::finish(catalog, prepared).await?,
+        };
         self.delete_specs.clear();
         // The index already follows the commit: a TRUNCATE cleared it when it was applied,
         // and the rows written since are indexed in their new files.
