@@ -307,11 +307,15 @@ impl TableSink {
 
     /// Starts the changelog's part of a commit round at `lsn`: the staged change rows are
     /// made into a batch here (values an update left unchanged are read through the table's
-    /// index) and written to files on another thread, beside the table's own files.
-    pub(super) async fn start_changelog_write(
+    /// index); on another thread, beside the table's own work, they are written to a file and
+    /// the changelog's snapshot of it (and of any files spilled before) is prepared with the
+    /// summary `props`. The snapshot is made current with the table's (see `commit`).
+    pub(super) async fn start_changelog(
         &mut self,
         lsn: Lsn,
-    ) -> Result<Option<tokio::task::JoinHandle<Result<Vec<DataFile>>>>> {
+        rest: bool,
+        props: &std::collections::HashMap<String, String>,
+    ) -> Result<Option<tokio::task::JoinHandle<Result<rowdelta::Prepared>>>> {
         if !self.logs(lsn) {
             return Ok(None);
         }
@@ -328,34 +332,11 @@ impl TableSink {
         let Some(c) = &self.changelog else {
             return Ok(None);
         };
-        let table = c.table.clone();
+        let (table, mut files, props) = (c.table.clone(), c.staged.clone(), props.clone());
         Ok(Some(tokio::spawn(async move {
-            match batch {
-                Some(batch) => write_changelog_batch(&table, batch).await,
-                None => Ok(Vec::new()),
+            if let Some(batch) = batch {
+                files.extend(write_changelog_batch(&table, batch).await?);
             }
-        })))
-    }
-
-    /// Once its files are written (`write`), prepares the changelog's snapshot of them (and
-    /// of any files staged before) on another thread, beside the table's. The files stay
-    /// staged until the snapshot is current.
-    pub(super) async fn start_changelog_prepare(
-        &mut self,
-        write: Option<tokio::task::JoinHandle<Result<Vec<DataFile>>>>,
-        rest: bool,
-        props: &std::collections::HashMap<String, String>,
-    ) -> Result<Option<tokio::task::JoinHandle<Result<rowdelta::Prepared>>>> {
-        let Some(write) = write else {
-            return Ok(None);
-        };
-        let files = joined(write.await)?;
-        let Some(c) = &mut self.changelog else {
-            return Ok(None);
-        };
-        c.staged.extend(files);
-        let (table, files, props) = (c.table.clone(), c.staged.clone(), props.clone());
-        Ok(Some(tokio::spawn(async move {
             rowdelta::prepare(
                 rest,
                 &table,

@@ -222,8 +222,29 @@ impl TableSink {
         // Checked before the schema a NULL may relax, as well as before the data (rowdelta).
         crate::storage::lease::ensure_held(pipeline)?;
         let live = self.take_live();
-        // The changelog's rows go to files on another thread while the table's are written.
-        let log_write = self.start_changelog_write(self.pending_lsn).await?;
+        let mut props = HashMap::from([
+            (SUMMARY_LSN.to_string(), self.pending_lsn.to_string()),
+            (SUMMARY_PHASE.to_string(), "cdc".to_string()),
+            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
+        ]);
+        if let Some(first) = self.first_pending_lsn {
+            props.insert(SUMMARY_FIRST_LSN.to_string(), first.to_string());
+        }
+        for (key, time) in [
+            (SUMMARY_COMMIT_TIME, self.pending_time),
+            (SUMMARY_FIRST_COMMIT_TIME, self.first_pending_time),
+        ] {
+            if let Some(t) = time {
+                props.insert(key.to_string(), (t + PG_EPOCH_MICROS).to_string());
+            }
+        }
+        // The changelog's rows are written to a file and its snapshot prepared on another
+        // thread while the table's are; both are then made current in one catalog
+        // transaction, or changelog first where the catalog has no transactions: a crash
+        // between the two leaves it ahead, and the replay then applies the changes to the
+        // table alone.
+        let rest = catalog.rest().is_some();
+        let log_prepare = self.start_changelog(self.pending_lsn, rest, &props).await?;
         let mut data_files = std::mem::take(&mut self.staged);
         let written = self.write_live(live, catalog).await;
         let written = match written {
@@ -244,35 +265,6 @@ impl TableSink {
                 return Err(e);
             }
         }
-        let mut props = HashMap::from([
-            (SUMMARY_LSN.to_string(), self.pending_lsn.to_string()),
-            (SUMMARY_PHASE.to_string(), "cdc".to_string()),
-            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
-        ]);
-        if let Some(first) = self.first_pending_lsn {
-            props.insert(SUMMARY_FIRST_LSN.to_string(), first.to_string());
-        }
-        for (key, time) in [
-            (SUMMARY_COMMIT_TIME, self.pending_time),
-            (SUMMARY_FIRST_COMMIT_TIME, self.first_pending_time),
-        ] {
-            if let Some(t) = time {
-                props.insert(key.to_string(), (t + PG_EPOCH_MICROS).to_string());
-            }
-        }
-        // Both snapshots are prepared at once (the changelog's on another thread), then made
-        // current in one catalog transaction, or changelog first where the catalog has no
-        // transactions: a crash between the two leaves it ahead, and the replay then applies
-        // the changes to the table alone.
-        let rest = catalog.rest().is_some();
-        let log_prepare = match self.start_changelog_prepare(log_write, rest, &props).await {
-            Ok(p) => p,
-            Err(e) => {
-                self.staged = data_files;
-                self.staged_deletes = delete_files;
-                return Err(e);
-            }
-        };
         let prepared = rowdelta::prepare(
             rest,
             &self.table,
