@@ -403,3 +403,37 @@ INSERT INTO notes VALUES ('a', 1), ('a', 1), ('b', 2), ('c', 3);
     # Recorded once: a later run adds nothing more for the copy.
     skippr.sync_once()
     assert len(changelog_rows(skippr, "accounts_changelog")) == len(rows)
+
+
+def test_a_changelog_reads_live_across_a_column_added_in_the_tail(skippr: Skippr) -> None:
+    """A column added at the source while its change rows are only in the WAL: the changelog
+    reads live with it (NULL before, the values after), and equals what the commit then writes."""
+    from test_live import wait_live
+
+    db = skippr.db
+    db.execute(SETUP)
+    skippr.write_config(["accounts"], extra_pipeline={"commit_interval": "1h",
+                                                      "tables": {"accounts": {"changelog": True}}})
+    skippr.sync_once()
+    before = skippr.table("accounts_changelog").current_snapshot().snapshot_id
+    proc = skippr.start("sync", "--pipeline", "app")
+    try:
+        with db.connect() as conn:
+            conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            conn.execute("ALTER TABLE accounts ADD COLUMN region text")
+            conn.execute("INSERT INTO accounts VALUES (3000, 'new', 3, NULL, NULL, 'eu')")
+            conn.execute("UPDATE accounts SET region = 'us' WHERE id = 2")
+        wait_live(skippr, ["accounts"], proc)
+        sql = ("SELECT id, balance, region, _skippr_op FROM analytics.accounts_changelog "
+               "WHERE _skippr_lsn > (SELECT min(_skippr_lsn) FROM analytics.accounts_changelog) "
+               "ORDER BY _skippr_lsn, _skippr_seq")
+        live = query_rows(skippr, sql)
+        assert skippr.table("accounts_changelog").current_snapshot().snapshot_id == before, "committed during the test"
+        assert [(r["_skippr_op"], r["id"], r["region"]) for r in live] == \
+            [("update", 1, None), ("insert", 3000, "eu"), ("update", 2, "us")], live
+    finally:
+        assert stop(proc) == 0, bg_log(skippr)
+    skippr.sync_once()
+    assert skippr.table("accounts_changelog").current_snapshot().snapshot_id != before
+    assert query_rows(skippr, sql) == live, "the committed changelog differs from what was read live"
+    assert_changelog_rebuilds(skippr, "accounts", "accounts_changelog", ["id"])

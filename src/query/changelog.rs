@@ -386,6 +386,34 @@ pub(crate) async fn materialize(
     Ok(Some(changelog::batch(&values, log_schema, meta)?))
 }
 
+/// A changelog's schema `log` with the schema changes its table's live schema `state` has
+/// (see `tail_schema::extend`): a column it lacks added at the end, as its next commit adds
+/// it, and a type widened in place.
+fn live_schema(
+    log: &arrow::datatypes::SchemaRef,
+    state: &arrow::datatypes::SchemaRef,
+) -> arrow::datatypes::SchemaRef {
+    let mut fields: Vec<arrow::datatypes::Field> =
+        log.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for f in state.fields() {
+        match fields.iter_mut().find(|l| l.name() == f.name()) {
+            Some(l) if l.data_type() != f.data_type() => {
+                *l = l.clone().with_data_type(f.data_type().clone());
+            }
+            Some(_) => {}
+            None => fields.push(arrow::datatypes::Field::new(
+                f.name(),
+                f.data_type().clone(),
+                true,
+            )),
+        }
+    }
+    Arc::new(arrow::datatypes::Schema::new_with_metadata(
+        fields,
+        log.metadata().clone(),
+    ))
+}
+
 /// `batch` (a committed read) with the columns of `schema`: by position, cast where the
 /// live type is wider, NULL for columns it lacks.
 fn in_schema(batch: &RecordBatch, schema: &arrow::datatypes::SchemaRef) -> Result<RecordBatch> {
@@ -437,7 +465,7 @@ impl Workspace {
         let Some(log) = view.tables.get(name) else {
             return Ok(None);
         };
-        let log_schema = ice_schema::arrow_schema(log)?;
+        let mut log_schema = ice_schema::arrow_schema(log)?;
         let log_floor = crate::table::summary::committed_lsn(log).unwrap_or_default();
         let rows = match view.tables.get(&source.iceberg_name()) {
             Some(state) => {
@@ -448,15 +476,9 @@ impl Workspace {
                 };
                 super::tail_schema::extend(&mut shape, &view.read);
                 if !shape.tail_columns.is_empty() {
-                    // The table's columns changed in the tail: its changelog takes the same
-                    // change at the next commit, and its live rows show from then on.
-                    tracing::debug!(
-                        table = name,
-                        "changelog read as committed until its schema change is committed"
-                    );
-                    return Ok(Some(Arc::new(
-                        LiveTable::committed(log, self.scan_caches.clone()).await?,
-                    )));
+                    // The table's columns changed in the tail: the changelog takes the same
+                    // change at its next commit, and reads with it now.
+                    log_schema = live_schema(&log_schema, &shape.schema);
                 }
                 let state_floor = crate::table::summary::committed_lsn(state).unwrap_or_default();
                 let through = view.lsn.max(state_floor).max(log_floor);
