@@ -437,3 +437,48 @@ def test_a_changelog_reads_live_across_a_column_added_in_the_tail(skippr: Skippr
     assert skippr.table("accounts_changelog").current_snapshot().snapshot_id != before
     assert query_rows(skippr, sql) == live, "the committed changelog differs from what was read live"
     assert_changelog_rebuilds(skippr, "accounts", "accounts_changelog", ["id"])
+
+
+def test_a_cdc_only_resnapshot_records_the_emptied_table(skippr: Skippr) -> None:
+    """With `cdc_mode: cdc_only` a table copied again starts empty at the new slot's position:
+    its changelog records a delete of every row it held, so the replay still equals the table."""
+    db = skippr.db
+    db.execute("CREATE TABLE events (id bigint PRIMARY KEY, kind text)")
+    skippr.write_config(["events"], cdc_mode="cdc_only",
+                        extra_pipeline={"tables": {"events": {"changelog": True}}})
+    skippr.sync_once()
+    db.execute("INSERT INTO events SELECT i, 'k' || i FROM generate_series(1, 5) i")
+    skippr.sync_once()
+    assert len(skippr.read_pyiceberg("events")) == 5
+    proc = skippr.run("sync", "--pipeline", "app", "--once", "--resnapshot")
+    assert_no_panic(proc)
+    assert skippr.read_pyiceberg("events") == [], "cdc_only copied existing rows"
+    rows = changelog_rows(skippr, "events_changelog")
+    assert sorted(r["id"] for r in rows if r["_skippr_op"] == "delete") == [1, 2, 3, 4, 5], rows
+    assert replay(rows, ["id"]) == {}
+    db.execute("INSERT INTO events VALUES (6, 'after')")
+    skippr.sync_once()
+    assert_changelog_rebuilds(skippr, "events", "events_changelog", ["id"])
+
+
+def test_a_resnapshot_that_changes_columns_asks_for_the_changelog_to_start_over(skippr: Skippr) -> None:
+    """A copy under new columns (changed while nothing followed the table) has no row-by-row
+    difference with the rows before it: the run stops naming the fix, changes nothing of the
+    changelog, and once the changelog table is dropped it starts over from the copy's rows."""
+    db = skippr.db
+    db.execute("CREATE TABLE shaped (id integer PRIMARY KEY, amount integer);"
+               "INSERT INTO shaped SELECT i, i FROM generate_series(1, 10) i")
+    skippr.write_config(["shaped"], extra_pipeline={"tables": {"shaped": {"changelog": True}}})
+    skippr.sync_once()
+    logged = changelog_rows(skippr, "shaped_changelog")
+    db.execute("ALTER TABLE shaped ALTER COLUMN amount TYPE numeric(12,2)")
+    db.execute("UPDATE shaped SET amount = amount * 1.5 WHERE id < 4")
+    proc = skippr.run("sync", "--pipeline", "app", "--once", "--resnapshot", check=False)
+    assert_no_panic(proc)
+    assert proc.returncode != 0, "a copy under new columns was recorded in the changelog"
+    assert "drop the changelog table" in proc.stderr, proc.stderr
+    assert changelog_rows(skippr, "shaped_changelog") == logged, "the refused difference changed the changelog"
+    skippr.catalog().drop_table(f"{skippr.workspace}.shaped_changelog")
+    skippr.sync_once()
+    rows = assert_changelog_rebuilds(skippr, "shaped", "shaped_changelog", ["id"])
+    assert len(rows) == 10 and {r["_skippr_op"] for r in rows} == {"insert"}, rows

@@ -218,10 +218,11 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                     created.consistent_point
                 }
             };
-            // No snapshot: each new table starts empty at the slot's position.
+            // No snapshot: each new table starts empty at the slot's position (a copy of
+            // nothing: a table copied again is emptied, and its changelog records that).
             mark_copying(cfg, &mut state, &todo, start, &p.state_file)?;
             for job in todo {
-                job.land(&catalog, Vec::new(), start, "cdc", &p.name)
+                job.land(&catalog, Vec::new(), start, "snapshot", &p.name)
                     .await?;
                 report.copied.push(job.schema.table.to_string());
             }

@@ -111,7 +111,7 @@ fn history(table: &Table) -> (Vec<Step<'_>>, bool) {
 /// `table` with `snapshot_id` as its current snapshot, in memory only: every reader (the
 /// committed scan, the floor of the tail) then sees the table as it was then.
 fn at_snapshot(table: &Table, snapshot_id: i64) -> Result<Table> {
-    crate::table::summary::at_snapshot(table, snapshot_id, false).map_err(|e| {
+    crate::table::summary::at_snapshot(table, snapshot_id).map_err(|e| {
         Error::query(format!(
             "reading table {} at snapshot {snapshot_id}: {e}",
             table.identifier()

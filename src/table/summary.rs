@@ -56,24 +56,20 @@ pub fn committed_pipeline(table: &Table) -> Option<&str> {
 }
 
 /// `table` with `snapshot_id` as its current snapshot, in memory only (read-only), so that
-/// every reader sees the table's rows as they were then. With `own_schema`, the snapshot's
-/// schema becomes the current one too (the columns as the snapshot's files were written);
-/// otherwise the current schema stays, and older files are read into it by field id.
-pub fn at_snapshot(table: &Table, snapshot_id: i64, own_schema: bool) -> iceberg::Result<Table> {
+/// every reader sees the table's rows as they were then, read into the current schema by
+/// field id.
+pub fn at_snapshot(table: &Table, snapshot_id: i64) -> iceberg::Result<Table> {
     let meta = table.metadata();
-    if meta.current_snapshot_id() == Some(snapshot_id) && !own_schema {
+    if meta.current_snapshot_id() == Some(snapshot_id) {
         return Ok(table.clone());
     }
-    let mut b = TableMetadataBuilder::new_from_metadata(meta.clone(), None).set_ref(
-        MAIN_BRANCH,
-        SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
-    )?;
-    if own_schema {
-        if let Some(id) = meta.snapshot_by_id(snapshot_id).and_then(|s| s.schema_id()) {
-            b = b.set_current_schema(id)?;
-        }
-    }
-    let meta = b.build()?.metadata;
+    let meta = TableMetadataBuilder::new_from_metadata(meta.clone(), None)
+        .set_ref(
+            MAIN_BRANCH,
+            SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+        )?
+        .build()?
+        .metadata;
     let mut b = Table::builder()
         .metadata(meta)
         .identifier(table.identifier().clone())

@@ -60,8 +60,19 @@ pub fn sync_files<'a>(locations: impl IntoIterator<Item = &'a str>) -> Result<()
     sync_all(&dirs.into_iter().collect::<Vec<_>>())
 }
 
-/// Fsyncs `paths` concurrently (one thread each beyond the first); the first error wins.
+/// Files fsynced at once, at most (a copy can write thousands).
+const SYNC_AT_ONCE: usize = 16;
+
+/// Fsyncs `paths`, [`SYNC_AT_ONCE`] at a time (one thread each beyond the first of a
+/// group); the first error wins.
 fn sync_all(paths: &[PathBuf]) -> Result<()> {
+    for group in paths.chunks(SYNC_AT_ONCE) {
+        sync_group(group)?;
+    }
+    Ok(())
+}
+
+fn sync_group(paths: &[PathBuf]) -> Result<()> {
     let Some((first, rest)) = paths.split_first() else {
         return Ok(());
     };

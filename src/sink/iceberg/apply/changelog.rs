@@ -102,10 +102,10 @@ impl TableSink {
             evolve::recorded_columns(&log).unwrap_or_default(),
         );
         let same = table_cols.len() == log_cols.len()
-            && table_cols
-                .iter()
-                .zip(&log_cols)
-                .all(|(a, b)| a.name == b.name && a.oid == b.oid && a.typmod == b.typmod);
+            && table_cols.iter().zip(&log_cols).all(|(a, b)| {
+                a.name == b.name && a.oid == b.oid && a.typmod == b.typmod && a.field == b.field
+            })
+            && super::copied::same_fields(&self.table, copy.before);
         if !same {
             return Err(Error::config(format!(
                 "Iceberg table {} was copied again with columns its changelog {} does not have (the source's columns changed while nothing followed them), so the difference the copy made cannot be recorded there: drop the changelog table (in your catalog) and it starts over from the table's rows",
@@ -115,14 +115,13 @@ impl TableSink {
         }
         let lsn = self.lsn;
         let time_micros = self.commit_time_micros();
-        let before =
-            crate::table::summary::at_snapshot(&self.table, copy.before, true).map_err(|e| {
-                Error::fatal(format!(
-                    "reading Iceberg table {} at snapshot {}: {e}",
-                    self.table.identifier(),
-                    copy.before
-                ))
-            })?;
+        let before = crate::table::summary::at_snapshot(&self.table, copy.before).map_err(|e| {
+            Error::fatal(format!(
+                "reading Iceberg table {} at snapshot {}: {e}",
+                self.table.identifier(),
+                copy.before
+            ))
+        })?;
         crate::sink::iceberg::durable::pause_point(
             crate::sink::iceberg::durable::PAUSE_BEFORE_COPY_DIFFERENCE,
         )

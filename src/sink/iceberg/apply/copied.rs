@@ -74,18 +74,50 @@ pub(super) fn copied_since(table: &Table, logged: Lsn) -> Result<Option<Copied>>
         )));
     }
     if prior_lsn.is_some_and(|l| l < logged) {
-        // A crash between the changelog's commit and its table's, then a re-snapshot before
-        // the table caught up: the rows of the changelog after the table's LSN are counted
-        // again in the difference (the replay still ends at the copy's rows).
-        tracing::warn!(table = %name, changelog_lsn = %logged, table_lsn = %prior_lsn.unwrap_or_default(), "the changelog was ahead of its table when the table was copied again; the difference is taken from the table's rows");
+        // A crash between the changelog's commit and its table's (catalogs that commit them
+        // one after the other), then a re-snapshot before the table caught up: the
+        // changelog holds changes the table before the copy lacks, so a difference from that
+        // table would record them twice.
+        return Err(Error::config(format!(
+            "the changelog of Iceberg table {name} was ahead of the table when it was copied again (changelog at {logged}, table at {}), so the difference the copy made cannot be recorded exactly: drop the changelog table (in your catalog) and it starts over from the table's rows",
+            prior_lsn.unwrap_or_default()
+        )));
     }
     Ok(Some(Copied { before }))
+}
+
+/// Whether the table's current columns are those of its snapshot `before` (the same field
+/// ids under the same names): a copy that gave the table new columns (fresh field ids) has
+/// no row-by-row difference with the rows before it.
+pub(super) fn same_fields(table: &Table, before: i64) -> bool {
+    let meta = table.metadata();
+    let Some(earlier) = meta
+        .snapshot_by_id(before)
+        .and_then(|s| s.schema_id())
+        .and_then(|id| meta.schema_by_id(id))
+    else {
+        return false;
+    };
+    let current = meta.current_schema();
+    let key_ids: Vec<i32> = current.identifier_field_ids().collect();
+    current.as_struct().fields().iter().all(|f| {
+        match earlier
+            .as_struct()
+            .fields()
+            .iter()
+            .find(|e| e.name == f.name)
+        {
+            Some(e) => e.id == f.id,
+            // A column added since: its earlier rows read NULL; a key column must be there.
+            None => !key_ids.contains(&f.id),
+        }
+    }) && earlier.identifier_field_ids().collect::<Vec<_>>() == key_ids
 }
 
 impl TableSink {
     /// Writes, as change rows of `log` (the changelog) at `lsn` and source commit time
     /// `time` (Postgres epoch), the difference between the rows of `before` (this table at
-    /// an earlier snapshot, with that snapshot's schema) and the table's live rows: an
+    /// an earlier snapshot, read in the current schema) and the table's live rows: an
     /// `insert` per row only the copy has, an `update` (the new values) per key whose row
     /// changed, and a `delete` (the row as it was) per key the copy no longer has. Keys are
     /// compared as the key index compares them; the rows, every column by field id. A
@@ -99,7 +131,8 @@ impl TableSink {
         time: i64,
     ) -> Result<(Vec<DataFile>, i64)> {
         self.ensure_index().await?;
-        let mut earlier = TableSink::load(self.source.clone(), before, None).await?;
+        // The earlier rows' index moves to disk beyond the same budget as the table's own.
+        let mut earlier = TableSink::load(self.source.clone(), before, self.index.spill()).await?;
         earlier.build_index().await?;
         let mut locs = Vec::new();
         self.for_each_loc(|l| locs.push(l))?;
@@ -148,11 +181,11 @@ impl TableSink {
             let mut changed = Vec::new();
             let mut gone = Vec::new();
             if !matched.is_empty() {
+                // Read in the table's current schema (by field id, see `same_fields`).
                 let was = earlier.read_rows(&partners).await?;
-                let was_now = super::read::by_field_id(&was, &self.arrow)?;
                 let is = pick(&now, &matched)?;
                 let (a, b) = (
-                    rows.convert_columns(was_now.columns())?,
+                    rows.convert_columns(was.columns())?,
                     rows.convert_columns(is.columns())?,
                 );
                 for (j, row) in matched.iter().enumerate() {
