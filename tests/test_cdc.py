@@ -199,6 +199,16 @@ def wait_until_synced(skippr: Skippr, db: Database, tables: Sequence[str], proc:
         time.sleep(0.5)
 
 
+def wait_paused(skippr: Skippr, proc: subprocess.Popen, point: str, what: str, timeout: float = 120) -> None:
+    """Waits until the background `skipprd` (started with SKIPPR_TEST_PAUSE_AT=point) reports
+    that it paused there; fails if it exits or does not get there in time."""
+    deadline = time.monotonic() + timeout
+    while f"paused at {point}" not in (skippr.workdir / "bg.stderr").read_text(errors="replace"):
+        assert proc.poll() is None, f"{what} exited before the pause point {point}\n{bg_log(skippr)}"
+        assert time.monotonic() < deadline, f"{what} did not reach the pause point {point}\n{bg_log(skippr)}"
+        time.sleep(0.1)
+
+
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
     proc.send_signal(sig)
     try:
@@ -1037,11 +1047,7 @@ def test_resnapshot_of_a_table_whose_columns_changed_swaps_in_one_commit(skippr:
     proc = skippr.start("sync", "--pipeline", "app", "--once", "--resnapshot",
                         env={"SKIPPR_TEST_PAUSE_AT": point})
     try:
-        deadline = time.monotonic() + 120
-        while f"paused at {point}" not in (skippr.workdir / "bg.stderr").read_text(errors="replace"):
-            assert proc.poll() is None, f"the re-snapshot exited before its commit\n{bg_log(skippr)}"
-            assert time.monotonic() < deadline, f"the re-snapshot did not reach its commit\n{bg_log(skippr)}"
-            time.sleep(0.1)
+        wait_paused(skippr, proc, point, "the re-snapshot")
         assert skippr.read_pyiceberg("reshaped", ["id"]) == before, "PyIceberg saw the table change before the copy committed"
         assert skippr.read_duckdb("reshaped", ["id"]) == before_duck, "DuckDB saw the table change before the copy committed"
     finally:

@@ -14,7 +14,7 @@ import signal
 import time
 
 from conftest import Skippr, assert_no_panic
-from test_cdc import bg_log, stop
+from test_cdc import bg_log, stop, wait_paused
 
 META = ["_skippr_op", "_skippr_lsn", "_skippr_commit_time", "_skippr_seq"]
 
@@ -362,11 +362,7 @@ INSERT INTO notes VALUES ('a', 1), ('a', 1), ('b', 2), ('c', 3);
     proc = skippr.start("sync", "--pipeline", "app", "--once", "--resnapshot",
                         env={"SKIPPR_TEST_PAUSE_AT": point})
     try:
-        deadline = time.monotonic() + 120
-        while f"paused at {point}" not in (skippr.workdir / "bg.stderr").read_text(errors="replace"):
-            assert proc.poll() is None, f"the re-snapshot exited before its changelog commit\n{bg_log(skippr)}"
-            assert time.monotonic() < deadline, f"the re-snapshot did not reach its changelog commit\n{bg_log(skippr)}"
-            time.sleep(0.1)
+        wait_paused(skippr, proc, point, "the re-snapshot")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -19,8 +19,7 @@ use crate::change::{Datum, Lsn};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::writer::TableWriter;
 use crate::sink::iceberg::{
-    evolve, maintenance, rowdelta, PG_EPOCH_MICROS, PROP_COLUMNS, SUMMARY_COMMIT_TIME, SUMMARY_LSN,
-    SUMMARY_PHASE, SUMMARY_PIPELINE,
+    evolve, maintenance, rowdelta, PG_EPOCH_MICROS, PROP_COLUMNS, SUMMARY_COMMIT_TIME,
 };
 use crate::table::changelog::{self, ChangeOp};
 
@@ -130,23 +129,7 @@ impl TableSink {
         let (files, rows) = self
             .copy_difference(before, &log, lsn, time_micros - PG_EPOCH_MICROS)
             .await?;
-        let props = std::collections::HashMap::from([
-            (SUMMARY_LSN.to_string(), lsn.to_string()),
-            (SUMMARY_PHASE.to_string(), "snapshot".to_string()),
-            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
-            (SUMMARY_COMMIT_TIME.to_string(), time_micros.to_string()),
-        ]);
-        crate::storage::lease::ensure_held(pipeline)?;
-        let table = rowdelta::commit(
-            catalog,
-            &log,
-            files,
-            Vec::new(),
-            false,
-            props,
-            &rowdelta::Specs::new(),
-        )
-        .await?;
+        let table = append_copy(catalog, &log, files, lsn, pipeline, time_micros).await?;
         if let Some(c) = &mut self.changelog {
             c.table = table;
             c.lsn = lsn;
@@ -417,26 +400,10 @@ impl TableSink {
             seq += n;
         }
         let (files, _) = w.close().await?;
-        let props = std::collections::HashMap::from([
-            (SUMMARY_LSN.to_string(), lsn.to_string()),
-            (SUMMARY_PHASE.to_string(), "snapshot".to_string()),
-            (SUMMARY_PIPELINE.to_string(), pipeline.to_string()),
-            (SUMMARY_COMMIT_TIME.to_string(), time_micros.to_string()),
-        ]);
-        crate::storage::lease::ensure_held(pipeline)?;
         let Some(c) = &mut self.changelog else {
             return Ok(());
         };
-        c.table = rowdelta::commit(
-            catalog,
-            &c.table,
-            files,
-            Vec::new(),
-            false,
-            props,
-            &rowdelta::Specs::new(),
-        )
-        .await?;
+        c.table = append_copy(catalog, &c.table, files, lsn, pipeline, time_micros).await?;
         c.lsn = lsn;
         tracing::info!(table = %c.table.identifier(), rows = seq, lsn = %lsn, "changelog started from the table's rows");
         Ok(())
@@ -524,6 +491,31 @@ impl TableSink {
         }
         Ok(())
     }
+}
+
+/// Appends `files` to the changelog `log` as rows taken from the table's copy at `lsn`
+/// (source commit time `time_micros`, since 1970): a `snapshot`-phase append.
+async fn append_copy(
+    catalog: &LocalCatalog,
+    log: &Table,
+    files: Vec<DataFile>,
+    lsn: Lsn,
+    pipeline: &str,
+    time_micros: i64,
+) -> Result<Table> {
+    let mut props = crate::table::summary::summary(lsn, "snapshot", pipeline);
+    props.insert(SUMMARY_COMMIT_TIME.to_string(), time_micros.to_string());
+    crate::storage::lease::ensure_held(pipeline)?;
+    rowdelta::commit(
+        catalog,
+        log,
+        files,
+        Vec::new(),
+        false,
+        props,
+        &rowdelta::Specs::new(),
+    )
+    .await
 }
 
 /// Writes change rows as data files of the changelog `table` (not committed).
