@@ -4,7 +4,6 @@
 //! the copy's LSN, so that replaying the changelog still rebuilds the table.
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
-use arrow::compute::take;
 use arrow::row::{RowConverter, SortField};
 use iceberg::spec::DataFile;
 use iceberg::table::Table;
@@ -246,11 +245,8 @@ impl TableSink {
 
 /// Rows `idx` of `batch`, in that order.
 fn pick(batch: &RecordBatch, idx: &[u32]) -> Result<RecordBatch> {
-    let idx = UInt32Array::from(idx.to_vec());
-    let cols = batch
-        .columns()
-        .iter()
-        .map(|c| take(c.as_ref(), &idx, None))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(batch.schema(), cols)?)
+    Ok(arrow::compute::take_record_batch(
+        batch,
+        &UInt32Array::from(idx.to_vec()),
+    )?)
 }
