@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use super::errors::PgError;
 use super::limits::Interrupts;
-use super::session::Stmt;
+use super::planning::Stmt;
 use crate::error::sqlstate;
 
 /// Characters of a statement's text kept for `pg_stat_activity.query` and the slow-statement

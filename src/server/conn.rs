@@ -20,7 +20,8 @@ use tokio_util::codec::{Framed, FramedParts};
 
 use super::activity::TERMINATED_MESSAGE;
 use super::frames::{violation_of, Checked};
-use super::session::{ConnHandlers, Stmt};
+use super::planning::Stmt;
+use super::session::ConnHandlers;
 use crate::error::sqlstate;
 
 /// How long a client has to finish start-up and authentication (as the protocol library).

@@ -199,7 +199,7 @@ async fn source_frame(ctx: &SessionContext, source: &CopySource) -> PgWireResult
                 )))
                 .await
                 .map_err(api)?;
-            super::session::verify_read_only(&plan).map_err(api)?;
+            super::planning::verify_read_only(&plan).map_err(api)?;
             ctx.execute_logical_plan(plan).await.map_err(api)
         }
         CopySource::Table {

@@ -37,6 +37,11 @@ impl From<PgError> for DataFusionError {
     }
 }
 
+/// An engine or library error, passed to the client as pgwire reports such errors.
+pub(super) fn api_error(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
+    PgWireError::ApiError(Box::new(e))
+}
+
 /// The DETAIL of an engine error, when it has one (see [`PgError`]).
 pub fn detail(e: &DataFusionError) -> Option<String> {
     match e.find_root() {

@@ -16,7 +16,7 @@ use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser
 use pgwire::messages::{DecodeContext, PgWireFrontendMessage, ProtocolVersion};
 
 use super::readonly::{classify, Allowed, Policy};
-use super::session::verify_read_only;
+use super::planning::verify_read_only;
 use crate::error::sqlstate;
 
 /// A small, seeded generator (xorshift64*): the same seed gives the same inputs.
@@ -284,7 +284,7 @@ fn writes(plan: &LogicalPlan) -> bool {
 async fn assert_not_a_write(ctx: &SessionContext, statement: &Statement, allowed: Allowed) {
     match (allowed, statement) {
         (Allowed::Query | Allowed::Explain, s) => {
-            let planned = super::session::plan_statement(ctx, s).await;
+            let planned = super::planning::plan_statement(ctx, s).await;
             if let Ok(plan) = planned {
                 assert!(!writes(&plan), "accepted a write: {s}");
             }

@@ -22,7 +22,7 @@ use pgwire::api::store::PortalStore;
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::types::format::FormatOptions;
 
-use super::session::{plan_statement, verify_read_only};
+use super::planning::{plan_statement, verify_read_only};
 use super::wire::{self, Exec};
 use crate::error::sqlstate;
 

@@ -138,7 +138,7 @@ enum TargetSchema {
 
 /// The schema a relation name is in.
 fn schema_of(name: &ObjectName) -> TargetSchema {
-    match super::models::names::parts(name).as_slice() {
+    match super::names::parts(name).as_slice() {
         [_] => TargetSchema::Default,
         [s, _] | [_, s, _] => TargetSchema::Named(s.clone()),
         _ => TargetSchema::Default,
@@ -572,7 +572,7 @@ fn write_kind(statement: &Statement) -> Kind {
             statement,
             "CREATE SCHEMA",
             vec![TargetSchema::Named(
-                super::models::names::parts(name).join("."),
+                super::names::parts(name).join("."),
             )],
         ),
         Statement::CreateSchema { .. } => write("CREATE SCHEMA", vec![]),
@@ -607,7 +607,7 @@ fn write_kind(statement: &Statement) -> Kind {
             "DROP",
             names
                 .iter()
-                .map(|n| TargetSchema::Named(super::models::names::parts(n).join(".")))
+                .map(|n| TargetSchema::Named(super::names::parts(n).join(".")))
                 .collect(),
         ),
         Statement::Drop { names, .. } => write("DROP", names.clone()),
@@ -622,7 +622,7 @@ fn write_kind(statement: &Statement) -> Kind {
                 "GRANT",
                 names
                     .iter()
-                    .map(|n| TargetSchema::Named(super::models::names::parts(n).join(".")))
+                    .map(|n| TargetSchema::Named(super::names::parts(n).join(".")))
                     .collect(),
             ),
             _ => write("GRANT", vec![]),

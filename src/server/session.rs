@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::execution::context::SQLOptions;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
@@ -38,7 +37,7 @@ use pgwire::types::format::FormatOptions;
 use super::activity::{portal_text, Backend};
 use super::catalogs::session_state;
 use super::copy;
-use super::errors::SqlStateErrors;
+use super::errors::{api_error, SqlStateErrors};
 use super::limits::{Canceller, Interrupts};
 use super::lookup::Lookup;
 use super::models::txn::TransactionHook;
@@ -47,6 +46,7 @@ use super::pg::fence;
 use super::pg::regclass::Relations;
 use super::pg::rewrite::compatibility_parser;
 use super::pg::stat_activity;
+use super::planning::{plan_statement, verify_read_only, Stmt};
 use super::prepared::{self, Prepared};
 use super::readonly::{classify, Allowed};
 use super::settings::{current_setting, set_config, Mirror, SettingsHook};
@@ -176,28 +176,6 @@ impl ConnHandlers {
     pub(super) fn terminated(&self) -> tokio::sync::watch::Receiver<bool> {
         self.service.exec.activity.terminated()
     }
-}
-
-/// The read-only rules the engine checks on every plan, whatever the classifier said.
-fn read_only_options() -> SQLOptions {
-    crate::query::read_only_options()
-}
-
-/// Fails unless `plan` only reads: no DDL, no DML (COPY included), no engine statement.
-pub(super) fn verify_read_only(plan: &LogicalPlan) -> datafusion::error::Result<()> {
-    read_only_options().verify_plan(plan)
-}
-
-/// Plans `statement` as parsed (never from its text).
-pub(super) async fn plan_statement(
-    ctx: &SessionContext,
-    statement: &SqlStatement,
-) -> datafusion::error::Result<LogicalPlan> {
-    ctx.state()
-        .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
-            statement.clone(),
-        )))
-        .await
 }
 
 /// One connection's query service: its own DataFusion session, the statement hooks
@@ -348,10 +326,6 @@ impl Session {
     }
 }
 
-pub(super) fn api_error(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
-    PgWireError::ApiError(Box::new(e))
-}
-
 /// An allowed statement no handler answered (a gap between the classifier and the
 /// handlers): refused, never passed to the engine.
 fn unsupported(statement: &SqlStatement) -> PgWireError {
@@ -401,10 +375,6 @@ fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
     ordered.sort_by_key(|(i, _)| *i);
     Ok(ordered.into_iter().map(|(_, t)| t).collect())
 }
-
-/// A prepared statement: its SQL as planned, and its parsed statement and plan (none for
-/// an empty query). The statement hooks expect this very type in the portal store.
-pub(super) type Stmt = (String, Option<(SqlStatement, LogicalPlan)>);
 
 /// Statements whose parameters were cast to a Postgres type kept for describing them, at
 /// most this many (then all are forgotten, and described by their planned types).

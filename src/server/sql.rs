@@ -14,7 +14,7 @@ use super::pg::known;
 use super::pg::regclass::Relations;
 use super::pg::rewrite::{self, Rewritten};
 use super::readonly::{classify, Allowed, Policy};
-use super::session::api_error;
+use super::errors::api_error;
 use super::settings::setting;
 use super::Shared;
 
@@ -107,13 +107,13 @@ pub(super) fn policy(ctx: &SessionContext, models: &SessionModels) -> Policy {
 }
 
 /// A parsed statement with its names read as this session reads them (see
-/// [`super::models::names::normalize`]), and what the classifier allows it as.
+/// [`super::names::normalize`]), and what the classifier allows it as.
 pub(super) fn classified(
     mut statement: SqlStatement,
     ctx: &SessionContext,
     models: &SessionModels,
 ) -> PgWireResult<(SqlStatement, Allowed)> {
-    super::models::names::normalize(&mut statement, &models.temp_names(), models.temp_schema());
+    super::names::normalize(&mut statement, &models.temp_names(), models.temp_schema());
     let allowed = classify(&statement, &policy(ctx, models)).map_err(|r| r.into_error())?;
     Ok((statement, allowed))
 }

@@ -19,7 +19,7 @@ use pgwire::error::PgWireResult;
 use pgwire::messages::response::NoticeResponse;
 use pgwire::messages::PgWireBackendMessage;
 
-use super::names::{parts, qualify_view};
+use crate::server::names::{parts, qualify_view};
 use super::rows::{self, relation_of};
 use super::{internal, user_error, Leftovers, Run};
 use crate::catalog::models::{ModelsState, Op, RelKind, RelName, ViewDef};
@@ -118,7 +118,7 @@ pub(super) async fn create_view(
     let names: Vec<String> = v
         .columns
         .iter()
-        .map(|c| super::names::fold(&c.name))
+        .map(|c| crate::server::names::fold(&c.name))
         .collect();
     let plan = rows::plan_query(run, &query, &names).await?;
     let columns = plan
@@ -232,7 +232,7 @@ pub(super) async fn create_table(
     let names: Vec<String> = c
         .columns
         .iter()
-        .map(|col| super::names::fold(&col.name))
+        .map(|col| crate::server::names::fold(&col.name))
         .collect();
     let (schema, required, declared, plan) = match &c.query {
         Some(q) => {
@@ -541,7 +541,7 @@ pub(super) async fn comment_on(
             let mut p = name.0.clone();
             let column = p.pop().map(|c| match c {
                 datafusion::sql::sqlparser::ast::ObjectNamePart::Identifier(i) => {
-                    super::names::fold(&i)
+                    crate::server::names::fold(&i)
                 }
                 other => other.to_string(),
             });

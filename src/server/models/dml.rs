@@ -28,7 +28,7 @@ use super::{internal, user_error, Leftovers, Run};
 use crate::catalog::models::{Op, RelName};
 use crate::error::sqlstate;
 use crate::query::models::ModelsView;
-use crate::server::session::{plan_statement, verify_read_only};
+use crate::server::planning::{plan_statement, verify_read_only};
 use crate::sink::iceberg::models as sink;
 
 /// The column of row numbers a delete or update reads its target with.

@@ -7,7 +7,6 @@
 
 mod ddl;
 mod dml;
-pub mod names;
 mod rows;
 pub mod txn;
 mod viewdef;
@@ -37,7 +36,7 @@ use super::wire::Exec;
 use crate::catalog::models::{Conflict, ModelsState, Op, Refused, RelName};
 use crate::error::sqlstate;
 use crate::query::models::{Models, ModelsView, SessionSource};
-use names::{fold, parts};
+use super::names::{fold, parts};
 
 /// Numbers the sessions' temporary schemas (`pg_temp_<n>`).
 static SESSIONS: AtomicU64 = AtomicU64::new(1);

@@ -21,7 +21,7 @@ use super::{internal, user_error, Run};
 use crate::catalog::models::RelName;
 use crate::error::sqlstate;
 use crate::query::naming::pg_column_name;
-use crate::server::session::{plan_statement, verify_read_only};
+use crate::server::planning::{plan_statement, verify_read_only};
 use crate::server::wire;
 use crate::sink::iceberg::models::{self as sink, ModelWriter};
 
@@ -176,7 +176,7 @@ pub fn relation_of(
     run: &Run<'_>,
     name: &datafusion::sql::sqlparser::ast::ObjectName,
 ) -> PgWireResult<RelName> {
-    super::names::relation(name, run.default_schema).ok_or_else(|| {
+    crate::server::names::relation(name, run.default_schema).ok_or_else(|| {
         user_error(
             sqlstate::SYNTAX_ERROR,
             format!("improper relation name (too many dotted names): {name}"),

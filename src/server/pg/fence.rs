@@ -210,7 +210,7 @@ pub async fn wait(ws: &Workspace, call: WaitCall) -> PgWireResult<Response> {
                 if e.message().starts_with(LSN_WAIT_MESSAGE) {
                     canceled(e.message().to_string())
                 } else {
-                    super::super::session::api_error(e)
+                    super::super::errors::api_error(e)
                 }
             })?;
         reached = Some(reached.map_or(view.lsn, |r| r.min(view.lsn)));
@@ -250,5 +250,5 @@ async fn source_lsn(pipeline: &str, source: &crate::config::PostgresConfig) -> P
             ))
         })
     };
-    asked.await.map_err(super::super::session::api_error)
+    asked.await.map_err(super::super::errors::api_error)
 }

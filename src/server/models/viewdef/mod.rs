@@ -19,7 +19,7 @@ use datafusion::sql::sqlparser::ast::{
     TableWithJoins, UnaryOperator, Value,
 };
 
-use super::names::{fold, parts};
+use crate::server::names::{fold, parts};
 use crate::query::naming::{figure_name, DUPLICATE_MARK};
 use spelling::{
     cast_type, family, is_int4, pg_type, quote, sql_type, string_literal, typed_string,
