@@ -12,6 +12,7 @@ pub mod cuts;
 mod doubles;
 pub mod layout;
 mod lock;
+pub mod position;
 pub mod seams;
 pub mod shutdown;
 mod slot_watch;

@@ -14,13 +14,16 @@ use iceberg::table::Table;
 
 use super::live::{CommittedRows, LiveTable};
 use super::tail::walk::Walk;
-use super::tail::{TableShape, TailSnapshot, WalRead};
+use super::tail::TailSnapshot;
+use super::tail_schema::TableShape;
 use super::view::ViewHandle;
+use super::wal_read::WalRead;
 use super::{TableEntry, Workspace};
 use crate::change::{Datum, Lsn};
 use crate::error::{Error, Result};
-use crate::sink::iceberg::keys::{Key, KeyEncoder};
+use crate::table::apply::{fill_from_old, Committed, Pending};
 use crate::table::changelog::{self, ChangeOp};
+use crate::table::keys::Key;
 use crate::table::schema as ice_schema;
 use crate::wal::Op;
 
@@ -66,51 +69,24 @@ impl ChangeTail {
     }
 }
 
-/// A version of a row written in the tail.
-struct Version {
-    key: Key,
-    values: Vec<Datum>,
-    fill_from: Option<Key>,
+/// The committed rows as the live changelog sees them: like the live tail ([`super::tail`]),
+/// it counts the copies of each key the tail replaced or deleted, and names the committed
+/// row of that key as the place of the values an update left unchanged; after a TRUNCATE
+/// in the tail (`replaced` is `None`) no committed row holds anything.
+struct Replacing<'a> {
+    replaced: &'a mut Option<HashMap<Key, u32>>,
 }
 
-/// The tail's versions of rows, in the order written, by key.
-#[derive(Default)]
-struct Versions {
-    list: Vec<Option<Version>>,
-    by_key: HashMap<Key, Vec<usize>>,
-}
+impl Committed for Replacing<'_> {
+    type Place = Option<Key>;
 
-impl Versions {
-    /// Removes the newest version of `key` (every version with `all`), returning the newest.
-    fn take(&mut self, key: &Key, all: bool) -> Option<Version> {
-        let indices = self.by_key.get_mut(key)?;
-        let mut newest = None;
-        while let Some(i) = indices.pop() {
-            newest = newest.or_else(|| self.list[i].take());
-            if !all {
-                break;
-            }
-            if let Some(v) = self.list.get_mut(i) {
-                v.take();
-            }
-        }
-        if indices.is_empty() {
-            self.by_key.remove(key);
-        }
-        newest
-    }
-
-    fn push(&mut self, v: Version) {
-        self.by_key
-            .entry(v.key.clone())
-            .or_default()
-            .push(self.list.len());
-        self.list.push(Some(v));
-    }
-
-    fn drain(&mut self) -> Vec<Version> {
-        self.by_key.clear();
-        self.list.drain(..).flatten().collect()
+    fn remove(&mut self, key: &Key, _row: &[Datum], all: bool) -> Result<Option<Option<Key>>> {
+        let Some(r) = self.replaced.as_mut() else {
+            return Ok(Some(None));
+        };
+        let n = r.entry(key.clone()).or_insert(0);
+        *n = if all { u32::MAX } else { n.saturating_add(1) };
+        Ok(Some(Some(key.clone())))
     }
 }
 
@@ -128,7 +104,7 @@ pub(crate) fn changes(
 ) -> Result<ChangeTail> {
     let walk = Walk::new(shape);
     let keyed = !shape.key.is_empty();
-    let mut versions = Versions::default();
+    let mut pending: Pending<Option<Key>> = Pending::new(keyed);
     // Committed rows the tail replaced or deleted; None once the tail truncated the table.
     let mut replaced: Option<HashMap<Key, u32>> = Some(HashMap::new());
     let mut out = ChangeTail {
@@ -136,12 +112,6 @@ pub(crate) fn changes(
         truncates: Vec::new(),
     };
     let mut txn: Option<(Lsn, Txn)> = None;
-    let replace = |replaced: &mut Option<HashMap<Key, u32>>, key: Key, all: bool| {
-        if let Some(r) = replaced {
-            let n = r.entry(key).or_insert(0);
-            *n = if all { u32::MAX } else { n.saturating_add(1) };
-        }
-    };
     walk.each(read, state_floor.min(log_floor), through, |step| {
         let t = match txn {
             Some((end, t)) if end == step.txn.end_lsn => t,
@@ -172,92 +142,64 @@ pub(crate) fn changes(
                 });
             }
         };
+        let mut committed = Replacing {
+            replaced: &mut replaced,
+        };
         match step.op {
             Op::Relation => {}
             Op::Truncate => {
                 if log {
                     out.truncates.push(Truncate {
                         at: out.rows.len(),
-                        replaced: replaced.clone(),
+                        replaced: committed.replaced.clone(),
                         txn: t,
                     });
                 }
-                for v in versions.drain() {
-                    emit(&mut out, ChangeOp::Delete, v.values, v.fill_from);
+                for v in pending.take() {
+                    emit(&mut out, ChangeOp::Delete, v.values, v.previous.flatten());
                 }
-                replaced = None;
+                *committed.replaced = None;
             }
             Op::Insert => {
                 let row = step.new.unwrap_or_default();
-                let (key, _) = walk.key_of(&row)?;
-                if keyed {
-                    versions.take(&key, true);
-                    replace(&mut replaced, key.clone(), true);
-                }
-                emit(&mut out, ChangeOp::Insert, row.clone(), None);
-                versions.push(Version {
-                    key,
-                    values: row,
-                    fill_from: None,
-                });
+                let key = walk.key_of(&row)?;
+                let row = pending.insert(&mut committed, key, row)?;
+                emit(&mut out, ChangeOp::Insert, row.values.clone(), None);
             }
             Op::Delete => {
                 let old = step.old.unwrap_or_default();
-                let (key, _) = walk.key_of(&old)?;
-                let taken = versions.take(&key, keyed);
-                if keyed || taken.is_none() {
-                    replace(&mut replaced, key, keyed);
-                }
+                let key = walk.key_of(&old)?;
+                pending.delete(&mut committed, &key, &old)?;
                 emit(&mut out, ChangeOp::Delete, old, None);
             }
             Op::Update => {
                 let mut row = step.new.unwrap_or_default();
                 if let Some(old) = &step.old {
-                    super::tail::fill_from_old(&mut row, old);
+                    fill_from_old(&mut row, old);
                 }
-                let (new_key, _) = walk.key_of(&row)?;
+                let new_key = walk.key_of(&row)?;
                 let old_key = match &step.old {
-                    Some(o) => walk.key_of(o)?.0,
+                    Some(o) => walk.key_of(o)?,
                     None => new_key.clone(),
                 };
-                let mut fill_from = None;
-                match versions.take(&old_key, keyed) {
-                    Some(previous) => {
-                        for (d, v) in row.iter_mut().zip(previous.values) {
-                            if matches!(d, Datum::Unchanged) {
-                                *d = v;
-                            }
-                        }
-                        fill_from = previous.fill_from;
-                    }
-                    None => {
-                        if replaced.is_some() {
-                            fill_from = Some(old_key.clone());
-                        }
-                        replace(&mut replaced, old_key.clone(), keyed);
-                    }
-                }
-                if !row.iter().any(|d| matches!(d, Datum::Unchanged)) {
-                    fill_from = None;
-                }
-                if keyed && new_key != old_key {
-                    versions.take(&new_key, true);
-                    replace(&mut replaced, new_key.clone(), true);
-                }
-                match &step.old {
+                let moved = old_key != new_key;
+                let updated =
+                    pending.update(&mut committed, &old_key, step.old.as_deref(), new_key, row)?;
+                // The tail's committed rows always answer: an update always lands.
+                let Some(updated) = updated else {
+                    return Ok(());
+                };
+                let values = updated.values.clone();
+                let fill_from = updated.previous.clone().flatten();
+                match step.old {
                     // A row that changes its key (or a row without a key, which is its whole
                     // content) is a delete and an insert, as the sink writes it.
-                    Some(old) if old_key != new_key || !keyed => {
-                        emit(&mut out, ChangeOp::Delete, old.clone(), None);
-                        emit(&mut out, ChangeOp::Insert, row.clone(), fill_from.clone());
+                    Some(old) if moved || !keyed => {
+                        emit(&mut out, ChangeOp::Delete, old, None);
+                        emit(&mut out, ChangeOp::Insert, values, fill_from);
                     }
-                    _ => emit(&mut out, ChangeOp::Update, row.clone(), fill_from.clone()),
+                    _ => emit(&mut out, ChangeOp::Update, values, fill_from),
                 }
-                versions.push(Version {
-                    key: new_key,
-                    values: row,
-                    fill_from,
-                });
             }
         }
         Ok(())
@@ -303,7 +245,7 @@ pub(crate) async fn materialize(
     } else {
         let wanted: std::collections::HashSet<&Key> = fill.iter().map(|(_, k, _)| k).collect();
         Some(
-            CommittedRows::read(state, &shape.schema, walk.key_cols.as_slice(), |k| {
+            CommittedRows::read(state, &shape.schema, walk.keys.columns(), |k| {
                 whole || wanted.contains(k)
             })
             .await?,
@@ -323,12 +265,7 @@ pub(crate) async fn materialize(
         _ => Vec::new(),
     };
     // The output, in order: (source batch, row) and the change it is.
-    let encoder = KeyEncoder::new(
-        walk.key_cols
-            .iter()
-            .map(|i| shape.schema.field(*i).data_type().clone())
-            .collect(),
-    );
+    let encoder = walk.keys.encoder();
     let mut order: Vec<(usize, usize)> = Vec::new();
     let mut meta: Vec<(ChangeOp, Txn)> = Vec::new();
     let mut truncates = tail.truncates.into_iter().peekable();
@@ -339,7 +276,8 @@ pub(crate) async fn materialize(
             };
             for (b, batch) in committed.iter().enumerate() {
                 let keys: Vec<ArrayRef> = walk
-                    .key_cols
+                    .keys
+                    .columns()
                     .iter()
                     .map(|i| batch.column(*i).clone())
                     .collect();

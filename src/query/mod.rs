@@ -8,6 +8,7 @@ pub mod committed;
 mod cuts;
 mod file_read;
 pub mod format;
+pub mod hidden;
 pub mod limits;
 mod listing;
 pub mod live;
@@ -19,6 +20,7 @@ pub mod system;
 pub mod tail;
 pub mod tail_schema;
 pub mod view;
+pub mod wal_read;
 pub mod yielding;
 
 use std::any::Any;
@@ -42,8 +44,10 @@ use crate::sink::iceberg::apply::whole_row_key;
 use crate::table::schema as ice_schema;
 use crate::wal::WalReader;
 use live::LiveTable;
-use tail::{ReducedCache, TableShape, TailCache, TailSnapshot};
+use tail::{ReducedCache, TailSnapshot};
+use tail_schema::TableShape;
 use view::{PipelineView, ViewHandle};
+use wal_read::TailCache;
 
 /// The DataFusion catalog that holds the workspace and the `skippr` system schema.
 pub const CATALOG: &str = "skippr";
@@ -263,12 +267,20 @@ impl Workspace {
             .cloned()
     }
 
-    /// Every pipeline of the workspace, with its source.
-    pub fn pipeline_sources(&self) -> Vec<(String, crate::config::PostgresConfig)> {
+    /// Every pipeline of the workspace, with where its source is now (see
+    /// [`crate::pipeline::position`]).
+    pub fn pipeline_positions(
+        &self,
+    ) -> Vec<(String, Arc<dyn crate::pipeline::position::SourcePosition>)> {
         self.pipelines
             .iter()
             .flatten()
-            .map(|p| (p.name.clone(), p.source.clone()))
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    crate::pipeline::position::of(&p.name, &p.source),
+                )
+            })
             .collect()
     }
 
@@ -307,7 +319,7 @@ impl Workspace {
                 entry.ident.name(),
                 &shape,
                 &shape.source,
-                &tail::WalRead::default(),
+                &wal_read::WalRead::default(),
                 floor,
                 floor,
             )?;
@@ -342,7 +354,7 @@ impl Workspace {
         let floor = crate::table::summary::committed_lsn(&table).unwrap_or_default();
         // A changelog's live rows are made when a statement reads it (`live_changelog`).
         let read = if entry.changelog {
-            &tail::WalRead::default()
+            &wal_read::WalRead::default()
         } else {
             &view.read
         };

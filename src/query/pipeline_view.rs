@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use iceberg::table::Table;
 
-use super::tail::WalRead;
+use super::wal_read::WalRead;
 use crate::change::Lsn;
 
 /// One pipeline as a statement sees it.

@@ -7,16 +7,57 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
-use super::tail::{TableShape, WalRead};
+use super::wal_read::WalRead;
 use crate::change::types::{PgType, TypeInfo};
 use crate::change::{RelColumn, Relation};
+use crate::config::TableRef;
 use crate::table::SourceColumn;
 use crate::wal::{Op, Record};
 
+/// What a query needs to know about a table to read its tail.
+#[derive(Clone)]
+pub struct TableShape {
+    pub source: TableRef,
+    /// The live schema (the Iceberg table's, as DataFusion reads it).
+    pub schema: SchemaRef,
+    /// Primary key columns (indices into `schema`); empty for tables keyed by the whole row.
+    pub key: Vec<usize>,
+    /// Columns making up the whole-row key of a table without a primary key.
+    pub row_key: Vec<usize>,
+    /// Source columns as the Iceberg table records them (name -> field, declared type).
+    pub columns: Option<Vec<SourceColumn>>,
+    /// Source columns of the tail's newest relation that the committed table does not
+    /// record yet (see `tail_schema`), and the live field each one fills.
+    pub tail_columns: Vec<SourceColumn>,
+}
+
+impl TableShape {
+    pub(super) fn keyed(&self) -> bool {
+        !self.key.is_empty()
+    }
+
+    pub(crate) fn key_columns(&self) -> &[usize] {
+        if self.keyed() {
+            &self.key
+        } else {
+            &self.row_key
+        }
+    }
+
+    pub(super) fn pg_types(&self) -> Vec<PgType> {
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| PgType::from_arrow(f.data_type()))
+            .collect()
+    }
+}
+
 /// The Arrow type a column's values are stored as, and its type's name (`pg_type.typname`),
 /// as the relation description in the WAL says; `None` when Iceberg has no such type.
+
 fn column_type(c: &RelColumn) -> Option<(DataType, String)> {
     Some((arrow_type(&c.storage)?, c.type_name.clone()))
 }

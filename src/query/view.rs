@@ -10,7 +10,7 @@ use iceberg::table::Table;
 
 use super::as_of::{travel, AsOf};
 pub use super::pipeline_view::PipelineView;
-use super::tail::WalRead;
+use super::wal_read::WalRead;
 use super::Workspace;
 use crate::change::Lsn;
 use crate::error::{Error, Result};
@@ -450,7 +450,7 @@ mod tests {
         let newest = write(&live, &[50, 60]);
         // Iceberg committed through 40: both older segments move into the history.
         assert_eq!(live.remove_through(Lsn(40)).unwrap(), 2);
-        let tail = super::super::tail::TailCache::default();
+        let tail = super::super::wal_read::TailCache::default();
         let view_of = || PipelineView {
             pipeline: "p".into(),
             lsn: Lsn(60),

@@ -15,8 +15,8 @@ use datafusion::sql::sqlparser::ast::{CopyTarget, Set, Statement};
 use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use pgwire::messages::{DecodeContext, PgWireFrontendMessage, ProtocolVersion};
 
-use super::readonly::{classify, Allowed, Policy};
 use super::planning::verify_read_only;
+use super::readonly::{classify, Allowed, Policy};
 use crate::error::sqlstate;
 
 /// A small, seeded generator (xorshift64*): the same seed gives the same inputs.

@@ -9,12 +9,12 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use pgwire::error::PgWireResult;
 
+use super::errors::api_error;
 use super::models::SessionModels;
 use super::pg::known;
 use super::pg::regclass::Relations;
 use super::pg::rewrite::{self, Rewritten};
 use super::readonly::{classify, Allowed, Policy};
-use super::errors::api_error;
 use super::settings::setting;
 use super::Shared;
 

@@ -6,6 +6,7 @@
 //!   commit covers, its phase and pipeline, source commit times): [`summary`];
 //! - the mapping between source schemas, Iceberg schemas and Arrow schemas: [`schema`];
 //! - primary keys as comparable bytes, equal from a data file and from the stream: [`keys`];
+//! - what a change does to a table's rows, for the sink and the live tail alike: [`apply`];
 //! - how rows are laid out in files, partition spec and sort order: [`layout`];
 //! - the tags of consistent cuts, one per cut on every table of a pipeline: [`cuts`].
 //!
@@ -15,6 +16,7 @@
 
 use std::collections::HashMap;
 
+pub mod apply;
 pub mod changelog;
 pub mod cuts;
 pub mod keys;

@@ -12,8 +12,9 @@ use iceberg::spec::Transform;
 use super::partition_tests::{rows, run, spec, TestResult, TestTable, ROWS};
 use super::*;
 use crate::change::Lsn;
+use crate::query::hidden::Hidden;
 use crate::query::live::LiveTable;
-use crate::query::tail::{Hidden, TailSnapshot};
+use crate::query::tail::TailSnapshot;
 
 const FILTER: &str = "at >= '2024-01-08T00:00:00Z'";
 

@@ -44,8 +44,8 @@ use iceberg::spec::DataContentType;
 use iceberg::table::Table;
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
+use super::hidden::HiddenSet;
 use super::listing::{FileColumns, Listed, Listing};
-use super::live::HiddenSet;
 
 use cache::footer;
 pub use cache::ScanCaches;

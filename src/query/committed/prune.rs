@@ -11,7 +11,6 @@ use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
-use super::read::FileReader;
 use super::{field_id, ScanFilter};
 use crate::query::file_read::PartReader;
 
@@ -72,66 +71,64 @@ pub(super) fn proven_true(
             .is_ok_and(|may_fail| kept.iter().all(|rg| may_fail.get(*rg) == Some(&false)))
 }
 
-impl FileReader {
-    /// The rows of the row groups `kept` on the pages that the filters may match, judged by
-    /// the file's column index (each page's min, max and null count); None when the filters
-    /// read more than one column (pages of different columns do not line up), when the file
-    /// has no page index, or when no page can be skipped.
-    pub(super) fn pages(
-        &self,
-        builder: &ParquetRecordBatchStreamBuilder<PartReader>,
-        filter: &ScanFilter,
-        kept: &[usize],
-    ) -> Option<RowSelection> {
-        let pruning = filter.pruning.as_ref()?;
-        let [column] = filter.columns.as_slice() else {
-            return None;
+/// The rows of the row groups `kept` on the pages that the filters may match, judged by
+/// the file's column index (each page's min, max and null count); None when the filters
+/// read more than one column (pages of different columns do not line up), when the file
+/// has no page index, or when no page can be skipped. `table_schema`: the scan's.
+pub(super) fn pages(
+    table_schema: &SchemaRef,
+    builder: &ParquetRecordBatchStreamBuilder<PartReader>,
+    filter: &ScanFilter,
+    kept: &[usize],
+) -> Option<RowSelection> {
+    let pruning = filter.pruning.as_ref()?;
+    let [column] = filter.columns.as_slice() else {
+        return None;
+    };
+    let metadata = builder.metadata();
+    let (column_index, offset_index) = (metadata.column_index()?, metadata.offset_index()?);
+    let stats = RowGroupStats {
+        file: builder.schema().clone(),
+        parquet: builder.parquet_schema(),
+        row_groups: metadata.row_groups(),
+        targets: vec![table_schema.field(*column).clone()],
+    };
+    let target = datafusion::common::Column::from_name(table_schema.field(*column).name());
+    let leaf = stats.converter(&target)?.0.parquet_column_index()?;
+    let mut selectors = Vec::new();
+    let mut skipped = false;
+    for rg in kept {
+        let rows = metadata.row_group(*rg).num_rows().max(0) as usize;
+        let locations = offset_index.get(*rg)?.get(leaf)?.page_locations();
+        let pages = PageStats {
+            row_group: stats.clone(),
+            column_index,
+            offset_index,
+            at: [*rg],
+            pages: locations.len(),
         };
-        let metadata = builder.metadata();
-        let (column_index, offset_index) = (metadata.column_index()?, metadata.offset_index()?);
-        let stats = RowGroupStats {
-            file: builder.schema().clone(),
-            parquet: builder.parquet_schema(),
-            row_groups: metadata.row_groups(),
-            targets: vec![self.table_schema.field(*column).clone()],
+        let keep = match pruning.prune(&pages) {
+            Ok(keep) if keep.len() == locations.len() => keep,
+            _ => vec![true; locations.len()],
         };
-        let target = datafusion::common::Column::from_name(self.table_schema.field(*column).name());
-        let leaf = stats.converter(&target)?.0.parquet_column_index()?;
-        let mut selectors = Vec::new();
-        let mut skipped = false;
-        for rg in kept {
-            let rows = metadata.row_group(*rg).num_rows().max(0) as usize;
-            let locations = offset_index.get(*rg)?.get(leaf)?.page_locations();
-            let pages = PageStats {
-                row_group: stats.clone(),
-                column_index,
-                offset_index,
-                at: [*rg],
-                pages: locations.len(),
-            };
-            let keep = match pruning.prune(&pages) {
-                Ok(keep) if keep.len() == locations.len() => keep,
-                _ => vec![true; locations.len()],
-            };
-            for (i, page) in locations.iter().enumerate() {
-                let first = page.first_row_index.max(0) as usize;
-                let end = locations
-                    .get(i + 1)
-                    .map_or(rows, |next| next.first_row_index.max(0) as usize);
-                let n = end.saturating_sub(first);
-                if n == 0 {
-                    continue;
-                }
-                if keep[i] {
-                    selectors.push(RowSelector::select(n));
-                } else {
-                    selectors.push(RowSelector::skip(n));
-                    skipped = true;
-                }
+        for (i, page) in locations.iter().enumerate() {
+            let first = page.first_row_index.max(0) as usize;
+            let end = locations
+                .get(i + 1)
+                .map_or(rows, |next| next.first_row_index.max(0) as usize);
+            let n = end.saturating_sub(first);
+            if n == 0 {
+                continue;
+            }
+            if keep[i] {
+                selectors.push(RowSelector::select(n));
+            } else {
+                selectors.push(RowSelector::skip(n));
+                skipped = true;
             }
         }
-        skipped.then(|| RowSelection::from(selectors))
     }
+    skipped.then(|| RowSelection::from(selectors))
 }
 
 /// The page index of one column in one row group, as pruning statistics: one container per

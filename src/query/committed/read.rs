@@ -257,7 +257,7 @@ impl FileReader {
             None => self
                 .filter
                 .as_ref()
-                .and_then(|f| self.pages(&builder, f, &kept)),
+                .and_then(|f| super::prune::pages(&self.table_schema, &builder, f, &kept)),
         };
         let narrowed = exact.is_none() && pages.is_some();
         // A strict filter is tested on every row, unless the statistics of every row group

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::change::{RelColumn, Relation};
-use crate::wal::{Change, Txn};
+use crate::wal::{Change, Record, SegmentInfo, Txn};
 use arrow::array::{AsArray, Int32Array};
 use arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use bytes::Bytes;

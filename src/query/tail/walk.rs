@@ -7,12 +7,14 @@ use std::collections::HashMap;
 
 use arrow::array::{ArrayRef, RecordBatch};
 
-use super::{TableShape, WalRead};
 use crate::change::types::{ColumnBuilder, PgType};
 use crate::change::{Datum, Lsn, Relation, Txn};
 use crate::error::{Error, Result};
-use crate::sink::iceberg::keys::{Key, KeyEncoder};
+use crate::query::tail_schema::TableShape;
+use crate::query::wal_read::WalRead;
 use crate::sink::iceberg::SourceColumn;
+use crate::table::apply::RowKeys;
+use crate::table::keys::Key;
 use crate::wal::{Op, Record};
 
 /// One change of the table, its tuples in the live column order.
@@ -39,8 +41,8 @@ pub(crate) struct Walk<'a> {
     pub shape: &'a TableShape,
     pub names: Vec<&'a str>,
     pub pg: Vec<PgType>,
-    pub key_cols: Vec<usize>,
-    encoder: KeyEncoder,
+    /// The key columns, and the key of a row.
+    pub keys: RowKeys,
 }
 
 impl<'a> Walk<'a> {
@@ -51,58 +53,21 @@ impl<'a> Walk<'a> {
             .iter()
             .map(|f| f.name().as_str())
             .collect();
-        let key_cols = shape.key_columns().to_vec();
-        let encoder = KeyEncoder::new(
-            key_cols
-                .iter()
-                .map(|i| shape.schema.field(*i).data_type().clone())
-                .collect(),
-        );
         Self {
             shape,
             names,
             pg: shape.pg_types(),
-            key_cols,
-            encoder,
+            keys: RowKeys::new(
+                shape.source.clone(),
+                &shape.schema,
+                shape.key_columns().to_vec(),
+            ),
         }
     }
 
-    /// The key of a row (the primary key, or the whole row for a table without one), and
-    /// its values as text in key order.
-    pub fn key_of(&self, row: &[Datum]) -> Result<(Key, Vec<Option<String>>)> {
-        let shape = self.shape;
-        let mut texts = Vec::with_capacity(self.key_cols.len());
-        let mut types = Vec::with_capacity(self.key_cols.len());
-        for &i in &self.key_cols {
-            match row.get(i) {
-                Some(Datum::Text(b)) => texts.push(Some(
-                    std::str::from_utf8(b)
-                        .map_err(|_| {
-                            Error::unrepresentable(format!(
-                                "table {}, column `{}`: a key value is not UTF-8",
-                                shape.source, self.names[i]
-                            ))
-                        })?
-                        .to_string(),
-                )),
-                Some(Datum::Unchanged) => {
-                    return Err(Error::fatal(format!(
-                        "table {}: the key column `{}` arrived without a value",
-                        shape.source, self.names[i]
-                    )))
-                }
-                _ => texts.push(None),
-            }
-            types.push(self.pg[i].clone());
-        }
-        let refs: Vec<Option<&str>> = texts.iter().map(|t| t.as_deref()).collect();
-        let key = self.encoder.from_text(&types, &refs).map_err(|e| {
-            Error::unrepresentable(format!(
-                "table {}: a key value cannot be read: {e}",
-                shape.source
-            ))
-        })?;
-        Ok((key, texts))
+    /// The key of a row (the primary key, or the whole row for a table without one).
+    pub fn key_of(&self, row: &[Datum]) -> Result<Key> {
+        self.keys.key_of(row)
     }
 
     /// Calls `step` for each change of the table in the transactions of `read` after

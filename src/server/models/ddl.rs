@@ -19,12 +19,12 @@ use pgwire::error::PgWireResult;
 use pgwire::messages::response::NoticeResponse;
 use pgwire::messages::PgWireBackendMessage;
 
-use crate::server::names::{parts, qualify_view};
 use super::rows::{self, relation_of};
 use super::{internal, user_error, Leftovers, Run};
 use crate::catalog::models::{ModelsState, Op, RelKind, RelName, ViewDef};
 use crate::error::sqlstate;
 use crate::query::models::ModelsView;
+use crate::server::names::{parts, qualify_view};
 use crate::sink::iceberg::models as sink;
 use crate::sink::iceberg::SourceColumn;
 

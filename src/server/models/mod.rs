@@ -31,12 +31,12 @@ use pgwire::api::results::{Response, Tag};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::response::TransactionStatus;
 
+use super::names::{fold, parts};
 use super::readonly::Writable;
 use super::wire::Exec;
 use crate::catalog::models::{Conflict, ModelsState, Op, Refused, RelName};
 use crate::error::sqlstate;
 use crate::query::models::{Models, ModelsView, SessionSource};
-use super::names::{fold, parts};
 
 /// Numbers the sessions' temporary schemas (`pg_temp_<n>`).
 static SESSIONS: AtomicU64 = AtomicU64::new(1);

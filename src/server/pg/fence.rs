@@ -194,10 +194,13 @@ pub fn canceled(message: String) -> PgWireError {
 /// reached, as text; the next statements see at least that much.
 pub async fn wait(ws: &Workspace, call: WaitCall) -> PgWireResult<Response> {
     let mut reached: Option<Lsn> = None;
-    for (pipeline, source) in ws.pipeline_sources() {
+    for (pipeline, position) in ws.pipeline_positions() {
         let min_lsn = match call.lsn {
             Some(l) => l,
-            None => source_lsn(&pipeline, &source).await?,
+            None => position
+                .current()
+                .await
+                .map_err(super::super::errors::api_error)?,
         };
         let fence = Fence {
             min_lsn,
@@ -229,26 +232,4 @@ pub async fn wait(ws: &Workspace, call: WaitCall) -> PgWireResult<Response> {
         fields,
         futures::stream::iter(vec![Ok(row)]),
     )))
-}
-
-/// The source's current WAL insert position, asked over a plain connection.
-async fn source_lsn(pipeline: &str, source: &crate::config::PostgresConfig) -> PgWireResult<Lsn> {
-    let asked = async {
-        let client = crate::source::postgres::connect::connect(source).await?;
-        let row = client
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-            .await
-            .map_err(|e| {
-                crate::error::Error::query(format!(
-                    "asking the source of pipeline {pipeline} for its LSN: {e}"
-                ))
-            })?;
-        let text: String = row.get(0);
-        Lsn::parse(&text).map_err(|e| {
-            crate::error::Error::query(format!(
-                "the source of pipeline {pipeline} answered an LSN that does not read ({e})"
-            ))
-        })
-    };
-    asked.await.map_err(super::super::errors::api_error)
 }

@@ -17,28 +17,24 @@ use arrow::datatypes::SchemaRef;
 use iceberg::table::Table;
 
 use super::keyindex::{KeyIndex, Loc, Spill};
-use super::keys::{Key, KeyEncoder};
+use super::keys::Key;
 use super::maintenance::MaintenanceSettings;
 use super::{evolve, PROP_COLUMNS};
-use super::{rowdelta, schema as ice_schema, PROP_PRIMARY_KEY};
+use super::{rowdelta, schema as ice_schema};
 use crate::catalog::LocalCatalog;
 use crate::change::types::PgType;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
 use crate::config::TableRef;
 use crate::error::{Error, Result};
+use crate::table::apply::{fill_from_old, Committed, Pending, RowKeys};
 use crate::table::changelog::ChangeOp;
 use crate::table::partition::FilePartitions;
 use crate::wal::{Change, Op};
 
-/// A row waiting for the next commit, in the table's column order.
-#[derive(Debug, Clone)]
-struct PendingRow {
-    key: Key,
-    values: Vec<Datum>,
-    /// For values the change left unchanged (TOAST): where the previous version lives.
-    previous: Option<Loc>,
-}
+/// A row waiting for the next commit, in the table's column order; values an update left
+/// unchanged (TOAST) are read at `previous`, the committed version's place.
+type PendingRow = crate::table::apply::PendingRow<Loc>;
 
 /// The sink state of one table.
 pub struct TableSink {
@@ -47,9 +43,9 @@ pub struct TableSink {
     arrow: SchemaRef,
     pg: Vec<PgType>,
     names: Vec<String>,
-    key_idx: Vec<usize>,
     keyed: bool,
-    keys: KeyEncoder,
+    /// The key columns, and the key of a row as the stream gives it.
+    keys: RowKeys,
     /// Source LSN covered by the last commit.
     pub lsn: Lsn,
     index: KeyIndex,
@@ -64,10 +60,9 @@ pub struct TableSink {
     /// The spec of each delete file written for the next commit that is not of the current
     /// spec (deletes of rows in files of an earlier spec).
     delete_specs: rowdelta::Specs,
-    // Changes since the last commit.
-    rows: Vec<Option<PendingRow>>,
-    by_key: HashMap<Key, usize>,
-    extra_pending: HashMap<Key, Vec<usize>>,
+    /// Rows changed since the last commit (see [`crate::table::apply`]).
+    pending: Pending<Loc>,
+    /// Committed rows the changes since the last commit removed.
     deletes: Vec<Loc>,
     /// Data files already written for the next commit: rows spilled from memory while a
     /// large transaction was applied (see [`TableSink::spill`]). Their rows are in `index`.
@@ -124,38 +119,8 @@ impl TableSink {
             .iter()
             .map(|f| PgType::from_arrow(f.data_type()))
             .collect();
-        let pk: Vec<String> = table
-            .metadata()
-            .properties()
-            .get(PROP_PRIMARY_KEY)
-            .map(|s| {
-                s.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let key_idx: Vec<usize> = if pk.is_empty() {
-            // Replica identity full: the whole row, as the source has it now, is the key.
-            whole_row_key(&table, &names)
-        } else {
-            pk.iter()
-                .map(|k| {
-                    names.iter().position(|n| n == k).ok_or_else(|| {
-                        Error::fatal(format!(
-                            "primary key column `{k}` is missing from Iceberg table {}",
-                            table.identifier()
-                        ))
-                    })
-                })
-                .collect::<Result<_>>()?
-        };
-        let keys = KeyEncoder::new(
-            key_idx
-                .iter()
-                .map(|i| arrow.field(*i).data_type().clone())
-                .collect(),
-        );
+        let pk = crate::table::primary_key(table.metadata().properties());
+        let keys = RowKeys::new(source.clone(), &arrow, key_columns(&table, &names, &pk)?);
         let lsn = super::commit::committed_lsn(&table).unwrap_or_default();
         Ok(Self {
             source,
@@ -164,7 +129,6 @@ impl TableSink {
             pg,
             names,
             keyed: !pk.is_empty(),
-            key_idx,
             keys,
             lsn,
             index: KeyIndex::new(index_place.clone()),
@@ -173,9 +137,7 @@ impl TableSink {
             parts: FilePartitions::default(),
             parts_loaded: false,
             delete_specs: rowdelta::Specs::new(),
-            rows: Vec::new(),
-            by_key: HashMap::new(),
-            extra_pending: HashMap::new(),
+            pending: Pending::new(!pk.is_empty()),
             deletes: Vec::new(),
             staged: Vec::new(),
             staged_deletes: Vec::new(),
@@ -252,25 +214,10 @@ impl TableSink {
                 // The whole-row key changed shape: index the committed rows again.
                 self.build_index().await?;
             }
-            let width = self.names.len();
-            for row in self.rows.iter_mut().flatten() {
-                row.values.resize(width, Datum::Null);
-            }
+            self.pending.widen(self.names.len());
             if !self.keyed {
-                self.by_key.clear();
-                self.extra_pending.clear();
-                for i in 0..self.rows.len() {
-                    let Some(row) = &self.rows[i] else { continue };
-                    let key = self.key_of(&row.values)?;
-                    if self.by_key.contains_key(&key) {
-                        self.extra_pending.entry(key.clone()).or_default().push(i);
-                    } else {
-                        self.by_key.insert(key.clone(), i);
-                    }
-                    if let Some(row) = self.rows[i].as_mut() {
-                        row.key = key;
-                    }
-                }
+                let keys = &self.keys;
+                self.pending.rekey(|values| keys.key_of(values))?;
             }
         }
         self.changelog_widen();
@@ -302,7 +249,8 @@ impl TableSink {
         let identity = r.replica_identity == b'f'
             || (self.keyed
                 && self
-                    .key_idx
+                    .keys
+                    .columns()
                     .iter()
                     .all(|k| map[*k].is_some_and(|ri| r.columns[ri].is_key)));
         self.rel_identity.insert(r.id, identity);
@@ -374,7 +322,8 @@ impl TableSink {
 
     fn primary_key(&self) -> Vec<String> {
         if self.keyed {
-            self.key_idx
+            self.keys
+                .columns()
                 .iter()
                 .map(|i| self.names[*i].clone())
                 .collect()
@@ -399,26 +348,10 @@ impl TableSink {
             .iter()
             .map(|f| PgType::from_arrow(f.data_type()))
             .collect();
-        self.key_idx = if self.keyed {
-            key_names
-                .iter()
-                .map(|k| {
-                    self.names.iter().position(|n| n == k).ok_or_else(|| {
-                        Error::fatal(format!(
-                            "primary key column `{k}` is missing from Iceberg table {}",
-                            self.table.identifier()
-                        ))
-                    })
-                })
-                .collect::<Result<_>>()?
-        } else {
-            whole_row_key(&self.table, &self.names)
-        };
-        self.keys = KeyEncoder::new(
-            self.key_idx
-                .iter()
-                .map(|i| self.arrow.field(*i).data_type().clone())
-                .collect(),
+        self.keys = RowKeys::new(
+            self.source.clone(),
+            &self.arrow,
+            key_columns(&self.table, &self.names, &key_names)?,
         );
         self.rel_maps.clear();
         self.rel_identity.clear();
@@ -438,52 +371,17 @@ impl TableSink {
             .collect())
     }
 
-    fn key_of(&self, row: &[Datum]) -> Result<Key> {
-        let mut texts = Vec::with_capacity(self.key_idx.len());
-        let mut types = Vec::with_capacity(self.key_idx.len());
-        for &i in &self.key_idx {
-            match &row[i] {
-                Datum::Text(b) => texts.push(Some(std::str::from_utf8(b).map_err(|_| {
-                    Error::unrepresentable(format!(
-                        "table {}, column `{}`: a key value is not UTF-8",
-                        self.source, self.names[i]
-                    ))
-                })?)),
-                Datum::Null => texts.push(None),
-                Datum::Unchanged => {
-                    return Err(Error::fatal(format!(
-                        "table {}: the key column `{}` arrived without a value",
-                        self.source, self.names[i]
-                    )))
-                }
-            }
-            types.push(self.pg[i].clone());
-        }
-        self.keys.from_text(&types, &texts).map_err(|e| {
-            Error::unrepresentable(format!(
-                "table {}: a key value cannot be read: {e}",
-                self.source
-            ))
-        })
-    }
-
-    /// Removes the live version of `key`, wherever it is.
-    fn remove(&mut self, key: &Key) -> Result<Option<PendingOrLoc>> {
-        if let Some(i) = self.extra_pending.get_mut(key).and_then(Vec::pop) {
-            return Ok(self.rows[i].take().map(PendingOrLoc::Pending));
-        }
-        if let Some(i) = self.by_key.remove(key) {
-            return Ok(self.rows[i].take().map(PendingOrLoc::Pending));
-        }
-        let loc = match self.extra.get_mut(key).and_then(Vec::pop) {
-            Some(l) => Some(l),
-            None => self.index.remove(key)?,
-        };
-        Ok(loc.map(|loc| {
-            self.deletes.push(loc);
-            self.pending_bytes += std::mem::size_of::<Loc>() as u64;
-            PendingOrLoc::Loc(loc)
-        }))
+    /// The committed rows as change application sees them (see [`Committed`]).
+    fn split_rows(&mut self) -> (&mut Pending<Loc>, CommittedRows<'_>) {
+        (
+            &mut self.pending,
+            CommittedRows {
+                index: &mut self.index,
+                extra: &mut self.extra,
+                deletes: &mut self.deletes,
+                bytes: &mut self.pending_bytes,
+            },
+        )
     }
 
     fn index_insert(&mut self, key: Key, loc: Loc) -> Result<()> {
@@ -525,9 +423,7 @@ impl TableSink {
                     self.log_truncate()?;
                 }
                 self.truncated = true;
-                self.rows.clear();
-                self.by_key.clear();
-                self.extra_pending.clear();
+                self.pending.clear();
                 self.deletes.clear();
                 self.index.clear();
                 self.extra.clear();
@@ -540,21 +436,21 @@ impl TableSink {
             }
             Op::Insert => {
                 let row = self.to_row(change.rel, change.new.as_deref().unwrap_or_default())?;
-                let key = self.key_of(&row)?;
-                // Without a primary key the whole row is the key: equal rows may coexist.
-                if self.keyed {
-                    self.remove(&key)?;
-                }
+                let key = self.keys.key_of(&row)?;
+                self.pending_bytes += row_bytes(&key, &row);
+                let (pending, mut committed) = self.split_rows();
+                let row = pending.insert(&mut committed, key, row)?;
                 if log {
-                    self.log_change(ChangeOp::Insert, row.clone(), None);
+                    let values = row.values.clone();
+                    self.log_change(ChangeOp::Insert, values, None);
                 }
-                self.push(key, row, None);
             }
             Op::Delete => {
                 self.require_identity(change)?;
                 let old = self.to_row(change.rel, change.old.as_deref().unwrap_or_default())?;
-                let key = self.key_of(&old)?;
-                if self.remove(&key)?.is_none() {
+                let key = self.keys.key_of(&old)?;
+                let (pending, mut committed) = self.split_rows();
+                if !pending.delete(&mut committed, &key, &old)? {
                     return Err(self.missing_row(Op::Delete));
                 }
                 if log {
@@ -568,76 +464,39 @@ impl TableSink {
                     Some(o) => Some(self.to_row(change.rel, o)?),
                     None => None,
                 };
-                // A full old row (replica identity full) carries the values a TOASTed column
-                // left unchanged; a key-only old row has NULL there and gives nothing.
                 if let Some(old) = &old_row {
-                    for (d, o) in row.iter_mut().zip(old) {
-                        if matches!(d, Datum::Unchanged) && matches!(o, Datum::Text(_)) {
-                            *d = o.clone();
-                        }
-                    }
+                    fill_from_old(&mut row, old);
                 }
-                let new_key = self.key_of(&row)?;
+                let new_key = self.keys.key_of(&row)?;
                 let old_key = match &old_row {
-                    Some(o) => self.key_of(o)?,
+                    Some(o) => self.keys.key_of(o)?,
                     None => new_key.clone(),
                 };
-                let Some(previous) = self.remove(&old_key)? else {
+                self.pending_bytes += row_bytes(&new_key, &row);
+                let keyed = self.keyed;
+                let (pending, mut committed) = self.split_rows();
+                let moved = old_key != new_key;
+                let Some(updated) =
+                    pending.update(&mut committed, &old_key, old_row.as_deref(), new_key, row)?
+                else {
                     return Err(self.missing_row(Op::Update));
                 };
-                // With a primary key, a row already holding the new key is replaced; rows
-                // keyed by their whole content may be equal and all stay.
-                if self.keyed && old_key != new_key {
-                    self.remove(&new_key)?;
-                }
-                let mut previous_loc = None;
-                if row.iter().any(|d| matches!(d, Datum::Unchanged)) {
-                    match previous {
-                        PendingOrLoc::Pending(p) => {
-                            for (i, d) in row.iter_mut().enumerate() {
-                                if matches!(d, Datum::Unchanged) {
-                                    *d = p.values[i].clone();
-                                }
-                            }
-                            previous_loc = p.previous;
-                        }
-                        PendingOrLoc::Loc(loc) => previous_loc = Some(loc),
-                    }
-                }
                 if log {
+                    let (values, previous) = (updated.values.clone(), updated.previous);
                     // A row that changes its key (or a row without a key, which is its
                     // whole content) is a delete and an insert: replayed in order, the
                     // changelog rebuilds the table.
                     match old_row {
-                        Some(old) if old_key != new_key || !self.keyed => {
+                        Some(old) if moved || !keyed => {
                             self.log_change(ChangeOp::Delete, old, None);
-                            self.log_change(ChangeOp::Insert, row.clone(), previous_loc);
+                            self.log_change(ChangeOp::Insert, values, previous);
                         }
-                        _ => self.log_change(ChangeOp::Update, row.clone(), previous_loc),
+                        _ => self.log_change(ChangeOp::Update, values, previous),
                     }
                 }
-                self.push(new_key, row, previous_loc);
             }
         }
         Ok(())
-    }
-
-    fn push(&mut self, key: Key, values: Vec<Datum>, previous: Option<Loc>) {
-        let i = self.rows.len();
-        // Values are shared with the WAL segment they came from; count them anyway, with the
-        // per-row and per-value overhead, so that a commit is forced before memory grows.
-        self.pending_bytes += 64 + key.len() as u64 + values_bytes(&values);
-        if !self.keyed && self.by_key.contains_key(&key) {
-            // An equal row is already pending: keep both (tables keyed by the whole row).
-            self.extra_pending.entry(key.clone()).or_default().push(i);
-        } else {
-            self.by_key.insert(key.clone(), i);
-        }
-        self.rows.push(Some(PendingRow {
-            key,
-            values,
-            previous,
-        }));
     }
 
     /// The LSN up to which this table has committed every change (including stretches of
@@ -678,6 +537,13 @@ impl TableSink {
     }
 }
 
+/// Memory a pending row is counted as. Values are shared with the WAL segment they came
+/// from; count them anyway, with the per-row and per-value overhead, so that a commit is
+/// forced before memory grows.
+fn row_bytes(key: &Key, values: &[Datum]) -> u64 {
+    64 + key.len() as u64 + values_bytes(values)
+}
+
 /// Memory a row's values are counted as: their bytes, with the per-value overhead.
 fn values_bytes(values: &[Datum]) -> u64 {
     values
@@ -690,6 +556,25 @@ fn values_bytes(values: &[Datum]) -> u64 {
             }
         })
         .sum()
+}
+
+/// The key columns of `table` (indices into its field `names`): those of its primary key
+/// `pk`, or, without one, every column the source writes.
+fn key_columns(table: &Table, names: &[String], pk: &[String]) -> Result<Vec<usize>> {
+    if pk.is_empty() {
+        // Replica identity full: the whole row, as the source has it now, is the key.
+        return Ok(whole_row_key(table, names));
+    }
+    pk.iter()
+        .map(|k| {
+            names.iter().position(|n| n == k).ok_or_else(|| {
+                Error::fatal(format!(
+                    "primary key column `{k}` is missing from Iceberg table {}",
+                    table.identifier()
+                ))
+            })
+        })
+        .collect()
 }
 
 /// The columns that make up the key of a table without a primary key: every field the
@@ -706,7 +591,29 @@ pub fn whole_row_key(table: &Table, names: &[String]) -> Vec<usize> {
     }
 }
 
-enum PendingOrLoc {
-    Pending(PendingRow),
-    Loc(Loc),
+/// The sink's committed rows: the key index, and further copies of a key (tables keyed by
+/// the whole row). A row removed there becomes a position delete of the next commit.
+struct CommittedRows<'a> {
+    index: &'a mut KeyIndex,
+    extra: &'a mut HashMap<Key, Vec<Loc>>,
+    deletes: &'a mut Vec<Loc>,
+    bytes: &'a mut u64,
+}
+
+impl Committed for CommittedRows<'_> {
+    type Place = Loc;
+
+    fn remove(&mut self, key: &Key, _row: &[Datum], _all: bool) -> Result<Option<Loc>> {
+        // A key has one entry in the index; equal rows of a table without a key have their
+        // further copies in `extra`.
+        let loc = match self.extra.get_mut(key).and_then(Vec::pop) {
+            Some(l) => Some(l),
+            None => self.index.remove(key)?,
+        };
+        if let Some(loc) = loc {
+            self.deletes.push(loc);
+            *self.bytes += std::mem::size_of::<Loc>() as u64;
+        }
+        Ok(loc)
+    }
 }

@@ -19,8 +19,8 @@ use datafusion::sql::sqlparser::ast::{
     TableWithJoins, UnaryOperator, Value,
 };
 
-use crate::server::names::{fold, parts};
 use crate::query::naming::{figure_name, DUPLICATE_MARK};
+use crate::server::names::{fold, parts};
 use spelling::{
     cast_type, family, is_int4, pg_type, quote, sql_type, string_literal, typed_string,
 };

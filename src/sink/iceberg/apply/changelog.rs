@@ -207,7 +207,7 @@ impl TableSink {
         for loc in locs {
             self.log_change(ChangeOp::Delete, vec![Datum::Unchanged; width], Some(loc));
         }
-        let pending: Vec<PendingRow> = self.rows.iter().flatten().cloned().collect();
+        let pending: Vec<PendingRow> = self.pending.rows().cloned().collect();
         for row in pending {
             self.log_change(ChangeOp::Delete, row.values, row.previous);
         }

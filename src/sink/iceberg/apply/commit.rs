@@ -23,13 +23,8 @@ const SORTED_WRITE_BYTES: usize = 256 * 1024;
 impl TableSink {
     /// Pending rows (in memory) that are still live, in the order they were applied.
     fn take_live(&mut self) -> Vec<PendingRow> {
-        self.by_key.clear();
-        self.extra_pending.clear();
         self.pending_bytes = 0;
-        std::mem::take(&mut self.rows)
-            .into_iter()
-            .flatten()
-            .collect()
+        self.pending.take()
     }
 
     /// A NULL in a required field: the source allowed it when the change was made (its NOT

@@ -216,7 +216,7 @@ impl TableSink {
     /// The order rows are written in: the table's sort order (`sort_by`), then its primary
     /// key (see [`WriteOrder`]).
     pub(super) fn write_order(&self) -> WriteOrder {
-        let key: &[usize] = if self.keyed { &self.key_idx } else { &[] };
+        let key: &[usize] = if self.keyed { self.keys.columns() } else { &[] };
         WriteOrder::of(self.table.metadata(), &self.names, key)
     }
 

@@ -159,13 +159,14 @@ impl TableSink {
         for chunk in locs.chunks(DIFF_ROWS) {
             let now = self.read_rows(chunk).await?;
             let key_cols: Vec<ArrayRef> = self
-                .key_idx
+                .keys
+                .columns()
                 .iter()
                 .map(|i| now.column(*i).clone())
                 .collect();
             let (mut fresh, mut matched, mut partners) = (Vec::new(), Vec::new(), Vec::new());
             for row in 0..now.num_rows() {
-                let partner = match self.keys.from_arrays(&key_cols, row) {
+                let partner = match self.keys.encoder().from_arrays(&key_cols, row) {
                     Some(key) => earlier.take_indexed(&key)?,
                     None => None,
                 };

@@ -107,11 +107,9 @@ impl TableSink {
             .iter()
             .map(|(p, pos)| renumber(p, *pos as u64))
             .collect::<Result<_>>()?;
-        for row in self.rows.iter_mut().flatten() {
-            if let Some(prev) = row.previous {
-                let (p, pos) = path_of(&prev)?;
-                row.previous = Some(renumber(&p, pos as u64)?);
-            }
+        for prev in self.pending.places_mut() {
+            let (p, pos) = path_of(prev)?;
+            *prev = renumber(&p, pos as u64)?;
         }
         tracing::info!(table = %self.table.identifier(), rows = self.index.len(), index_mib = self.index.bytes() >> 20, index_disk_mib = self.index.disk_bytes() >> 20, files = self.files.len(), "key index loaded");
         self.index_ready = true;
@@ -212,7 +210,8 @@ impl TableSink {
         // cast to the current one.
         let file_ids: Vec<Option<i32>> = builder.schema().fields().iter().map(field_id).collect();
         let wanted: Vec<(Option<usize>, DataType)> = self
-            .key_idx
+            .keys
+            .columns()
             .iter()
             .map(|k| {
                 let field = &self.arrow.fields()[*k];
@@ -256,7 +255,7 @@ impl TableSink {
                 if gone.next_if_eq(&p).is_some() {
                     continue;
                 }
-                if let Some(key) = self.keys.from_arrays(&cols, row) {
+                if let Some(key) = self.keys.encoder().from_arrays(&cols, row) {
                     self.index_insert(
                         key,
                         Loc {

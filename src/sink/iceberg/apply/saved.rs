@@ -111,12 +111,14 @@ impl TableSink {
         let meta = self.table.metadata();
         let snapshot = meta.current_snapshot()?;
         let types: Vec<_> = self
-            .key_idx
+            .keys
+            .columns()
             .iter()
             .map(|i| self.arrow.field(*i).data_type())
             .collect();
-        let shape =
-            XxHash3_128::oneshot(format!("{:?}|{types:?}|{}", self.key_idx, self.keyed).as_bytes());
+        let shape = XxHash3_128::oneshot(
+            format!("{:?}|{types:?}|{}", self.keys.columns(), self.keyed).as_bytes(),
+        );
         Some(Header {
             table_uuid: *meta.uuid().as_bytes(),
             snapshot_id: snapshot.snapshot_id(),
@@ -129,7 +131,7 @@ impl TableSink {
     /// pending, staged or spilled, no second copies of a key.
     fn index_is_committed(&self) -> bool {
         !self.has_pending()
-            && self.rows.is_empty()
+            && self.pending.is_empty()
             && self.deletes.is_empty()
             && self.staged.is_empty()
             && self.staged_deletes.is_empty()
