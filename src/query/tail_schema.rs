@@ -57,7 +57,6 @@ impl TableShape {
 
 /// The Arrow type a column's values are stored as, and its type's name (`pg_type.typname`),
 /// as the relation description in the WAL says; `None` when Iceberg has no such type.
-
 fn column_type(c: &RelColumn) -> Option<(DataType, String)> {
     Some((arrow_type(&c.storage)?, c.type_name.clone()))
 }
