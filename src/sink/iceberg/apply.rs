@@ -18,13 +18,13 @@ use iceberg::table::Table;
 
 use super::keyindex::{KeyIndex, Loc, Spill};
 use super::keys::{Key, KeyEncoder};
-use super::maintenance::MaintenanceSettings;
 use super::{evolve, PROP_COLUMNS};
 use super::{rowdelta, schema as ice_schema, PROP_PRIMARY_KEY};
 use crate::catalog::LocalCatalog;
 use crate::change::types::PgType;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
+use crate::config::MaintenanceSettings;
 use crate::config::TableRef;
 use crate::error::{Error, Result};
 use crate::table::changelog::ChangeOp;
@@ -676,6 +676,15 @@ impl TableSink {
     pub fn pending_bytes(&self) -> u64 {
         self.pending_bytes + self.changelog_bytes()
     }
+}
+
+/// The number of each data file the key index points into (its place in `files`), by path.
+fn file_numbers(files: &[String]) -> HashMap<&str, u32> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.as_str(), i as u32))
+        .collect()
 }
 
 /// Memory a row's values are counted as: their bytes, with the per-value overhead.
