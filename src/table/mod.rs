@@ -17,6 +17,8 @@ use std::collections::HashMap;
 
 pub mod changelog;
 pub mod cuts;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod keys;
 pub mod layout;
 pub mod partition;
