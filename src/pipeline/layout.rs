@@ -281,10 +281,9 @@ mod tests {
     }
 
     fn orders() -> TableSchema {
-        TableSchema {
-            table: TableRef::parse("orders").expect("a table name"),
-            oid: 1,
-            columns: vec![
+        TableSchema::for_test(
+            "orders",
+            vec![
                 column("id", PgType::Int8, "bigint"),
                 column(
                     "created_at",
@@ -295,15 +294,7 @@ mod tests {
                 column("Region", PgType::Text, "text"),
                 column("tags", PgType::Array(Box::new(PgType::Text)), "text[]"),
             ],
-            primary_key: vec!["id".into()],
-            replica_identity: "default".into(),
-            row_estimate: 0,
-            blocks: 0,
-            partitioned: false,
-            partitions: Vec::new(),
-            partition_of: Vec::new(),
-            generated: Vec::new(),
-        }
+        )
     }
 
     fn pipeline(tables: &str) -> PipelineConfig {

@@ -206,30 +206,22 @@ mod tests {
     use crate::testing::assert_contains;
 
     fn table(columns: &[&str], generated: &[(&str, char)]) -> TableSchema {
+        let columns = columns
+            .iter()
+            .map(|n| Column {
+                name: n.to_string(),
+                pg_type_name: "integer".into(),
+                pg: PgType::Int4,
+                fallback: None,
+                not_null: false,
+                type_oid: 23,
+                typmod: -1,
+                attnum: 0,
+            })
+            .collect();
         TableSchema {
-            table: crate::config::TableRef::parse("t").expect("a table name"),
-            oid: 1,
-            columns: columns
-                .iter()
-                .map(|n| Column {
-                    name: n.to_string(),
-                    pg_type_name: "integer".into(),
-                    pg: PgType::Int4,
-                    fallback: None,
-                    not_null: false,
-                    type_oid: 23,
-                    typmod: -1,
-                    attnum: 0,
-                })
-                .collect(),
-            primary_key: vec!["id".into()],
-            replica_identity: "default".into(),
-            row_estimate: 0,
-            blocks: 0,
-            partitioned: false,
-            partitions: Vec::new(),
-            partition_of: Vec::new(),
             generated: generated.iter().map(|(n, k)| (n.to_string(), *k)).collect(),
+            ..TableSchema::for_test("t", columns)
         }
     }
 
