@@ -26,3 +26,6 @@ pub mod server;
 pub mod status;
 pub mod supervise;
 pub mod telemetry;
+
+#[cfg(test)]
+mod testing;

@@ -296,14 +296,7 @@ impl RestCatalog {
                     url.push_str(&format!("?warehouse={}", segment(w)));
                 }
                 let (status, body) = self.send(Method::GET, url, None, false).await?;
-                if !status.is_success() {
-                    return Err(answer_error(
-                        &self.uri,
-                        "read its configuration",
-                        status,
-                        &body,
-                    ));
-                }
+                self.answered(status, &body, "read its configuration")?;
                 let config: ConfigResponse = parse(&self.uri, "a configuration", &body)?;
                 let mut props = config.defaults;
                 props.extend(self.properties.clone());
@@ -372,6 +365,15 @@ impl RestCatalog {
                 ns.to_url_string()
             ),
         )
+    }
+
+    /// `Ok` for a successful answer; otherwise the catalog's refusal to do `doing`.
+    fn answered(&self, status: StatusCode, body: &[u8], doing: &str) -> IcebergResult<()> {
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(answer_error(&self.uri, doing, status, body))
+        }
     }
 
     /// The identifier the catalog knows `ident` by.

@@ -24,9 +24,7 @@ impl Catalog for RestCatalog {
                 url = format!("{url}?{}", query.join("&"));
             }
             let (status, body) = self.send(Method::GET, url, None, false).await?;
-            if !status.is_success() {
-                return Err(answer_error(&self.uri, "list namespaces", status, &body));
-            }
+            self.answered(status, &body, "list namespaces")?;
             let answer: ListNamespaceResponse = parse(&self.uri, "a namespace list", &body)?;
             out.extend(answer.namespaces);
             match answer.next_page_token {
@@ -106,16 +104,11 @@ impl Catalog for RestCatalog {
         let body =
             serde_json::to_vec(&serde_json::json!({ "removals": [], "updates": properties }))?;
         let (status, body) = self.send(Method::POST, url, Some(body), false).await?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(answer_error(
-                &self.uri,
-                &format!("update namespace {}", ns.to_url_string()),
-                status,
-                &body,
-            ))
-        }
+        self.answered(
+            status,
+            &body,
+            &format!("update namespace {}", ns.to_url_string()),
+        )
     }
 
     async fn drop_namespace(&self, namespace: &NamespaceIdent) -> IcebergResult<()> {
@@ -124,16 +117,11 @@ impl Catalog for RestCatalog {
             .url(&format!("namespaces/{}", namespace_segment(&ns)))
             .await?;
         let (status, body) = self.send(Method::DELETE, url, None, false).await?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(answer_error(
-                &self.uri,
-                &format!("drop namespace {}", ns.to_url_string()),
-                status,
-                &body,
-            ))
-        }
+        self.answered(
+            status,
+            &body,
+            &format!("drop namespace {}", ns.to_url_string()),
+        )
     }
 
     async fn list_tables(&self, namespace: &NamespaceIdent) -> IcebergResult<Vec<TableIdent>> {
@@ -151,14 +139,11 @@ impl Catalog for RestCatalog {
             if status == StatusCode::NOT_FOUND {
                 return Err(self.no_namespace(&ns));
             }
-            if !status.is_success() {
-                return Err(answer_error(
-                    &self.uri,
-                    &format!("list the tables of {}", ns.to_url_string()),
-                    status,
-                    &body,
-                ));
-            }
+            self.answered(
+                status,
+                &body,
+                &format!("list the tables of {}", ns.to_url_string()),
+            )?;
             let answer: ListTablesResponse = parse(&self.uri, "a table list", &body)?;
             // Named in the namespace they were asked for.
             out.extend(
@@ -315,16 +300,7 @@ impl Catalog for RestCatalog {
             destination: self.remote(dest),
         })?;
         let (status, body) = self.send(Method::POST, url, Some(body), false).await?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(answer_error(
-                &self.uri,
-                &format!("rename table {}", self.remote(src)),
-                status,
-                &body,
-            ))
-        }
+        self.answered(status, &body, &format!("rename table {}", self.remote(src)))
     }
 
     async fn register_table(
@@ -342,14 +318,11 @@ impl Catalog for RestCatalog {
             overwrite: Some(false),
         })?;
         let (status, body) = self.send(Method::POST, url, Some(body), true).await?;
-        if !status.is_success() {
-            return Err(answer_error(
-                &self.uri,
-                &format!("register table {}", self.remote(ident)),
-                status,
-                &body,
-            ));
-        }
+        self.answered(
+            status,
+            &body,
+            &format!("register table {}", self.remote(ident)),
+        )?;
         let loaded: LoadTableResult = parse(&self.uri, "a registered table", &body)?;
         self.table(ident, loaded).await
     }

@@ -3,10 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use iceberg::spec::{
-    FormatVersion, NestedField, PrimitiveType, Schema, SortOrder, TableMetadataBuilder, Type,
-    UnboundPartitionSpec,
-};
+use iceberg::spec::{NestedField, PrimitiveType, Schema, SortOrder, Type, UnboundPartitionSpec};
 use iceberg::{NamespaceIdent, TableIdent, TableRequirement, TableUpdate};
 
 use super::*;
@@ -22,18 +19,11 @@ fn metadata() -> TableMetadata {
         .into()])
         .build()
         .expect("schema");
-    TableMetadataBuilder::new(
+    crate::table::fixtures::metadata(
         schema,
         UnboundPartitionSpec::builder().build(),
         SortOrder::unsorted_order(),
-        "file:///tmp/t".to_string(),
-        FormatVersion::V2,
-        Default::default(),
     )
-    .expect("builder")
-    .build()
-    .expect("metadata")
-    .metadata
 }
 
 fn sink() -> RestIcebergSink {

@@ -149,3 +149,18 @@ pub struct Txn {
     pub commit_time_micros: i64,
     pub changes: Vec<Change>,
 }
+
+#[cfg(test)]
+impl Txn {
+    /// A test transaction of `changes` whose commit ends at `end` (its id; committed at
+    /// `end - 1`, at time 0).
+    pub fn ending_at(end: u64, changes: Vec<Change>) -> Self {
+        Self {
+            xid: end as u32,
+            commit_lsn: Lsn(end - 1),
+            end_lsn: Lsn(end),
+            commit_time_micros: 0,
+            changes,
+        }
+    }
+}

@@ -49,6 +49,27 @@ pub struct TableSchema {
     pub generated: Vec<(String, char)>,
 }
 
+#[cfg(test)]
+impl TableSchema {
+    /// A test table `name` (oid 1) of `columns`, keyed by `id`, with its replica identity
+    /// `default` and nothing else known.
+    pub fn for_test(name: &str, columns: Vec<Column>) -> Self {
+        Self {
+            table: TableRef::parse(name).expect("a table name"),
+            oid: 1,
+            columns,
+            primary_key: vec!["id".into()],
+            replica_identity: "default".into(),
+            row_estimate: 0,
+            blocks: 0,
+            partitioned: false,
+            partitions: Vec::new(),
+            partition_of: Vec::new(),
+            generated: Vec::new(),
+        }
+    }
+}
+
 impl TableSchema {
     /// Leaves the named columns out.
     pub fn exclude(&mut self, names: &[String]) {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::locate::Segment;
-use super::model::ChangelogDef;
+use super::model::{changelog_name, ChangelogDef};
 use super::{keys, PipelineDef, TableRef, Validator};
 
 impl Validator<'_> {
@@ -78,24 +78,4 @@ impl Validator<'_> {
 /// The changelog of `table` would be Iceberg table `name`, which already `holds` another.
 pub fn taken(table: &str, name: &str, holds: &str) -> String {
     format!("the changelog of `{table}` would be Iceberg table `{name}`, which is already {holds}")
-}
-
-/// Checks a changelog table's name: Iceberg catalogs (Glue among them) take lower-case
-/// letters, digits and underscores.
-pub fn changelog_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("the changelog table needs a name: use lower-case letters, digits and underscores, e.g. `orders_history`, or write `changelog: true` for `<table>_changelog`".into());
-    }
-    let plain = name.len() <= 255
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{name}` is not a table name every catalog takes: use lower-case letters, digits and underscores, e.g. `orders_history`"
-        ))
-    }
 }

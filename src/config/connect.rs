@@ -101,6 +101,24 @@ fn link(doc: &mut Mapping, pipeline: &str, field: &str, reference: &str) -> Resu
     }
 }
 
+/// Defines `name` (a `what`, `data source` or `data sink`) as a `kind` with `fields`, and
+/// links it to `pipeline` as its `data_source` or `data_sink`.
+fn connect_end(
+    doc: &mut Mapping,
+    what: &str,
+    pipeline: &str,
+    name: &str,
+    kind: &str,
+    fields: Mapping,
+) -> Result<()> {
+    valid_name("pipeline", pipeline)?;
+    valid_name(what, name)?;
+    let field = what.replace(' ', "_");
+    let section = format!("{field}s");
+    define(doc, &section, name, kind, fields)?;
+    link(doc, pipeline, &field, &format!("{section}.{name}"))
+}
+
 /// Defines `section.<name>` as connector `kind` with `fields`. An existing entry of the
 /// same kind is updated: the given fields replace theirs, every other key is kept. An entry
 /// of another kind is a conflict.
@@ -362,7 +380,7 @@ fn changelog_settings(
                 continue;
             }
             Some(n) => {
-                super::changelog::changelog_name(n)
+                super::model::changelog_name(n)
                     .map_err(|e| Error::config(format!("{shown}: {e}")))?;
                 let named = Mapping::from_iter([(key("table"), key(n))]);
                 (Value::Mapping(named), n.to_string())
@@ -542,33 +560,13 @@ pub fn apply(
             name,
             kind,
             fields,
-        }) => {
-            valid_name("pipeline", &pipeline)?;
-            valid_name("data source", &name)?;
-            define(&mut doc, "data_sources", &name, kind, fields)?;
-            link(
-                &mut doc,
-                &pipeline,
-                "data_source",
-                &format!("data_sources.{name}"),
-            )?;
-        }
+        }) => connect_end(&mut doc, "data source", &pipeline, &name, kind, fields)?,
         Some(Connect::DataSink {
             pipeline,
             name,
             kind,
             fields,
-        }) => {
-            valid_name("pipeline", &pipeline)?;
-            valid_name("data sink", &name)?;
-            define(&mut doc, "data_sinks", &name, kind, fields)?;
-            link(
-                &mut doc,
-                &pipeline,
-                "data_sink",
-                &format!("data_sinks.{name}"),
-            )?;
-        }
+        }) => connect_end(&mut doc, "data sink", &pipeline, &name, kind, fields)?,
         Some(Connect::Pipeline {
             pipeline,
             partition_by,

@@ -1,17 +1,71 @@
 //! Validation of `pipelines.<name>.maintenance`: how a pipeline compacts its Iceberg tables,
-//! expires their snapshots and removes unreferenced files (sink/iceberg/maintenance.rs); and
+//! expires their snapshots and removes unreferenced files (the settings and their defaults
+//! are defined here, the work is done in sink/iceberg/maintenance.rs); and
 //! of `pipelines.<name>.consistent_cuts`, the tagged snapshots expiry keeps (pipeline/cuts.rs).
 
 use std::time::Duration;
 
 use super::{keys, parse_duration, ConsistentCutsDef, MaintenanceDef, Validator};
-use crate::sink::iceberg::maintenance::{
-    MaintenanceSettings, DEFAULT_CHECK_INTERVAL, DEFAULT_COMPACTION_MIN_FILES,
-    DEFAULT_MIN_SNAPSHOTS_TO_KEEP, DEFAULT_ORPHAN_FILE_AGE, DEFAULT_SNAPSHOT_RETENTION,
-};
 use crate::table::cuts::{
     CutSettings, DEFAULT_CUT_EVERY, DEFAULT_CUT_KEEP, MAX_CUT_KEEP, MIN_CUT_EVERY,
 };
+
+/// Default `maintenance.check_interval`.
+pub const DEFAULT_CHECK_INTERVAL: &str = "1m";
+/// Default `maintenance.snapshot_retention`.
+pub const DEFAULT_SNAPSHOT_RETENTION: &str = "1h";
+/// Default `maintenance.min_snapshots_to_keep`.
+pub const DEFAULT_MIN_SNAPSHOTS_TO_KEEP: u64 = 10;
+/// Default `maintenance.orphan_file_age`.
+pub const DEFAULT_ORPHAN_FILE_AGE: &str = "1h";
+/// Default `maintenance.compaction_min_files`.
+pub const DEFAULT_COMPACTION_MIN_FILES: u64 = 8;
+/// Orphan files are looked for at most this often (or every `orphan_file_age`, if shorter).
+const CLEANUP_EVERY: Duration = Duration::from_secs(10 * 60);
+
+/// How a pipeline maintains its tables (`pipelines.<name>.maintenance`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceSettings {
+    pub enabled: bool,
+    /// How often each table is checked, after a commit.
+    pub check_interval: Duration,
+    /// A snapshot is expired once it was replaced longer ago than this.
+    pub snapshot_retention: Duration,
+    /// Never fewer snapshots than this.
+    pub min_snapshots_to_keep: usize,
+    /// Files that no retained snapshot references are removed once older than this.
+    pub orphan_file_age: Duration,
+    /// A compaction runs once this many small data files, or delete files, gather.
+    pub compaction_min_files: usize,
+    /// Size of the data files compaction writes; files below 3/4 of it count as small.
+    pub target_file_size: u64,
+    /// The AWS region of an `s3://` warehouse (for listing it).
+    pub region: Option<String>,
+}
+
+impl Default for MaintenanceSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            check_interval: Duration::from_secs(60),
+            snapshot_retention: Duration::from_secs(3600),
+            min_snapshots_to_keep: DEFAULT_MIN_SNAPSHOTS_TO_KEEP as usize,
+            orphan_file_age: Duration::from_secs(3600),
+            compaction_min_files: DEFAULT_COMPACTION_MIN_FILES as usize,
+            target_file_size: 128 * 1024 * 1024,
+            region: None,
+        }
+    }
+}
+
+impl MaintenanceSettings {
+    /// How often orphan files are looked for.
+    pub fn cleanup_every(&self) -> Duration {
+        self.orphan_file_age
+            .min(CLEANUP_EVERY)
+            .max(self.check_interval)
+    }
+}
 
 impl Validator<'_> {
     /// The settings, or `None` after reporting every value out of range.

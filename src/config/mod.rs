@@ -31,6 +31,7 @@ use serde_yaml::Value;
 use crate::error::Error;
 use crate::storage::state_file::StateFile;
 use locate::{display_path, Locator, Position, Segment};
+pub use maintenance::MaintenanceSettings;
 pub use model::*;
 pub use postgres::{parse_heartbeat_interval, parse_max_retained_wal};
 pub use yaml::expand;
@@ -212,7 +213,7 @@ pub struct PipelineConfig {
     /// `key_index_dir`).
     pub key_index_memory_budget: u64,
     /// How the pipeline maintains its tables.
-    pub maintenance: crate::sink::iceberg::maintenance::MaintenanceSettings,
+    pub maintenance: MaintenanceSettings,
     /// How the pipeline takes consistent cuts (none unless `consistent_cuts` is given).
     pub consistent_cuts: Option<crate::table::cuts::CutSettings>,
     pub source: PostgresConfig,

@@ -396,7 +396,7 @@ impl<'de> Deserialize<'de> for ChangelogDef {
 fn changelog_text_message(s: &str) -> String {
     let yes_no =
         ["yes", "no", "on", "off", "y", "n"].contains(&s.trim().to_ascii_lowercase().as_str());
-    let name = if !yes_no && super::changelog::changelog_name(s.trim()).is_ok() {
+    let name = if !yes_no && changelog_name(s.trim()).is_ok() {
         s.trim()
     } else {
         "<name>"
@@ -404,6 +404,26 @@ fn changelog_text_message(s: &str) -> String {
     format!(
         "`{s}` is not `true`, `false` or `{{table: <name>}}`: write `changelog: true` for a changelog table named `<table>_changelog`, or `changelog: {{table: {name}}}` to name it"
     )
+}
+
+/// Checks a changelog table's name: Iceberg catalogs (Glue among them) take lower-case
+/// letters, digits and underscores.
+pub fn changelog_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the changelog table needs a name: use lower-case letters, digits and underscores, e.g. `orders_history`, or write `changelog: true` for `<table>_changelog`".into());
+    }
+    let plain = name.len() <= 255
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a table name every catalog takes: use lower-case letters, digits and underscores, e.g. `orders_history`"
+        ))
+    }
 }
 
 /// `changelog: {table: name}`.
@@ -628,89 +648,81 @@ fn text_or_integer<'de, D: serde::Deserializer<'de>>(
     deserializer.deserialize_any(V)
 }
 
-/// A data sink definition: exactly one connector key, plus an optional schema sink link.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct DataSinkDef {
-    /// Iceberg tables in a local warehouse with an embedded sqlite catalog.
-    #[serde(
-        rename = "LocalIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub local_iceberg: Option<LocalIcebergSink>,
-    /// Iceberg tables on S3, registered in AWS Glue, queryable from Athena.
-    #[serde(
-        rename = "AthenaIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub athena_iceberg: Option<AthenaIcebergSink>,
-    /// Iceberg tables behind an Iceberg REST catalog (Polaris, Lakekeeper, Nessie, Unity, ...).
-    #[serde(
-        rename = "RestIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub rest_iceberg: Option<RestIcebergSink>,
-    /// Iceberg tables in an S3 table bucket, through its REST endpoint.
-    #[serde(
-        rename = "S3TablesIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub s3_tables_iceberg: Option<S3TablesIcebergSink>,
-    /// Iceberg tables in a Glue database, through Glue's Iceberg REST endpoint.
-    #[serde(
-        rename = "GlueRestIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub glue_rest_iceberg: Option<GlueRestIcebergSink>,
-    /// Reference to a schema sink, `schema_sinks.<name>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schema_sink: Option<String>,
+/// Declares a sink definition: the connector keys every sink takes (exactly one of them is
+/// set), then the definition's own keys. One declaration serves data sinks and schema sinks
+/// alike; serde's `flatten` cannot share the keys, as it does not go with
+/// `deny_unknown_fields` (nor name an unknown key with the allowed ones).
+macro_rules! sink_def {
+    ($(#[$doc:meta])* $name:ident { $($own:tt)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            /// Iceberg tables in a local warehouse with an embedded sqlite catalog (as a schema
+            /// sink: that catalog).
+            #[serde(
+                rename = "LocalIceberg",
+                default,
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub local_iceberg: Option<LocalIcebergSink>,
+            /// Iceberg tables on S3, registered in AWS Glue, queryable from Athena (as a schema
+            /// sink: the Glue catalog).
+            #[serde(
+                rename = "AthenaIceberg",
+                default,
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub athena_iceberg: Option<AthenaIcebergSink>,
+            /// Iceberg tables behind an Iceberg REST catalog (Polaris, Lakekeeper, Nessie, Unity, ...).
+            #[serde(
+                rename = "RestIceberg",
+                default,
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub rest_iceberg: Option<RestIcebergSink>,
+            /// Iceberg tables in an S3 table bucket, through its REST endpoint.
+            #[serde(
+                rename = "S3TablesIceberg",
+                default,
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub s3_tables_iceberg: Option<S3TablesIcebergSink>,
+            /// Iceberg tables in a Glue database, through Glue's Iceberg REST endpoint.
+            #[serde(
+                rename = "GlueRestIceberg",
+                default,
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub glue_rest_iceberg: Option<GlueRestIcebergSink>,
+            $($own)*
+        }
+
+        impl $name {
+            /// How many connector keys are set (a valid definition has exactly one).
+            pub fn connector_count(&self) -> u8 {
+                self.local_iceberg.is_some() as u8
+                    + self.athena_iceberg.is_some() as u8
+                    + self.rest_iceberg.is_some() as u8
+                    + self.s3_tables_iceberg.is_some() as u8
+                    + self.glue_rest_iceberg.is_some() as u8
+            }
+        }
+    };
 }
 
-/// A schema sink definition: exactly one connector key.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct SchemaSinkDef {
-    /// The local warehouse's sqlite catalog.
-    #[serde(
-        rename = "LocalIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub local_iceberg: Option<LocalIcebergSink>,
-    /// The AWS Glue catalog.
-    #[serde(
-        rename = "AthenaIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub athena_iceberg: Option<AthenaIcebergSink>,
-    /// Iceberg tables behind an Iceberg REST catalog (Polaris, Lakekeeper, Nessie, Unity, ...).
-    #[serde(
-        rename = "RestIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub rest_iceberg: Option<RestIcebergSink>,
-    /// Iceberg tables in an S3 table bucket, through its REST endpoint.
-    #[serde(
-        rename = "S3TablesIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub s3_tables_iceberg: Option<S3TablesIcebergSink>,
-    /// Iceberg tables in a Glue database, through Glue's Iceberg REST endpoint.
-    #[serde(
-        rename = "GlueRestIceberg",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub glue_rest_iceberg: Option<GlueRestIcebergSink>,
+sink_def! {
+    /// A data sink definition: exactly one connector key, plus an optional schema sink link.
+    DataSinkDef {
+        /// Reference to a schema sink, `schema_sinks.<name>`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub schema_sink: Option<String>,
+    }
+}
+
+sink_def! {
+    /// A schema sink definition: exactly one connector key.
+    SchemaSinkDef {}
 }
 
 /// The embedded default sink.

@@ -42,12 +42,7 @@ impl Validator<'_> {
             }
         }
         for (name, def) in &file.data_sinks {
-            let n = def.local_iceberg.is_some() as u8
-                + def.athena_iceberg.is_some() as u8
-                + def.rest_iceberg.is_some() as u8
-                + def.s3_tables_iceberg.is_some() as u8
-                + def.glue_rest_iceberg.is_some() as u8;
-            if n != 1 && !self.reported_under(&["data_sinks", name]) {
+            if def.connector_count() != 1 && !self.reported_under(&["data_sinks", name]) {
                 self.report(
                     keys(&["data_sinks", name]),
                     format!("a data sink needs exactly one connector key; allowed: {SINK_KINDS}"),
@@ -112,12 +107,7 @@ impl Validator<'_> {
             }
         }
         for (name, def) in &file.schema_sinks {
-            let n = def.local_iceberg.is_some() as u8
-                + def.athena_iceberg.is_some() as u8
-                + def.rest_iceberg.is_some() as u8
-                + def.s3_tables_iceberg.is_some() as u8
-                + def.glue_rest_iceberg.is_some() as u8;
-            if n != 1 && !self.reported_under(&["schema_sinks", name]) {
+            if def.connector_count() != 1 && !self.reported_under(&["schema_sinks", name]) {
                 self.report(
                     keys(&["schema_sinks", name]),
                     format!("a schema sink needs exactly one connector key; allowed: {SINK_KINDS}"),

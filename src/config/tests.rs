@@ -41,6 +41,53 @@ fn one_error(text: &str) -> Problem {
     errs.0.into_iter().next().unwrap()
 }
 
+/// Pipeline `app` of `text`, which must load.
+fn app(text: &str) -> PipelineConfig {
+    load(text).unwrap().pipeline("app").unwrap().clone()
+}
+
+/// GOOD written to `skippr.yml` in a new temporary folder (which lives as long as the
+/// returned handle).
+fn good_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skippr.yml");
+    std::fs::write(&path, GOOD).unwrap();
+    (dir, path)
+}
+
+/// The entries of one `connect pipeline --pipeline app` call, as its flags give them.
+#[derive(Default)]
+struct PipelineFlags {
+    partition_by: Vec<(String, String)>,
+    sort_by: Vec<(String, String)>,
+    exclude_columns: Vec<(String, String)>,
+    changelog: Vec<(String, Option<String>)>,
+}
+
+/// What `connect pipeline --pipeline app` with `flags` writes to the file at `path`, or its
+/// refusal.
+fn connect_app(path: &Path, flags: PipelineFlags) -> crate::error::Result<String> {
+    let PipelineFlags {
+        partition_by,
+        sort_by,
+        exclude_columns,
+        changelog,
+    } = flags;
+    connect::apply(
+        path,
+        None,
+        None,
+        None,
+        Some(connect::Connect::Pipeline {
+            pipeline: "app".into(),
+            partition_by,
+            sort_by,
+            exclude_columns,
+            changelog,
+        }),
+    )
+}
+
 #[test]
 fn loads_the_embedded_default() {
     let c = load(GOOD).unwrap();
@@ -216,7 +263,7 @@ fn memory_budgets_default_and_are_validated() {
         ),
     ];
     for (key, field, beyond) in cases {
-        let p = load(GOOD).unwrap().pipeline("app").unwrap().clone();
+        let p = app(GOOD);
         assert_eq!(field(&p), 256 * 1024 * 1024, "{key}");
         let with = |v: &str| {
             GOOD.replace(
@@ -224,7 +271,7 @@ fn memory_budgets_default_and_are_validated() {
                 &format!("    data_sink: data_sinks.lake\n    {key}: {v}\n"),
             )
         };
-        let p = load(&with("8")).unwrap().pipeline("app").unwrap().clone();
+        let p = app(&with("8"));
         assert_eq!(field(&p), 8 * 1024 * 1024, "{key}");
         for bad in ["0", "1048577"] {
             let e = one_error(&with(bad)).to_string();
@@ -249,8 +296,7 @@ fn table_layouts_resolve_in_file_order() {
     let text = with_tables(
         "      sales.customers:\n        sort_by: [name desc nulls last]\n      orders:\n        partition_by: [day(created_at), bucket(16, customer_id)]\n        sort_by: [created_at]\n",
     );
-    let c = load(&text).unwrap();
-    let p = c.pipeline("app").unwrap();
+    let p = app(&text);
     let orders = p.layout(&TableRef::parse("orders").unwrap());
     assert_eq!(
         orders.to_string(),
@@ -293,7 +339,7 @@ fn block_lists_and_empty_settings_are_read() {
     let text = with_tables(
         "      public.orders:\n        partition_by:\n          - bucket(16, customer_id)\n          - truncate(4, \"Note\")\n      sales.customers:\n",
     );
-    let p = load(&text).unwrap().pipeline("app").unwrap().clone();
+    let p = app(&text);
     assert_eq!(
         p.layout(&TableRef::parse("orders").unwrap()).to_string(),
         "partitioned by bucket(16, customer_id), truncate(4, Note)"
@@ -456,24 +502,15 @@ fn rewritten<T: PartialEq + std::fmt::Debug>(text: &str, read: impl Fn(&Config) 
 
 #[test]
 fn connect_pipeline_writes_layouts_and_refuses_bad_entries() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("skippr.yml");
-    std::fs::write(&path, GOOD).unwrap();
+    let (_dir, path) = good_file();
     let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
     let set = |partition_by: Vec<(String, String)>, sort_by: Vec<(String, String)>| {
-        connect::apply(
-            &path,
-            None,
-            None,
-            None,
-            Some(connect::Connect::Pipeline {
-                pipeline: "app".into(),
-                partition_by,
-                sort_by,
-                exclude_columns: Vec::new(),
-                changelog: Vec::new(),
-            }),
-        )
+        let flags = PipelineFlags {
+            partition_by,
+            sort_by,
+            ..Default::default()
+        };
+        connect_app(&path, flags)
     };
     let written = set(
         vec![

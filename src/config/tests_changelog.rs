@@ -7,13 +7,22 @@ use std::collections::BTreeMap;
 use super::*;
 
 fn changelogs(text: &str) -> BTreeMap<String, String> {
-    let c = load(text).unwrap();
-    c.pipeline("app")
-        .unwrap()
+    app(text)
         .changelogs
         .iter()
         .map(|(t, n)| (t.to_string(), n.clone()))
         .collect()
+}
+
+/// Asserts the changelog table each `(table, name)` of `want` gets in pipeline `p`.
+fn assert_changelogs(p: &PipelineConfig, want: &[(&str, &str)]) {
+    for (table, name) in want {
+        assert_eq!(
+            p.changelog(&TableRef::parse(table).unwrap()),
+            Some(*name),
+            "{table}"
+        );
+    }
 }
 
 /// The one problem of `text`, asserted to be at `path`, on `line`.
@@ -29,15 +38,12 @@ fn a_changelog_is_named_after_its_table_or_as_given() {
     let text = with_tables(
         "      orders:\n        changelog: true\n      sales.customers:\n        sort_by: [id]\n        changelog: true\n",
     );
-    let c = load(&text).unwrap();
-    let p = c.pipeline("app").unwrap();
-    assert_eq!(
-        p.changelog(&TableRef::parse("orders").unwrap()),
-        Some("orders_changelog")
-    );
-    assert_eq!(
-        p.changelog(&TableRef::parse("sales.customers").unwrap()),
-        Some("sales_customers_changelog")
+    assert_changelogs(
+        &app(&text),
+        &[
+            ("orders", "orders_changelog"),
+            ("sales.customers", "sales_customers_changelog"),
+        ],
     );
 
     // `{table: name}` names it; `false`, or no key, is no changelog.
@@ -219,25 +225,16 @@ fn a_snapshot_only_source_has_no_changes_to_record() {
 
 #[test]
 fn connect_pipeline_turns_changelogs_on_names_and_removes_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("skippr.yml");
-    std::fs::write(&path, GOOD).unwrap();
+    let (_dir, path) = good_file();
     let on = |t: &str| (t.to_string(), None);
     let named = |t: &str, n: &str| (t.to_string(), Some(n.to_string()));
     let set = |changelog: Vec<(String, Option<String>)>| {
-        connect::apply(
-            &path,
-            None,
-            None,
-            None,
-            Some(connect::Connect::Pipeline {
-                pipeline: "app".into(),
-                partition_by: Vec::new(),
-                sort_by: vec![("orders".to_string(), "id".to_string())],
-                exclude_columns: Vec::new(),
-                changelog,
-            }),
-        )
+        let flags = PipelineFlags {
+            sort_by: vec![("orders".to_string(), "id".to_string())],
+            changelog,
+            ..Default::default()
+        };
+        connect_app(&path, flags)
     };
     let written = set(vec![
         on("orders"),
@@ -249,14 +246,12 @@ fn connect_pipeline_turns_changelogs_on_names_and_removes_them() {
         "{written}"
     );
     let c = Config::from_str(&path, &written, &env).unwrap();
-    let p = c.pipeline("app").unwrap();
-    assert_eq!(
-        p.changelog(&TableRef::parse("orders").unwrap()),
-        Some("orders_changelog")
-    );
-    assert_eq!(
-        p.changelog(&TableRef::parse("sales.customers").unwrap()),
-        Some("customer_history")
+    assert_changelogs(
+        c.pipeline("app").unwrap(),
+        &[
+            ("orders", "orders_changelog"),
+            ("sales.customers", "customer_history"),
+        ],
     );
     // The same call again changes nothing; the last flag for a table wins; `T=` removes it.
     assert_eq!(

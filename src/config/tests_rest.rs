@@ -36,6 +36,21 @@ fn rest_problems(text: &str) -> Vec<(String, String)> {
     errs.0.into_iter().map(|p| (p.path, p.message)).collect()
 }
 
+/// The REST catalog sink of `c`'s first pipeline: its name, the connector key it was
+/// written with, its settings and its namespace.
+fn rest_sink(c: &Config) -> (&str, &'static str, &RestIcebergSink, &Option<String>) {
+    let SinkConfig::RestIceberg {
+        name,
+        kind,
+        sink,
+        namespace,
+    } = &c.pipelines[0].sink
+    else {
+        panic!("not a REST sink: {:?}", c.pipelines[0].sink);
+    };
+    (name, kind, sink, namespace)
+}
+
 fn rest_problem(text: &str, path: &str, words: &[&str]) {
     let problems = rest_problems(text);
     let found = problems.iter().find(|(p, _)| p == path);
@@ -55,19 +70,8 @@ const REST: &str = "    RestIceberg:\n      uri: https://catalog.example.com/api
 #[test]
 fn loads_a_rest_catalog_sink_with_env_references() {
     let c = load_rest(&with_sink(REST, "")).unwrap();
-    let SinkConfig::RestIceberg {
-        name,
-        kind,
-        sink,
-        namespace,
-    } = &c.pipelines[0].sink
-    else {
-        panic!("{:?}", c.pipelines[0].sink);
-    };
-    assert_eq!(
-        (name.as_str(), *kind, namespace),
-        ("lake", "RestIceberg", &None)
-    );
+    let (name, kind, sink, namespace) = rest_sink(&c);
+    assert_eq!((name, kind, namespace), ("lake", "RestIceberg", &None));
     assert_eq!(sink.uri, "https://catalog.example.com/api/catalog");
     assert_eq!(sink.warehouse.as_deref(), Some("analytics_wh"));
     assert_eq!(sink.credential.as_deref(), Some("skippr:Cs-very-secret"));
@@ -88,9 +92,7 @@ fn loads_a_rest_catalog_sink_with_env_references() {
         )
         .replace("      properties: {s3.endpoint: 'http://127.0.0.1:${MINIO_PORT}', s3.path-style-access: true, s3.connect-timeout: 5}\n", "      properties: {s3.secret-access-key: '${CATALOG_TOKEN}'}\n");
     let c = load_rest(&with_sink(&token, "")).unwrap();
-    let SinkConfig::RestIceberg { sink, .. } = &c.pipelines[0].sink else {
-        panic!("not a REST sink");
-    };
+    let (_, _, sink, _) = rest_sink(&c);
     assert_eq!(sink.token.as_deref(), Some("Tk-very-secret"));
     let debug = format!("{sink:?}");
     assert!(!debug.contains("Tk-very-secret"), "{debug}");
@@ -103,16 +105,8 @@ fn the_aws_shortcuts_are_rest_catalogs() {
         "",
     ))
     .unwrap();
-    let SinkConfig::RestIceberg {
-        kind,
-        sink,
-        namespace,
-        ..
-    } = &c.pipelines[0].sink
-    else {
-        panic!("not a REST sink");
-    };
-    assert_eq!(*kind, "S3TablesIceberg");
+    let (_, kind, sink, namespace) = rest_sink(&c);
+    assert_eq!(kind, "S3TablesIceberg");
     assert_eq!(sink.uri, "https://s3tables.us-east-1.amazonaws.com/iceberg");
     assert_eq!(
         sink.warehouse.as_deref(),
@@ -130,16 +124,8 @@ fn the_aws_shortcuts_are_rest_catalogs() {
         "",
     ))
     .unwrap();
-    let SinkConfig::RestIceberg {
-        kind,
-        sink,
-        namespace,
-        ..
-    } = &c.pipelines[0].sink
-    else {
-        panic!("not a REST sink");
-    };
-    assert_eq!(*kind, "GlueRestIceberg");
+    let (_, kind, sink, namespace) = rest_sink(&c);
+    assert_eq!(kind, "GlueRestIceberg");
     assert_eq!(sink.uri, "https://glue.eu-west-1.amazonaws.com/iceberg");
     assert_eq!(sink.sigv4.as_ref().unwrap().service, "glue");
     assert_eq!(namespace.as_deref(), Some("analytics_db"));

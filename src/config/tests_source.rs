@@ -14,7 +14,7 @@ fn with_source_keys(lines: &str) -> String {
 #[test]
 fn heartbeat_retained_wal_and_failover_slot_default_and_round_trip() {
     use std::time::Duration;
-    let p = load(GOOD).unwrap().pipeline("app").unwrap().clone();
+    let p = app(GOOD);
     assert_eq!(p.source.heartbeat_interval, Duration::from_secs(60));
     assert_eq!(p.source.max_retained_wal, 10 << 30);
     assert!(!p.source.failover_slot);
@@ -66,7 +66,7 @@ fn heartbeat_retained_wal_and_failover_slot_default_and_round_trip() {
         let off = with_source_keys(&format!(
             "      heartbeat_interval: {zero}\n      max_retained_wal: 1073741824\n"
         ));
-        let p = load(&off).unwrap().pipeline("app").unwrap().clone();
+        let p = app(&off);
         assert_eq!(p.source.heartbeat_interval, Duration::ZERO);
         assert_eq!(p.source.max_retained_wal, 1 << 30);
     }
@@ -138,24 +138,15 @@ fn bad_heartbeat_retained_wal_and_exclude_columns_name_the_key() {
 
 #[test]
 fn connect_pipeline_writes_and_refuses_excluded_columns() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("skippr.yml");
-    std::fs::write(&path, GOOD).unwrap();
+    let (_dir, path) = good_file();
     let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
     let set = |sort_by: Vec<(String, String)>, exclude_columns: Vec<(String, String)>| {
-        connect::apply(
-            &path,
-            None,
-            None,
-            None,
-            Some(connect::Connect::Pipeline {
-                pipeline: "app".into(),
-                partition_by: Vec::new(),
-                sort_by,
-                exclude_columns,
-                changelog: Vec::new(),
-            }),
-        )
+        let flags = PipelineFlags {
+            sort_by,
+            exclude_columns,
+            ..Default::default()
+        };
+        connect_app(&path, flags)
     };
     let written = set(
         vec![pair("orders", "id")],

@@ -11,10 +11,10 @@ use tokio_postgres::Client;
 use super::state::PipelineState;
 use super::SyncReport;
 use crate::config::{Config, PipelineConfig, TableRef};
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, Result};
 use crate::sink::iceberg::{commit, PROP_SOURCE, SUMMARY_PIPELINE};
 use crate::source::postgres::carried;
-use crate::source::postgres::connect::connect;
+use crate::source::postgres::connect::{connect, server_setting};
 use crate::source::postgres::schema::{describe, TableSchema};
 use crate::source::postgres::slot::FAILOVER_SLOTS_VERSION;
 use crate::source::postgres::slot::{self, slot_info};
@@ -288,11 +288,7 @@ pub(super) async fn check_replication_ready(
     schemas: &[TableSchema],
 ) -> Result<()> {
     let cfg = &p.source;
-    let wal_level: String = client
-        .query_one("SELECT current_setting('wal_level')", &[])
-        .await
-        .context("reading wal_level")?
-        .get(0);
+    let wal_level = server_setting(client, "wal_level").await?;
     if wal_level != "logical" {
         return Err(Error::source_err(format!(
             "cdc_mode {} needs wal_level = logical, but the server has {wal_level}; run ALTER SYSTEM SET wal_level = logical; and restart Postgres (or use cdc_mode: snapshot_only)",

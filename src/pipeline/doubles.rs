@@ -85,13 +85,7 @@ pub fn delete(rel: u32, id: i64) -> Change {
 }
 
 pub fn txn(end: u64, changes: Vec<Change>) -> Txn {
-    Txn {
-        xid: end as u32,
-        commit_lsn: Lsn(end - 1),
-        end_lsn: Lsn(end),
-        commit_time_micros: 0,
-        changes,
-    }
+    Txn::ending_at(end, changes)
 }
 
 /// A source whose committed transactions the test lists.

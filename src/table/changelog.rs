@@ -12,6 +12,7 @@ use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
+use super::schema::{create, load_existing};
 use super::{PG_EPOCH_MICROS, PROP_COLUMNS, PROP_PRIMARY_KEY};
 use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
@@ -93,17 +94,7 @@ pub async fn create_or_load(
     state: &Table,
 ) -> Result<Table> {
     let ident = TableIdent::new(namespace.clone(), name.to_string());
-    if catalog
-        .catalog
-        .table_exists(&ident)
-        .await
-        .with_context(|| format!("looking up Iceberg table {ident}"))?
-    {
-        let table = catalog
-            .catalog
-            .load_table(&ident)
-            .await
-            .with_context(|| format!("loading Iceberg table {ident}"))?;
+    if let Some(table) = load_existing(catalog, &ident).await? {
         let of = table.metadata().properties().get(PROP_CHANGELOG_OF);
         if of.map(String::as_str) != Some(source.to_string().as_str()) {
             return Err(Error::config(format!(
@@ -136,11 +127,7 @@ pub async fn create_or_load(
         .schema(schema)
         .properties(props)
         .build();
-    let table = catalog
-        .catalog
-        .create_table(namespace, creation)
-        .await
-        .with_context(|| format!("creating Iceberg table {ident}"))?;
+    let table = create(catalog, namespace, &ident, creation).await?;
     tracing::info!(table = %ident, source = %source, "created changelog table");
     Ok(table)
 }

@@ -19,6 +19,8 @@ use std::collections::HashMap;
 pub mod apply;
 pub mod changelog;
 pub mod cuts;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod keys;
 pub mod layout;
 pub mod partition;

@@ -301,8 +301,7 @@ mod tests {
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
     use iceberg::spec::{
-        FormatVersion, NestedField, PrimitiveType, Schema, SortOrder, TableMetadataBuilder,
-        Transform, Type, UnboundPartitionSpec,
+        NestedField, PrimitiveType, Schema, SortOrder, Transform, Type, UnboundPartitionSpec,
     };
     use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
@@ -318,18 +317,7 @@ mod tests {
             .expect("schema");
         let spec: UnboundPartitionSpec = layout.partition_spec(&schema).expect("spec");
         let order: SortOrder = layout.sort_order(&schema).expect("order");
-        TableMetadataBuilder::new(
-            schema,
-            spec,
-            order,
-            "file:///tmp/t".to_string(),
-            FormatVersion::V2,
-            Default::default(),
-        )
-        .expect("builder")
-        .build()
-        .expect("metadata")
-        .metadata
+        crate::table::fixtures::metadata(schema, spec, order)
     }
 
     fn batch(ids: &[i64], kinds: &[Option<&str>]) -> RecordBatch {

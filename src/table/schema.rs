@@ -66,17 +66,8 @@ pub async fn create_or_load(
     layout: &Layout,
 ) -> Result<Table> {
     let ident = TableIdent::new(namespace.clone(), ts.table.iceberg_name());
-    if catalog
-        .catalog
-        .table_exists(&ident)
-        .await
-        .with_context(|| format!("looking up Iceberg table {ident}"))?
-    {
-        return catalog
-            .catalog
-            .load_table(&ident)
-            .await
-            .with_context(|| format!("loading Iceberg table {ident}"));
+    if let Some(table) = load_existing(catalog, &ident).await? {
+        return Ok(table);
     }
     let schema = iceberg_schema(ts)?;
     let props = table_properties(ts)?;
@@ -102,13 +93,44 @@ pub async fn create_or_load(
         .sort_order(order)
         .properties(props)
         .build();
-    let table = catalog
+    let table = create(catalog, namespace, &ident, creation).await?;
+    tracing::info!(table = %ident, source = %ts.table, "created Iceberg table");
+    Ok(table)
+}
+
+/// The Iceberg table `ident`, loaded; `None` when the catalog has no such table.
+pub(super) async fn load_existing(
+    catalog: &LocalCatalog,
+    ident: &TableIdent,
+) -> Result<Option<Table>> {
+    let exists = catalog
+        .catalog
+        .table_exists(ident)
+        .await
+        .with_context(|| format!("looking up Iceberg table {ident}"))?;
+    if !exists {
+        return Ok(None);
+    }
+    catalog
+        .catalog
+        .load_table(ident)
+        .await
+        .with_context(|| format!("loading Iceberg table {ident}"))
+        .map(Some)
+}
+
+/// Creates the Iceberg table `ident` in `namespace` as `creation` describes it.
+pub(super) async fn create(
+    catalog: &LocalCatalog,
+    namespace: &NamespaceIdent,
+    ident: &TableIdent,
+    creation: TableCreation,
+) -> Result<Table> {
+    catalog
         .catalog
         .create_table(namespace, creation)
         .await
-        .with_context(|| format!("creating Iceberg table {ident}"))?;
-    tracing::info!(table = %ident, source = %ts.table, "created Iceberg table");
-    Ok(table)
+        .with_context(|| format!("creating Iceberg table {ident}"))
 }
 
 /// The table properties that record `ts`: source name, primary key and source columns

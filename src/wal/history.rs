@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 
 use super::codec::Record;
-use super::store::{parse_name, SegmentInfo};
-use super::WalStore;
+use super::objects::ObjectWal;
+use super::segment::{decode, parse_name, read_file_if_present, segment_name, SegmentInfo};
 use crate::change::Lsn;
 use crate::error::{Context, Error, Result};
 use crate::storage::{join_key, Location, Store};
@@ -66,7 +66,7 @@ pub struct HistoryRead {
 }
 
 impl WalHistory {
-    /// The history of pipeline `name`'s WAL (see [`WalStore::for_pipeline`]), keeping
+    /// The history of pipeline `name`'s WAL (see [`crate::wal::WalStore::for_pipeline`]), keeping
     /// segments for `retention`. Opening reads and writes nothing.
     pub fn for_pipeline(
         storage: &Location,
@@ -191,10 +191,16 @@ impl WalHistory {
         }
     }
 
-    /// Moves `segs` (oldest first) out of the live WAL `live` into the history. The first
-    /// segment kept by an empty history sets the marker to just before it: the live WAL held
-    /// every transaction from there on, and that segment is the oldest of them.
-    pub fn keep(&self, live: &WalStore, segs: &[SegmentInfo]) -> Result<()> {
+    /// Moves `segs` (oldest first) out of the live WAL into the history; `remove` deletes a
+    /// segment from the live WAL once it is copied (an object WAL's; a segment on disk is
+    /// renamed). The first segment kept by an empty history sets the marker to just before
+    /// it: the live WAL held every transaction from there on, and that segment is the oldest
+    /// of them.
+    pub fn keep(
+        &self,
+        segs: &[SegmentInfo],
+        remove: impl Fn(&SegmentInfo) -> Result<()>,
+    ) -> Result<()> {
         let Some(first) = segs.first() else {
             return Ok(());
         };
@@ -210,18 +216,22 @@ impl WalHistory {
             }
         }
         for seg in segs {
-            self.keep_one(live, seg)?;
+            self.keep_one(seg, &remove)?;
         }
         *self.holds.lock().unwrap_or_else(|e| e.into_inner()) = Some(true);
         Ok(())
     }
 
-    fn keep_one(&self, live: &WalStore, seg: &SegmentInfo) -> Result<()> {
+    fn keep_one(
+        &self,
+        seg: &SegmentInfo,
+        remove: impl Fn(&SegmentInfo) -> Result<()>,
+    ) -> Result<()> {
         let name = seg
             .path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| format!("{:016X}-{:016X}.seg", seg.first.0, seg.last.0));
+            .unwrap_or_else(|| segment_name(seg.first, seg.last));
         match &self.place {
             Place::Dir(dir) => {
                 std::fs::create_dir_all(dir)
@@ -250,7 +260,7 @@ impl WalHistory {
             Place::Objects { store, prefix } => {
                 let from = seg.path.to_string_lossy().into_owned();
                 store.blocking(store.copy(&from, &join_key(prefix, &name)))?;
-                live.remove_segment(seg)
+                remove(seg)
             }
         }
     }
@@ -327,24 +337,30 @@ impl WalHistory {
     /// was read is left out and the history then counts as complete only after it.
     pub fn read(&self, after: Lsn, through: Option<Lsn>) -> Result<HistoryRead> {
         let kept = self.list()?;
-        let reader = match &self.place {
-            Place::Dir(dir) => WalStore::reader(dir),
-            Place::Objects { store, .. } => Some(WalStore::on_objects(store.clone(), "")),
+        // Objects are named by their full keys here.
+        let objects = match &self.place {
+            Place::Dir(_) => None,
+            Place::Objects { store, .. } => Some(ObjectWal::new(store.clone(), "")),
         };
         let mut out = HistoryRead::default();
         let mut vanished = Lsn::default();
-        if let Some(reader) = reader {
-            for k in kept {
-                if through.is_some_and(|t| k.seg.first > t) {
-                    break;
-                }
-                if k.seg.last <= after {
-                    continue;
-                }
-                match reader.read_if_present(&k.seg)? {
-                    Some(records) => out.segments.push((k.seg, Arc::new(records))),
-                    None => vanished = vanished.max(k.seg.last),
-                }
+        for k in kept {
+            if through.is_some_and(|t| k.seg.first > t) {
+                break;
+            }
+            if k.seg.last <= after {
+                continue;
+            }
+            let records = match &objects {
+                Some(o) => o
+                    .get(&k.seg)?
+                    .map(|d| decode(&k.seg, d.to_vec()))
+                    .transpose()?,
+                None => read_file_if_present(&k.seg)?,
+            };
+            match records {
+                Some(records) => out.segments.push((k.seg, Arc::new(records))),
+                None => vanished = vanished.max(k.seg.last),
             }
         }
         // Read after the segments: an expiry that raced with the read raised it first.
@@ -359,6 +375,7 @@ impl WalHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wal::WalStore;
 
     fn seg_bytes() -> Vec<u8> {
         Vec::new()
@@ -381,7 +398,7 @@ mod tests {
         let a = live.write_segment(Lsn(10), Lsn(20), &seg_bytes()).unwrap();
         let b = live.write_segment(Lsn(30), Lsn(40), &seg_bytes()).unwrap();
         let c = live.write_segment(Lsn(50), Lsn(60), &seg_bytes()).unwrap();
-        h.keep(&live, &[a, b]).unwrap();
+        h.keep(&[a, b], |s| live.remove_segment(s)).unwrap();
         assert_eq!(
             live.segments().unwrap(),
             vec![c.clone()],
@@ -412,7 +429,8 @@ mod tests {
         assert_eq!(read.from, Some(Lsn(40)));
         assert!(read.segments.is_empty());
         // A later segment continues the history from the marker.
-        h0.keep(&live, std::slice::from_ref(&c)).unwrap();
+        h0.keep(std::slice::from_ref(&c), |s| live.remove_segment(s))
+            .unwrap();
         assert_eq!(h0.read(Lsn(0), None).unwrap().from, Some(Lsn(49)));
         h0.clear().unwrap();
         assert!(h0.read(Lsn(0), None).unwrap().from.is_none());

@@ -80,7 +80,7 @@ impl<R: Read + Seek> SegmentItems<R> {
         let mut header = [0u8; MAGIC.len()];
         let got = read_full(&mut src, &mut header)
             .map_err(|e| Error::retryable(format!("reading WAL segment {name}: {e}")))?;
-        super::store::check_header(&header[..got], &name, dir)?;
+        super::segment::check_header(&header[..got], &name, dir)?;
         Ok(Self {
             src,
             name,
@@ -316,7 +316,7 @@ fn read_full(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::change::{Lsn, Op, RelColumn};
+    use crate::change::{Op, RelColumn};
     use crate::wal::codec::encode;
     use std::io::Cursor;
 
@@ -342,16 +342,6 @@ mod tests {
                 Datum::Text(Bytes::from(vec![b'a' + (i % 26) as u8; value_len])),
             ]),
             relation: None,
-        }
-    }
-
-    fn txn(end: u64, changes: Vec<Change>) -> Txn {
-        Txn {
-            xid: end as u32,
-            commit_lsn: Lsn(end - 1),
-            end_lsn: Lsn(end),
-            commit_time_micros: 0,
-            changes,
         }
     }
 
@@ -383,9 +373,9 @@ mod tests {
         big.push(insert(5001, 10));
         vec![
             Record::Relation(relation(2)),
-            Record::Txn(txn(10, vec![insert(1, 10)])),
-            Record::Txn(txn(20, big)),
-            Record::Txn(txn(30, vec![insert(2, 10), insert(3, 10)])),
+            Record::Txn(Txn::ending_at(10, vec![insert(1, 10)])),
+            Record::Txn(Txn::ending_at(20, big)),
+            Record::Txn(Txn::ending_at(30, vec![insert(2, 10), insert(3, 10)])),
         ]
     }
 
@@ -434,7 +424,10 @@ mod tests {
         }
         let mut changes: Vec<Change> = (0..2000).map(|i| insert(i, 3000)).collect();
         changes.push(wide);
-        let data = segment(&[Record::Relation(relation(2)), Record::Txn(txn(10, changes))]);
+        let data = segment(&[
+            Record::Relation(relation(2)),
+            Record::Txn(Txn::ending_at(10, changes)),
+        ]);
         let err = read(data).unwrap_err();
         assert!(err.to_string().contains("damaged"), "{err}");
     }

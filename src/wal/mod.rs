@@ -20,6 +20,7 @@ mod history;
 pub mod items;
 mod locate;
 mod objects;
+mod segment;
 pub mod spill;
 pub mod store;
 mod view;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 
-use super::store::{parse_name, SegmentInfo};
+use super::segment::{parse_name, segment_name, SegmentInfo};
 use super::view;
 use crate::change::Lsn;
 use crate::error::{Context, Result};
@@ -98,10 +98,7 @@ impl ObjectWal {
         last: Lsn,
         file: &std::path::Path,
     ) -> Result<SegmentInfo> {
-        let key = join_key(
-            &self.prefix,
-            &format!("{:016X}-{:016X}.seg", first.0, last.0),
-        );
+        let key = join_key(&self.prefix, &segment_name(first, last));
         let bytes = std::fs::metadata(file)
             .with_context(|| format!("reading {}", file.display()))?
             .len();

@@ -5,14 +5,14 @@ use std::collections::{HashMap, HashSet};
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
-use super::codec::{
-    decode_all, encode_relation, encode_txn, frame_header, txn_prefix, Record, MAGIC, MAGIC_PREFIX,
-};
+use super::codec::{encode_relation, encode_txn, frame_header, txn_prefix, Record, MAGIC};
 use super::history::WalHistory;
 use super::items::{Item, SegmentItems, WHOLE_RECORD_MAX};
 use super::objects::ObjectWal;
+pub use super::segment::SegmentInfo;
+use super::segment::{decode, parse_name, read_file_if_present, segment_name, self_dir};
 use super::spill::{Finished, SpillFile, Uses, SPILL_DIR};
 use crate::change::{Lsn, Relation, Txn};
 use crate::error::{Context, Error, ErrorKind, Result};
@@ -20,40 +20,6 @@ use crate::storage::Store;
 
 /// File in the WAL folder holding the newest position acknowledged without a segment.
 const ACKNOWLEDGED_FILE: &str = "acknowledged";
-
-/// The folder of a segment.
-fn self_dir(seg: &SegmentInfo) -> &Path {
-    seg.path.parent().unwrap_or(Path::new("."))
-}
-
-/// Checks a segment's header (its first bytes): this version's format, or a clear refusal
-/// naming what to do with a segment of an earlier format or a file that is no segment.
-pub(super) fn check_header(head: &[u8], name: &str, dir: &str) -> Result<()> {
-    if head.starts_with(MAGIC_PREFIX) && !head.starts_with(MAGIC) {
-        let version = String::from_utf8_lossy(&head[MAGIC_PREFIX.len()..]).into_owned();
-        return Err(Error::fatal(format!(
-            "WAL segment {name} was written in WAL format {version} by an earlier skipprd; this version reads format {} only. Either finish it with the earlier version (run `skipprd sync --once` with it until {dir} holds no .seg file), then upgrade; or run `skipprd sync --resnapshot` with this version to copy the tables again",
-            String::from_utf8_lossy(&MAGIC[MAGIC_PREFIX.len()..]),
-        )));
-    }
-    if !head.starts_with(MAGIC) {
-        return Err(Error::fatal(format!(
-            "WAL segment {name} is not a Skippr WAL segment (bad header); move it away only if you know its changes are in Iceberg"
-        )));
-    }
-    Ok(())
-}
-
-/// A complete segment on disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SegmentInfo {
-    pub path: PathBuf,
-    /// End LSN of its first transaction.
-    pub first: Lsn,
-    /// End LSN of its last transaction.
-    pub last: Lsn,
-    pub bytes: u64,
-}
 
 /// The WAL of one pipeline.
 #[derive(Debug, Clone)]
@@ -63,15 +29,6 @@ pub struct WalStore {
     objects: Option<ObjectWal>,
     /// Where committed segments go instead of being deleted (the writer's, for time travel).
     history: Option<std::sync::Arc<WalHistory>>,
-}
-
-pub(super) fn parse_name(name: &str) -> Option<(Lsn, Lsn)> {
-    let stem = name.strip_suffix(".seg")?;
-    let (a, b) = stem.split_once('-')?;
-    Some((
-        Lsn(u64::from_str_radix(a, 16).ok()?),
-        Lsn(u64::from_str_radix(b, 16).ok()?),
-    ))
 }
 
 impl WalStore {
@@ -210,7 +167,7 @@ impl WalStore {
             let _ = std::fs::remove_file(&scratch);
             return written;
         }
-        let name = format!("{:016X}-{:016X}.seg", first.0, last.0);
+        let name = segment_name(first, last);
         let path = self.dir.join(&name);
         let tmp = self.dir.join(format!("{name}.tmp"));
         let write = || -> std::io::Result<u64> {
@@ -250,7 +207,7 @@ impl WalStore {
     pub fn read(&self, seg: &SegmentInfo) -> Result<Vec<Record>> {
         if let Some(objects) = &self.objects {
             return match objects.get(seg)? {
-                Some(data) => Self::decode(seg, data.to_vec()),
+                Some(data) => decode(seg, data.to_vec()),
                 None => Err(Error::fatal(format!(
                     "WAL segment {} disappeared while it was still needed; was the state prefix changed by hand? Run `skipprd sync --resnapshot`",
                     objects.describe(seg)
@@ -259,7 +216,7 @@ impl WalStore {
         }
         let data = std::fs::read(&seg.path)
             .with_context(|| format!("reading WAL segment {}", seg.path.display()))?;
-        Self::decode(seg, data)
+        decode(seg, data)
     }
 
     /// The items of a segment, one change at a time (see `items`): a transaction of any
@@ -335,31 +292,10 @@ impl WalStore {
         if let Some(objects) = &self.objects {
             return objects
                 .get(seg)?
-                .map(|data| Self::decode(seg, data.to_vec()))
+                .map(|data| decode(seg, data.to_vec()))
                 .transpose();
         }
-        match std::fs::read(&seg.path) {
-            Ok(data) => Self::decode(seg, data).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading WAL segment {}", seg.path.display())),
-        }
-    }
-
-    fn decode(seg: &SegmentInfo, data: Vec<u8>) -> Result<Vec<Record>> {
-        check_header(
-            &data[..data.len().min(MAGIC.len())],
-            &seg.path.display().to_string(),
-            &self_dir(seg).display().to_string(),
-        )?;
-        let body = Bytes::from(data).slice(MAGIC.len()..);
-        decode_all(body).map_err(|c| {
-            Error::fatal(format!(
-                "WAL segment {} is damaged at byte {} ({}); skipprd stops rather than misread it. Restore the file, or run `skipprd sync --resnapshot`",
-                seg.path.display(),
-                c.offset + MAGIC.len(),
-                c.reason
-            ))
-        })
+        read_file_if_present(seg)
     }
 
     /// Removes from the WAL the segments whose every transaction ends at or before `lsn`:
@@ -372,7 +308,7 @@ impl WalStore {
             .filter(|s| s.last <= lsn)
             .collect();
         match &self.history {
-            Some(h) => h.keep(self, &done)?,
+            Some(h) => h.keep(&done, |s| self.remove_segment(s))?,
             None => {
                 for s in &done {
                     self.remove_segment(s)?;
@@ -654,12 +590,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_transaction_that_alters_its_table_is_read_with_each_description_in_turn() {
+    /// A new WAL in a temporary folder, and a segment builder holding its first transaction,
+    /// which describes the table with one column and inserts a row.
+    fn described() -> (tempfile::TempDir, WalStore, SegmentBuilder) {
         let dir = tempfile::tempdir().unwrap();
         let store = WalStore::open(dir.path()).unwrap();
         let mut b = SegmentBuilder::default();
-        // Session: the table is described with one column in a first transaction.
         b.push(&txn(
             1,
             vec![
@@ -667,6 +603,13 @@ mod tests {
                 change(Op::Insert, 1, None),
             ],
         ));
+        (dir, store, b)
+    }
+
+    #[test]
+    fn a_transaction_that_alters_its_table_is_read_with_each_description_in_turn() {
+        // Session: the table is described with one column in a first transaction.
+        let (_dir, store, mut b) = described();
         b.flush(&store).unwrap();
         // Next segment: update (one column), ADD COLUMN, update (two columns).
         b.push(&txn(
@@ -697,16 +640,7 @@ mod tests {
     #[test]
     fn a_spilled_transaction_is_copied_into_its_segment_and_reads_back_whole() {
         use crate::wal::spill::TxnBuffer;
-        let dir = tempfile::tempdir().unwrap();
-        let store = WalStore::open(dir.path()).unwrap();
-        let mut b = SegmentBuilder::default();
-        b.push(&txn(
-            1,
-            vec![
-                change(Op::Relation, 0, Some(rel(1))),
-                change(Op::Insert, 1, None),
-            ],
-        ));
+        let (_dir, store, mut b) = described();
         let mut buffer = TxnBuffer::begin(txn(2, vec![]), 4096, &store.spill_dir());
         let big = Datum::Text(bytes::Bytes::from(vec![b'v'; 1000]));
         for _ in 0..50 {

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use super::store::SegmentInfo;
+use super::segment::SegmentInfo;
 use crate::storage::lease::current_hold;
 
 struct View {

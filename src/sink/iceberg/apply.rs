@@ -18,13 +18,13 @@ use iceberg::table::Table;
 
 use super::keyindex::{KeyIndex, Loc, Spill};
 use super::keys::Key;
-use super::maintenance::MaintenanceSettings;
 use super::{evolve, PROP_COLUMNS};
 use super::{rowdelta, schema as ice_schema};
 use crate::catalog::LocalCatalog;
 use crate::change::types::PgType;
 use crate::change::Lsn;
 use crate::change::{Datum, Relation};
+use crate::config::MaintenanceSettings;
 use crate::config::TableRef;
 use crate::error::{Error, Result};
 use crate::table::apply::{fill_from_old, Committed, Pending, RowKeys};
@@ -542,6 +542,15 @@ impl TableSink {
 /// forced before memory grows.
 fn row_bytes(key: &Key, values: &[Datum]) -> u64 {
     64 + key.len() as u64 + values_bytes(values)
+}
+
+/// The number of each data file the key index points into (its place in `files`), by path.
+fn file_numbers(files: &[String]) -> HashMap<&str, u32> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.as_str(), i as u32))
+        .collect()
 }
 
 /// Memory a row's values are counted as: their bytes, with the per-value overhead.

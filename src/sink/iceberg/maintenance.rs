@@ -4,7 +4,7 @@
 //! Which files to compact is decided with the key index (see `apply/compact.rs`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use iceberg::spec::{
     DataContentType, DataFile, ManifestListWriter, ManifestStatus, ManifestWriter,
@@ -15,67 +15,11 @@ use iceberg::table::Table;
 
 use super::{commit, rowdelta, SUMMARY_COMMIT_TIME, SUMMARY_LSN, SUMMARY_PHASE, SUMMARY_PIPELINE};
 use crate::catalog::LocalCatalog;
+use crate::config::MaintenanceSettings;
 use crate::error::{Context, Error, Result};
 use crate::storage::{Location, Store};
 
 pub use crate::table::{PROP_LAST_COMPACTION, SUMMARY_MAINTENANCE};
-
-/// Default `maintenance.check_interval`.
-pub const DEFAULT_CHECK_INTERVAL: &str = "1m";
-/// Default `maintenance.snapshot_retention`.
-pub const DEFAULT_SNAPSHOT_RETENTION: &str = "1h";
-/// Default `maintenance.min_snapshots_to_keep`.
-pub const DEFAULT_MIN_SNAPSHOTS_TO_KEEP: u64 = 10;
-/// Default `maintenance.orphan_file_age`.
-pub const DEFAULT_ORPHAN_FILE_AGE: &str = "1h";
-/// Default `maintenance.compaction_min_files`.
-pub const DEFAULT_COMPACTION_MIN_FILES: u64 = 8;
-/// Orphan files are looked for at most this often (or every `orphan_file_age`, if shorter).
-const CLEANUP_EVERY: Duration = Duration::from_secs(10 * 60);
-
-/// How a pipeline maintains its tables (`pipelines.<name>.maintenance`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct MaintenanceSettings {
-    pub enabled: bool,
-    /// How often each table is checked, after a commit.
-    pub check_interval: Duration,
-    /// A snapshot is expired once it was replaced longer ago than this.
-    pub snapshot_retention: Duration,
-    /// Never fewer snapshots than this.
-    pub min_snapshots_to_keep: usize,
-    /// Files that no retained snapshot references are removed once older than this.
-    pub orphan_file_age: Duration,
-    /// A compaction runs once this many small data files, or delete files, gather.
-    pub compaction_min_files: usize,
-    /// Size of the data files compaction writes; files below 3/4 of it count as small.
-    pub target_file_size: u64,
-    /// The AWS region of an `s3://` warehouse (for listing it).
-    pub region: Option<String>,
-}
-
-impl Default for MaintenanceSettings {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            check_interval: Duration::from_secs(60),
-            snapshot_retention: Duration::from_secs(3600),
-            min_snapshots_to_keep: DEFAULT_MIN_SNAPSHOTS_TO_KEEP as usize,
-            orphan_file_age: Duration::from_secs(3600),
-            compaction_min_files: DEFAULT_COMPACTION_MIN_FILES as usize,
-            target_file_size: 128 * 1024 * 1024,
-            region: None,
-        }
-    }
-}
-
-impl MaintenanceSettings {
-    /// How often orphan files are looked for.
-    pub fn cleanup_every(&self) -> Duration {
-        self.orphan_file_age
-            .min(CLEANUP_EVERY)
-            .max(self.check_interval)
-    }
-}
 
 /// One file of the current snapshot, with the numbers its manifest entry carries.
 #[derive(Debug, Clone)]

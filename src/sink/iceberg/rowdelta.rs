@@ -145,27 +145,35 @@ const TOTALS: [&str; 6] = [
     "total-files-size",
 ];
 
-/// Commits `data` and `deletes` in one snapshot. With `replace_all`, every existing file is
-/// dropped first (TRUNCATE). `props` go into the snapshot summary.
+/// What one snapshot adds: `data` and `deletes` files, after the table's files or, with
+/// `replace_all`, instead of them (TRUNCATE); `props` go into the snapshot summary.
+pub struct NewFiles {
+    pub data: Vec<DataFile>,
+    pub deletes: Vec<DataFile>,
+    pub replace_all: bool,
+    pub props: HashMap<String, String>,
+}
+
+impl NewFiles {
+    /// Data files only, no deletes.
+    pub fn data(data: Vec<DataFile>, replace_all: bool, props: HashMap<String, String>) -> Self {
+        Self {
+            data,
+            deletes: Vec::new(),
+            replace_all,
+            props,
+        }
+    }
+}
+
+/// Commits `files` in one snapshot.
 pub async fn commit(
     catalog: &LocalCatalog,
     table: &Table,
-    data: Vec<DataFile>,
-    deletes: Vec<DataFile>,
-    replace_all: bool,
-    props: HashMap<String, String>,
+    files: NewFiles,
     specs: &Specs,
 ) -> Result<Table> {
-    let prepared = prepare(
-        catalog.rest().is_some(),
-        table,
-        data,
-        deletes,
-        replace_all,
-        props,
-        specs,
-    )
-    .await?;
+    let prepared = prepare(catalog.rest().is_some(), table, files, specs).await?;
     finish(catalog, prepared).await
 }
 
@@ -190,15 +198,11 @@ enum PreparedStep {
 pub async fn prepare(
     rest: bool,
     table: &Table,
-    data: Vec<DataFile>,
-    deletes: Vec<DataFile>,
-    replace_all: bool,
-    props: HashMap<String, String>,
+    files: NewFiles,
     specs: &Specs,
 ) -> Result<Prepared> {
-    let pipeline = props.get(super::SUMMARY_PIPELINE).cloned();
-    let (snapshot, new_files) =
-        new_snapshot(table, data, deletes, replace_all, props, specs).await?;
+    let pipeline = files.props.get(super::SUMMARY_PIPELINE).cloned();
+    let (snapshot, new_files) = new_snapshot(table, files, specs).await?;
     let step = if rest {
         let built = add_current(
             TableMetadataBuilder::new_from_metadata(
@@ -313,7 +317,7 @@ pub async fn replace_reshaped(
 ) -> Result<Table> {
     let pipeline = props.get(super::SUMMARY_PIPELINE).cloned();
     let (snapshot, new_files) =
-        new_snapshot(staged, data, Vec::new(), true, props, &Specs::new()).await?;
+        new_snapshot(staged, NewFiles::data(data, true, props), &Specs::new()).await?;
     if let Some(pipeline) = &pipeline {
         crate::storage::lease::ensure_held(pipeline)?;
     }
@@ -340,8 +344,12 @@ pub async fn stage(
         .snapshots()
         .map(|s| s.snapshot_id())
         .collect();
-    let (snapshot, new_files) =
-        new_snapshot(table, data, Vec::new(), replace_all, props, &Specs::new()).await?;
+    let (snapshot, new_files) = new_snapshot(
+        table,
+        NewFiles::data(data, replace_all, props),
+        &Specs::new(),
+    )
+    .await?;
     stage_metadata(table, &new_files, |b| {
         let b = add_current(b, snapshot)?;
         Ok(if older.is_empty() {
@@ -365,17 +373,19 @@ fn add_current(
     )
 }
 
-/// Writes the manifests and the manifest list of a snapshot adding `data` and `deletes`
-/// (after every existing file, or instead of them with `replace_all`), and returns the
+/// Writes the manifests and the manifest list of a snapshot adding `files`, and returns the
 /// snapshot with the files written for it.
 async fn new_snapshot(
     table: &Table,
-    data: Vec<DataFile>,
-    deletes: Vec<DataFile>,
-    replace_all: bool,
-    props: HashMap<String, String>,
+    files: NewFiles,
     specs: &Specs,
 ) -> Result<(Snapshot, Vec<String>)> {
+    let NewFiles {
+        data,
+        deletes,
+        replace_all,
+        props,
+    } = files;
     let meta = table.metadata();
     let file_io = table.file_io();
     let commit_id = uuid::Uuid::now_v7();
@@ -593,7 +603,7 @@ async fn swap_in(
 /// [`LocalCatalog::remember`]).
 fn swapped(catalog: &LocalCatalog, staged: Table) -> Table {
     if let (Some(pipeline), Some(location)) = (
-        super::commit::committed_pipeline(&staged),
+        crate::table::summary::committed_pipeline(&staged),
         staged.metadata_location(),
     ) {
         catalog.remember(staged.identifier(), location, pipeline);

@@ -5,6 +5,7 @@
 
 use tokio_postgres::Client;
 
+use super::connect::server_setting;
 use crate::change::schema::TableSchema;
 use crate::config::{quote_ident, PipelineConfig};
 use crate::error::{Context, Result};
@@ -20,11 +21,7 @@ const COLUMN_LISTS_VERSION: i32 = 150_000;
 
 /// `server_version_num` of the source.
 pub async fn server_version(client: &Client) -> Result<i32> {
-    let v: String = client
-        .query_one("SELECT current_setting('server_version_num')", &[])
-        .await
-        .context("reading server_version_num")?
-        .get(0);
+    let v = server_setting(client, "server_version_num").await?;
     v.trim().parse().map_err(|_| {
         crate::error::Error::fatal(format!("server_version_num `{v}` is not a number"))
     })
@@ -206,32 +203,25 @@ mod tests {
     use super::*;
     use crate::change::schema::Column;
     use crate::change::types::PgType;
+    use crate::testing::assert_contains;
 
     fn table(columns: &[&str], generated: &[(&str, char)]) -> TableSchema {
+        let columns = columns
+            .iter()
+            .map(|n| Column {
+                name: n.to_string(),
+                pg_type_name: "integer".into(),
+                pg: PgType::Int4,
+                fallback: None,
+                not_null: false,
+                type_oid: 23,
+                typmod: -1,
+                attnum: 0,
+            })
+            .collect();
         TableSchema {
-            table: crate::config::TableRef::parse("t").expect("a table name"),
-            oid: 1,
-            columns: columns
-                .iter()
-                .map(|n| Column {
-                    name: n.to_string(),
-                    pg_type_name: "integer".into(),
-                    pg: PgType::Int4,
-                    fallback: None,
-                    not_null: false,
-                    type_oid: 23,
-                    typmod: -1,
-                    attnum: 0,
-                })
-                .collect(),
-            primary_key: vec!["id".into()],
-            replica_identity: "default".into(),
-            row_estimate: 0,
-            blocks: 0,
-            partitioned: false,
-            partitions: Vec::new(),
-            partition_of: Vec::new(),
             generated: generated.iter().map(|(n, k)| (n.to_string(), *k)).collect(),
+            ..TableSchema::for_test("t", columns)
         }
     }
 
@@ -256,16 +246,7 @@ mod tests {
         let before = classify(&p, &ts, 170_000, None, None);
         assert_eq!(before.len(), 1);
         assert_eq!(before[0].column, "b");
-        assert!(
-            before[0].detail.contains("exclude_columns: [b]"),
-            "{}",
-            before[0].detail
-        );
-        assert!(
-            before[0].detail.contains("Postgres 18"),
-            "{}",
-            before[0].detail
-        );
+        assert_contains(&before[0].detail, &["exclude_columns: [b]", "Postgres 18"]);
         assert!(classify(&p, &ts, 180_000, Some(true), None).is_empty());
         assert!(classify(&p, &ts, 180_000, None, None).is_empty());
         let off = classify(&p, &ts, 180_000, Some(false), None);

@@ -9,7 +9,7 @@ use tokio_postgres::{Client, NoTls};
 use super::tls::{is_tls_failure, tls_cause, MakeRustls, SourceTls};
 use super::tunnel;
 use crate::config::{PostgresConfig, SslMode};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Context, Error, ErrorKind, Result};
 
 /// Session settings that fix the text format of every value we decode: UTC timestamps, ISO
 /// dates, shortest-exact floats, hex bytea, UTF-8.
@@ -151,6 +151,15 @@ where
             tracing::debug!(error = %e, "postgres connection ended");
         }
     });
+}
+
+/// A setting of the server, as `current_setting(name)` reads it in the session `client`.
+pub async fn server_setting(client: &Client, name: &str) -> Result<String> {
+    Ok(client
+        .query_one("SELECT current_setting($1)", &[&name])
+        .await
+        .with_context(|| format!("reading {name}"))?
+        .get(0))
 }
 
 /// Opens the transport of a replication session and describes it: through a TLS tunnel when

@@ -5,7 +5,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::carried;
-use super::connect::connect;
+use super::connect::{connect, server_setting};
 use super::schema::{check_partition_overlap, describe_followed, TableSchema};
 use super::slot::{
     generated_columns_fix_sql, publication_fix_sql, publication_tables, publication_via_root,
@@ -191,11 +191,7 @@ async fn slot_safety_checks(
     checks: &mut Vec<Check>,
 ) -> Result<()> {
     let cfg = &p.source;
-    let keep: String = client
-        .query_one("SELECT current_setting('max_slot_wal_keep_size')", &[])
-        .await
-        .context("reading max_slot_wal_keep_size")?
-        .get(0);
+    let keep = server_setting(client, "max_slot_wal_keep_size").await?;
     let mut c = check(
         "WAL retention limit",
         true,
@@ -259,11 +255,7 @@ async fn replication_checks(
     checks: &mut Vec<Check>,
 ) -> Result<()> {
     let cfg = &p.source;
-    let wal_level: String = client
-        .query_one("SELECT current_setting('wal_level')", &[])
-        .await
-        .context("reading wal_level")?
-        .get(0);
+    let wal_level = server_setting(client, "wal_level").await?;
     checks.push(check(
         "wal_level",
         wal_level == "logical",

@@ -56,10 +56,18 @@ impl TableJob {
                 r.commit(catalog, &self.table, files, lsn, phase, pipeline)
                     .await
             }
-            None if self.replace => {
-                commit::replace(catalog, &self.table, files, lsn, phase, pipeline).await
+            None => {
+                commit::commit_files(
+                    catalog,
+                    &self.table,
+                    files,
+                    self.replace,
+                    lsn,
+                    phase,
+                    pipeline,
+                )
+                .await
             }
-            None => commit::append(catalog, &self.table, files, lsn, phase, pipeline).await,
         }
     }
 }

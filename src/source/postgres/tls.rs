@@ -99,14 +99,18 @@ impl SourceTls {
                 .map_err(|e| Error::fatal(format!("TLS set-up for the source failed: {e}")))?;
                 builder
                     .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly { inner }))
+                    .with_custom_certificate_verifier(Arc::new(NoHostCheck {
+                        chain: Some(inner),
+                        algorithms: provider.signature_verification_algorithms,
+                    }))
                     .with_no_client_auth()
             }
             // prefer and require without a root certificate: encrypted, not authenticated,
             // exactly as libpq.
             _ => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Unchecked {
+                .with_custom_certificate_verifier(Arc::new(NoHostCheck {
+                    chain: None,
                     algorithms: provider.signature_verification_algorithms,
                 }))
                 .with_no_client_auth(),
@@ -182,13 +186,17 @@ fn load_pem_certs(path: &Path, source: &str) -> Result<Vec<CertificateDer<'stati
     Ok(certs)
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; the host name is not compared.
+/// A certificate check without the host name: `verify-ca` (`chain`: the chain must lead to a
+/// trusted root), and `prefer` and `require` (no `chain`: any certificate is accepted,
+/// libpq's meaning of these modes). The handshake's signatures are always checked, so the
+/// session key belongs to that certificate.
 #[derive(Debug)]
-struct ChainOnly {
-    inner: Arc<rustls::client::WebPkiServerVerifier>,
+struct NoHostCheck {
+    chain: Option<Arc<rustls::client::WebPkiServerVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NoHostCheck {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -197,57 +205,15 @@ impl ServerCertVerifier for ChainOnly {
         ocsp: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .inner
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
             other => other,
         }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-/// `prefer` and `require`: any certificate is accepted (libpq's meaning of these modes), but
-/// the handshake's signatures are still checked so the session key belongs to that certificate.
-#[derive(Debug)]
-struct Unchecked {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(

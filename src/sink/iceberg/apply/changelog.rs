@@ -319,16 +319,7 @@ impl TableSink {
             if let Some(batch) = batch {
                 files.extend(write_changelog_batch(&table, batch).await?);
             }
-            rowdelta::prepare(
-                rest,
-                &table,
-                files,
-                Vec::new(),
-                false,
-                props,
-                &rowdelta::Specs::new(),
-            )
-            .await
+            prepare_append(rest, &table, files, props).await
         })))
     }
 
@@ -506,16 +497,20 @@ async fn append_copy(
     let mut props = crate::table::summary::summary(lsn, "snapshot", pipeline);
     props.insert(SUMMARY_COMMIT_TIME.to_string(), time_micros.to_string());
     crate::storage::lease::ensure_held(pipeline)?;
-    rowdelta::commit(
-        catalog,
-        log,
-        files,
-        Vec::new(),
-        false,
-        props,
-        &rowdelta::Specs::new(),
-    )
-    .await
+    let prepared = prepare_append(catalog.rest().is_some(), log, files, props).await?;
+    rowdelta::finish(catalog, prepared).await
+}
+
+/// Prepares the snapshot that appends `files` to the changelog `log`, with the summary
+/// `props` (a changelog is only appended to; see [`rowdelta::prepare`]).
+async fn prepare_append(
+    rest: bool,
+    log: &Table,
+    files: Vec<DataFile>,
+    props: std::collections::HashMap<String, String>,
+) -> Result<rowdelta::Prepared> {
+    let files = rowdelta::NewFiles::data(files, false, props);
+    rowdelta::prepare(rest, log, files, &rowdelta::Specs::new()).await
 }
 
 /// Writes change rows as data files of the changelog `table` (not committed).

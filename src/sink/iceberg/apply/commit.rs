@@ -260,16 +260,13 @@ impl TableSink {
                 return Err(e);
             }
         }
-        let prepared = rowdelta::prepare(
-            rest,
-            &self.table,
-            data_files.clone(),
-            delete_files.clone(),
-            self.truncated,
+        let files = rowdelta::NewFiles {
+            data: data_files.clone(),
+            deletes: delete_files.clone(),
+            replace_all: self.truncated,
             props,
-            &self.delete_specs,
-        )
-        .await;
+        };
+        let prepared = rowdelta::prepare(rest, &self.table, files, &self.delete_specs).await;
         let log_prepared = Self::changelog_prepared(log_prepare).await;
         let (prepared, log_prepared) = match (prepared, log_prepared) {
             (Ok(p), Ok(l)) => (p, l),

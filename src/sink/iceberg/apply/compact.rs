@@ -17,10 +17,11 @@ use arrow::row::{OwnedRow, RowConverter};
 use iceberg::spec::DataContentType;
 
 use self::merge::{Input, Output};
-use super::{Loc, TableSink};
+use super::{file_numbers, Loc, TableSink};
 use crate::catalog::LocalCatalog;
+use crate::config::MaintenanceSettings;
 use crate::error::{Context, Error, Result};
-use crate::sink::iceberg::maintenance::{self, LiveFile, MaintenanceSettings, Rewrite};
+use crate::sink::iceberg::maintenance::{self, LiveFile, Rewrite};
 use crate::sink::iceberg::rowdelta;
 use crate::table::partition::{self, FilePartition, WriteOrder};
 use crate::telemetry::metrics;
@@ -268,12 +269,7 @@ impl TableSink {
         if live.is_empty() {
             return Ok(None);
         }
-        let numbers: HashMap<&str, u32> = self
-            .files
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.as_str(), i as u32))
-            .collect();
+        let numbers = file_numbers(&self.files);
         let live_rows = self.live_rows()?;
         let small = self.maintenance.target_file_size / 4 * 3;
         let (mut smalls, mut heavy, mut delete_files) = (0usize, 0usize, 0usize);

@@ -19,7 +19,7 @@ use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::file::metadata::PageIndexPolicy;
 
-use super::{Loc, PendingRow, TableSink};
+use super::{file_numbers, Loc, PendingRow, TableSink};
 use crate::change::types::ColumnBuilder;
 use crate::change::Datum;
 use crate::error::{Context, Error, Result};
@@ -87,12 +87,7 @@ impl TableSink {
         indexed?;
         ended?;
         // Renumber what the staged changes point at.
-        let numbers: HashMap<&str, u32> = self
-            .files
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.as_str(), i as u32))
-            .collect();
+        let numbers = file_numbers(&self.files);
         let renumber = |path: &str, pos: u64| -> Result<Loc> {
             numbers
                 .get(path)
