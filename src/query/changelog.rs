@@ -21,7 +21,7 @@ use super::wal_read::WalRead;
 use super::{TableEntry, Workspace};
 use crate::change::{Datum, Lsn};
 use crate::error::{Error, Result};
-use crate::table::apply::{fill_from_old, Committed, Pending};
+use crate::table::apply::{Committed, Pending};
 use crate::table::changelog::{self, ChangeOp};
 use crate::table::keys::Key;
 use crate::table::schema as ice_schema;
@@ -174,14 +174,7 @@ pub(crate) fn changes(
             }
             Op::Update => {
                 let mut row = step.new.unwrap_or_default();
-                if let Some(old) = &step.old {
-                    fill_from_old(&mut row, old);
-                }
-                let new_key = walk.key_of(&row)?;
-                let old_key = match &step.old {
-                    Some(o) => walk.key_of(o)?,
-                    None => new_key.clone(),
-                };
+                let (old_key, new_key) = walk.keys.update_keys(&mut row, step.old.as_deref())?;
                 let moved = old_key != new_key;
                 let updated =
                     pending.update(&mut committed, &old_key, step.old.as_deref(), new_key, row)?;

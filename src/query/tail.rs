@@ -16,7 +16,7 @@ use crate::change::Datum;
 use crate::change::Lsn;
 use crate::config::TableRef;
 use crate::error::Result;
-use crate::table::apply::{fill_from_old, Committed, Pending, RowKeys};
+use crate::table::apply::{Committed, Pending, RowKeys};
 use crate::table::keys::Key;
 use crate::wal::Op;
 
@@ -106,14 +106,7 @@ pub fn reduce(
             }
             Op::Update => {
                 let mut row = step.new.unwrap_or_default();
-                if let Some(old) = &step.old {
-                    fill_from_old(&mut row, old);
-                }
-                let new_key = walk.key_of(&row)?;
-                let old_key = match &step.old {
-                    Some(o) => walk.key_of(o)?,
-                    None => new_key.clone(),
-                };
+                let (old_key, new_key) = walk.keys.update_keys(&mut row, step.old.as_deref())?;
                 pending.update(&mut committed, &old_key, step.old.as_deref(), new_key, row)?;
             }
         }

@@ -315,6 +315,21 @@ impl RowKeys {
         })
     }
 
+    /// An UPDATE's row `row` with the values a TOASTed column left unchanged taken from the
+    /// full old row `old` where it has them (see [`fill_from_old`]), and its old and new
+    /// keys (the same when the change carries no old row).
+    pub fn update_keys(&self, row: &mut [Datum], old: Option<&[Datum]>) -> Result<(Key, Key)> {
+        if let Some(old) = old {
+            fill_from_old(row, old);
+        }
+        let new_key = self.key_of(row)?;
+        let old_key = match old {
+            Some(o) => self.key_of(o)?,
+            None => new_key.clone(),
+        };
+        Ok((old_key, new_key))
+    }
+
     /// The key values of `row` as text, in key order (a value that is not UTF-8 as `None`:
     /// [`RowKeys::key_of`] refuses it anyway).
     pub fn texts(&self, row: &[Datum]) -> Vec<Option<String>> {

@@ -3,7 +3,7 @@
 //! `EXPLAIN` does not change), and rows only the WAL tail holds still answer when the
 //! committed files around them are pruned.
 
-use arrow::array::{Array, Int64Array};
+use arrow::array::Array;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::displayable;
 use datafusion::prelude::SessionContext;
@@ -93,21 +93,7 @@ async fn a_live_table_prunes_committed_files_and_still_shows_the_tails_rows() ->
     .await?;
     let ctx = SessionContext::new();
     ctx.register_table("t", Arc::new(live))?;
-    let ids = ctx
-        .sql(&format!("SELECT id FROM t WHERE {FILTER} ORDER BY id"))
-        .await?
-        .collect()
-        .await?;
-    let ids: Vec<i64> = ids
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .map(|a| a.values().to_vec())
-                .unwrap_or_default()
-        })
-        .collect();
+    let ids = super::partition_tests::ids_where(&ctx, FILTER).await?;
     let want: Vec<i64> = (168..ROWS).chain(std::iter::once(300)).collect();
     assert_eq!(ids, want);
 

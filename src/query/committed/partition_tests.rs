@@ -473,6 +473,11 @@ async fn select_ids(batches: Vec<RecordBatch>, filter: &str) -> DfResult<Vec<i64
     let ctx = SessionContext::new();
     let mem = MemTable::try_new(first.schema(), vec![batches])?;
     ctx.register_table("t", Arc::new(mem))?;
+    ids_where(&ctx, filter).await
+}
+
+/// The `id` column (`bigint`) of `SELECT id FROM t WHERE <filter> ORDER BY id` in `ctx`.
+pub(super) async fn ids_where(ctx: &SessionContext, filter: &str) -> DfResult<Vec<i64>> {
     let out = ctx
         .sql(&format!("SELECT id FROM t WHERE {filter} ORDER BY id"))
         .await?

@@ -1,65 +1,14 @@
 //! Unit tests of the filter conversion: the filters DataFusion pushes into a scan after its
 //! coercion and simplification, as the Iceberg predicates they become.
 
-use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef, TimeUnit};
-use async_trait::async_trait;
-use datafusion::catalog::Session;
-use datafusion::datasource::{TableProvider, TableType};
-use datafusion::error::Result as DfResult;
-use datafusion::logical_expr::TableProviderFilterPushDown;
-use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::SessionContext;
 use iceberg::expr::Bind;
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
 use super::*;
-
-/// A table that records the filters pushed into its scan.
-#[derive(Debug)]
-struct Recording {
-    schema: SchemaRef,
-    filters: Mutex<Vec<Expr>>,
-}
-
-#[async_trait]
-impl TableProvider for Recording {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-    fn supports_filters_pushdown(
-        &self,
-        filters: &[&Expr],
-    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
-        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
-    }
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if let Ok(mut f) = self.filters.lock() {
-            f.extend(filters.iter().cloned());
-        }
-        let schema = match projection {
-            Some(p) => Arc::new(self.schema.project(p)?),
-            None => self.schema.clone(),
-        };
-        Ok(Arc::new(EmptyExec::new(schema)))
-    }
-}
 
 fn schema() -> SchemaRef {
     let f = |i: usize, name: &str, t: DataType| {
@@ -87,19 +36,10 @@ fn schema() -> SchemaRef {
 
 /// The predicate the filters of `SELECT * FROM t WHERE <filter>` convert to, as text.
 async fn converted(filter: &str) -> Option<String> {
-    let ctx = SessionContext::new();
-    let table = Arc::new(Recording {
-        schema: schema(),
-        filters: Mutex::new(Vec::new()),
-    });
-    ctx.register_table("t", table.clone()).ok()?;
-    let df = ctx.sql(&format!("SELECT * FROM t WHERE {filter}")).await;
-    let df = match df {
-        Ok(df) => df,
+    let filters = match crate::query::committed::partition_tests::pushed(schema(), filter).await {
+        Ok(filters) => filters,
         Err(e) => panic!("planning {filter}: {e}"),
     };
-    df.create_physical_plan().await.ok()?;
-    let filters: Vec<Expr> = table.filters.lock().ok()?.clone();
     iceberg_predicate(&filters, &schema()).map(|p| p.to_string())
 }
 

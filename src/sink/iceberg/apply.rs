@@ -27,7 +27,7 @@ use crate::change::{Datum, Relation};
 use crate::config::MaintenanceSettings;
 use crate::config::TableRef;
 use crate::error::{Error, Result};
-use crate::table::apply::{fill_from_old, Committed, Pending, RowKeys};
+use crate::table::apply::{Committed, Pending, RowKeys};
 use crate::table::changelog::ChangeOp;
 use crate::table::partition::FilePartitions;
 use crate::wal::{Change, Op};
@@ -464,14 +464,7 @@ impl TableSink {
                     Some(o) => Some(self.to_row(change.rel, o)?),
                     None => None,
                 };
-                if let Some(old) = &old_row {
-                    fill_from_old(&mut row, old);
-                }
-                let new_key = self.keys.key_of(&row)?;
-                let old_key = match &old_row {
-                    Some(o) => self.keys.key_of(o)?,
-                    None => new_key.clone(),
-                };
+                let (old_key, new_key) = self.keys.update_keys(&mut row, old_row.as_deref())?;
                 self.pending_bytes += row_bytes(&new_key, &row);
                 let keyed = self.keyed;
                 let (pending, mut committed) = self.split_rows();
