@@ -313,7 +313,7 @@ fn table_settings(
     field: &str,
     given: &[(String, String)],
 ) -> Result<()> {
-    use crate::table::layout::{column, PartitionEntry, SortEntry};
+    use crate::config::layout::{column, PartitionEntry, SortEntry};
     let flag = match field {
         "exclude_columns" => "--exclude-column".to_string(),
         other => format!("--{}", other.replace('_', "-")),

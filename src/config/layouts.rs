@@ -1,6 +1,6 @@
 //! Config, the layout of each table (`pipelines.<name>.tables.<table>.partition_by` and
 //! `sort_by`): read as written, refused at its `skippr.yml` line when malformed or about a
-//! table the source does not list, and resolved into [`crate::table::layout::Layout`]s with
+//! table the source does not list, and resolved into [`crate::config::layout::Layout`]s with
 //! the place of every entry, so that `discover` and `sync` name the line of an entry that
 //! does not fit the table's columns.
 
@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use super::locate::{display_path, Position, Segment};
 use super::{keys, PipelineDef, TableRef, Validator};
-use crate::table::layout::{Layout, PartitionEntry, SortEntry};
+use crate::config::layout::{Layout, PartitionEntry, SortEntry};
 
 /// A place in `skippr.yml`: the file, the line and column, and the field path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,7 +228,7 @@ impl Validator<'_> {
 /// `names`, the table's entries before it; the error is the message `validate` and `connect`
 /// give.
 pub(super) fn excluded_column(names: &[String], entry: &str) -> Result<String, String> {
-    match crate::table::layout::column(entry) {
+    match crate::config::layout::column(entry) {
         Some(c) if names.contains(&c) => {
             Err(format!("`{entry}` is given twice: give each column once"))
         }

@@ -6,9 +6,24 @@
 use std::time::Duration;
 
 use super::{keys, parse_duration, ConsistentCutsDef, MaintenanceDef, Validator};
-use crate::table::cuts::{
-    CutSettings, DEFAULT_CUT_EVERY, DEFAULT_CUT_KEEP, MAX_CUT_KEEP, MIN_CUT_EVERY,
-};
+
+/// Default `consistent_cuts.every`.
+pub const DEFAULT_CUT_EVERY: &str = "1h";
+/// Default `consistent_cuts.keep`.
+pub const DEFAULT_CUT_KEEP: u64 = 48;
+/// The most cuts `consistent_cuts.keep` may ask for.
+pub const MAX_CUT_KEEP: u64 = 100_000;
+/// The shortest `consistent_cuts.every`: cut names count whole seconds.
+pub const MIN_CUT_EVERY: Duration = Duration::from_secs(1);
+
+/// How a pipeline takes consistent cuts (`pipelines.<name>.consistent_cuts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutSettings {
+    /// A cut is taken once this long has passed since the last one.
+    pub every: Duration,
+    /// How many cuts are kept; the tags of older ones are removed.
+    pub keep: usize,
+}
 
 /// Default `maintenance.check_interval`.
 pub const DEFAULT_CHECK_INTERVAL: &str = "1m";

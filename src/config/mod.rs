@@ -7,6 +7,7 @@
 pub mod changelog;
 pub mod connect;
 pub mod emit;
+pub mod layout;
 pub mod layouts;
 mod lease;
 pub mod locate;
@@ -31,7 +32,10 @@ use serde_yaml::Value;
 use crate::error::Error;
 use crate::storage::state_file::StateFile;
 use locate::{display_path, Locator, Position, Segment};
-pub use maintenance::MaintenanceSettings;
+pub use maintenance::{
+    CutSettings, MaintenanceSettings, DEFAULT_CUT_EVERY, DEFAULT_CUT_KEEP, MAX_CUT_KEEP,
+    MIN_CUT_EVERY,
+};
 pub use model::*;
 pub use postgres::{parse_heartbeat_interval, parse_max_retained_wal};
 pub use yaml::expand;
@@ -215,7 +219,7 @@ pub struct PipelineConfig {
     /// How the pipeline maintains its tables.
     pub maintenance: MaintenanceSettings,
     /// How the pipeline takes consistent cuts (none unless `consistent_cuts` is given).
-    pub consistent_cuts: Option<crate::table::cuts::CutSettings>,
+    pub consistent_cuts: Option<CutSettings>,
     pub source: PostgresConfig,
     pub sink: SinkConfig,
     pub schema_sink: Option<String>,
@@ -227,7 +231,7 @@ pub struct PipelineConfig {
     pub key_index_dir: PathBuf,
     /// Each table's layout (`pipelines.<name>.tables.<table>`: partition spec and sort
     /// order); a table not named here is unpartitioned and unsorted.
-    pub layouts: std::collections::BTreeMap<TableRef, crate::table::layout::Layout>,
+    pub layouts: std::collections::BTreeMap<TableRef, crate::config::layout::Layout>,
     /// Where each table of `layouts` is written in `skippr.yml`, entry by entry, for the
     /// messages of `discover` and `sync` when an entry does not fit the table's columns.
     pub layout_origins: std::collections::BTreeMap<TableRef, layouts::LayoutOrigin>,
@@ -243,7 +247,7 @@ impl PipelineConfig {
     }
 
     /// The layout `skippr.yml` asks for `table` (unpartitioned, unsorted when it names none).
-    pub fn layout(&self, table: &TableRef) -> crate::table::layout::Layout {
+    pub fn layout(&self, table: &TableRef) -> crate::config::layout::Layout {
         self.layouts.get(table).cloned().unwrap_or_default()
     }
 }

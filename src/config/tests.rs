@@ -619,7 +619,7 @@ fn consistent_cuts_take_any_duration_of_a_second_or_more() {
     let c = load(&with("{every: 1d, keep: 7}")).unwrap();
     assert_eq!(
         c.pipelines[0].consistent_cuts,
-        Some(crate::table::cuts::CutSettings {
+        Some(crate::config::CutSettings {
             every: std::time::Duration::from_secs(86_400),
             keep: 7
         })

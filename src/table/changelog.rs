@@ -16,7 +16,7 @@ use super::schema::{create, load_existing};
 use super::{PG_EPOCH_MICROS, PROP_COLUMNS, PROP_PRIMARY_KEY};
 use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
-use crate::config::TableRef;
+use crate::change::TableRef;
 use crate::error::{Context, Error, Result};
 
 /// Column: the operation, `insert`, `update` or `delete`.

@@ -4,37 +4,21 @@
 //! `SET skippr.as_of = 'skippr-cut-...'`). The tags are the only record of a cut.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use iceberg::spec::{SnapshotReference, SnapshotRetention, TableMetadata};
 use iceberg::table::Table;
 
 use super::SUMMARY_LSN;
 use crate::change::Lsn;
+pub use crate::config::{
+    CutSettings, DEFAULT_CUT_EVERY, DEFAULT_CUT_KEEP, MAX_CUT_KEEP, MIN_CUT_EVERY,
+};
 use crate::error::{Error, Result};
 
 /// The start of every cut's tag name.
 pub const CUT_PREFIX: &str = "skippr-cut-";
 /// The UTC time in a cut's name: `20261201T100000Z`.
 const CUT_TIME_FORMAT: &str = "%Y%m%dT%H%M%SZ";
-/// Default `consistent_cuts.every`.
-pub const DEFAULT_CUT_EVERY: &str = "1h";
-/// Default `consistent_cuts.keep`.
-pub const DEFAULT_CUT_KEEP: u64 = 48;
-/// The most cuts `consistent_cuts.keep` may ask for.
-pub const MAX_CUT_KEEP: u64 = 100_000;
-/// The shortest `consistent_cuts.every`: cut names count whole seconds.
-pub const MIN_CUT_EVERY: Duration = Duration::from_secs(1);
-
-/// How a pipeline takes consistent cuts (`pipelines.<name>.consistent_cuts`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CutSettings {
-    /// A cut is taken once this long has passed since the last one.
-    pub every: Duration,
-    /// How many cuts are kept; the tags of older ones are removed.
-    pub keep: usize,
-}
-
 /// The tag name of the cut taken at `secs` (seconds since 1970-01-01 UTC).
 pub fn cut_name(secs: i64) -> String {
     let time = chrono::DateTime::from_timestamp(secs, 0).unwrap_or_default();
