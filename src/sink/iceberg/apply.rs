@@ -465,7 +465,6 @@ impl TableSink {
                     None => None,
                 };
                 let (old_key, new_key) = self.keys.update_keys(&mut row, old_row.as_deref())?;
-                self.pending_bytes += row_bytes(&new_key, &row);
                 let keyed = self.keyed;
                 let (pending, mut committed) = self.split_rows();
                 let moved = old_key != new_key;
@@ -474,8 +473,11 @@ impl TableSink {
                 else {
                     return Err(self.missing_row(Op::Update));
                 };
-                if log {
-                    let (values, previous) = (updated.values.clone(), updated.previous);
+                // Counted as pending: the row with the values filled from the one it replaced.
+                let bytes = row_bytes(&updated.key, &updated.values);
+                let logged = log.then(|| (updated.values.clone(), updated.previous));
+                self.pending_bytes += bytes;
+                if let Some((values, previous)) = logged {
                     // A row that changes its key (or a row without a key, which is its
                     // whole content) is a delete and an insert: replayed in order, the
                     // changelog rebuilds the table.
