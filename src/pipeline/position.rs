@@ -1,6 +1,7 @@
-//! Pipelines, the source's position: how far a pipeline's source has written, for readers
-//! that wait until the tables show it (the gateway's `skippr.wait_for_lsn` fence). Readers
-//! ask the pipeline layer, which owns every conversation with the source.
+//! Pipelines, the source as readers see it: how far a pipeline's source has written, for
+//! readers that wait until the tables show it (the gateway's `skippr.wait_for_lsn` fence),
+//! and the health of its slot (`skippr.sources`). Readers ask the pipeline layer, which owns
+//! every conversation with the source.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use crate::change::Lsn;
 use crate::config::PostgresConfig;
 use crate::error::{Error, Result};
 use crate::source::postgres::connect::connect;
+use crate::source::postgres::slot::{self, SlotHealth};
 
 /// Where a pipeline's source is now.
 ///
@@ -57,4 +59,10 @@ pub fn of(pipeline: &str, source: &PostgresConfig) -> Arc<dyn SourcePosition> {
         pipeline: pipeline.to_string(),
         source: source.clone(),
     })
+}
+
+/// The health of the slot of a pipeline whose source is `source`, asked of the source on a
+/// connection of its own (a source that cannot answer gives a health with only its error).
+pub async fn slot_health(source: &PostgresConfig) -> SlotHealth {
+    slot::health(source).await
 }

@@ -205,7 +205,7 @@ pub async fn sources_batch(ws: &Workspace) -> crate::error::Result<RecordBatch> 
     let healths = futures::future::join_all(
         sources
             .iter()
-            .map(|(_, cfg)| crate::source::postgres::slot::health(cfg)),
+            .map(|(_, cfg)| crate::pipeline::position::slot_health(cfg)),
     )
     .await;
     let int = |v: Option<u64>| v.and_then(|b| i64::try_from(b).ok());
