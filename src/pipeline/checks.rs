@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
+use super::snapshot::TableJob;
 use super::state::PipelineState;
 use super::SyncReport;
 use crate::config::{Config, PipelineConfig, TableRef};
@@ -18,7 +19,6 @@ use crate::source::postgres::connect::{connect, server_setting};
 use crate::source::postgres::schema::{describe, TableSchema};
 use crate::source::postgres::slot::FAILOVER_SLOTS_VERSION;
 use crate::source::postgres::slot::{self, slot_info};
-use crate::source::postgres::snapshot::TableJob;
 use crate::wal::WalStore;
 
 /// How often a continuous sync looks for attached or detached partitions.

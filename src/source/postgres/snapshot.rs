@@ -1,75 +1,64 @@
-//! The consistent snapshot: copies every table that has no committed snapshot yet, inside one
-//! exported Postgres snapshot, on several connections at once (ctid ranges), streaming COPY
-//! rows through Arrow into Parquet files, then commits each table to Iceberg in one snapshot
-//! that records the LSN the copy is consistent with.
+//! The consistent snapshot: copies tables inside one exported Postgres snapshot, on several
+//! connections at once (ctid ranges), decoding COPY rows into Arrow batches that it yields to
+//! the pipeline's [`CopyTarget`]: the pipeline writes them (Parquet files) and commits each
+//! table once all its chunks are written. The source never touches a table.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
 use futures::StreamExt;
-use iceberg::spec::DataFile;
-use iceberg::table::Table;
 use tokio::task::JoinSet;
 
 use super::connect::connect;
 use super::copy::CopyDecoder;
 use super::schema::TableSchema;
-use crate::catalog::LocalCatalog;
-use crate::change::Lsn;
 use crate::config::{quote_ident, PostgresConfig};
 use crate::error::{Context, Error, Result};
-use crate::sink::iceberg::{commit, reshape::Reshape, writer::TableWriter};
 
 /// Blocks (8 KiB pages) a copy connection takes on at least: below this, splitting a table
 /// costs more than it saves.
 const MIN_BLOCKS_PER_CHUNK: i64 = 1024;
 
-/// A table to copy and the Iceberg table it lands in.
-pub struct TableJob {
+/// A table to copy: its source description and the Arrow schema its rows are decoded into.
+pub struct CopyJob {
     pub schema: TableSchema,
-    pub table: Table,
     pub arrow: SchemaRef,
-    /// The Iceberg table already holds rows (a table copied again): the copy replaces them
-    /// in one snapshot instead of adding to them.
-    pub replace: bool,
-    /// The source's columns changed since the table was made: `table` is the table staged
-    /// under its new shape, which becomes current with the copy's rows in one commit.
-    pub reshape: Option<Reshape>,
 }
 
-impl TableJob {
-    /// Commits `files` as the table's copy at `lsn`: appended to a new table, or replacing
-    /// the rows (and, reshaped, the columns) of one copied again, in one snapshot.
-    pub async fn land(
+/// Where the copied rows go.
+///
+/// Contract: [`CopyTarget::writer`] is called once per chunk of table `job` (an index into
+/// the jobs given to [`copy_tables`]), from the task that copies the chunk; that writer gets
+/// the chunk's rows in order and [`ChunkWriter::finish`] makes them durable. Once every chunk
+/// of a table is finished, [`CopyTarget::land`] gets what they returned, in the order they
+/// finished, and makes the table's copy visible; an error from either stops the copy (the
+/// table is not landed, so the copy is made again).
+#[async_trait]
+pub trait CopyTarget: Send + Sync + 'static {
+    type Writer: ChunkWriter;
+
+    async fn writer(&self, job: usize, prefix: String) -> Result<Self::Writer>;
+
+    async fn land(
         &self,
-        catalog: &LocalCatalog,
-        files: Vec<DataFile>,
-        lsn: Lsn,
-        phase: &str,
-        pipeline: &str,
-    ) -> Result<Table> {
-        match &self.reshape {
-            Some(r) => {
-                r.commit(catalog, &self.table, files, lsn, phase, pipeline)
-                    .await
-            }
-            None => {
-                commit::commit_files(
-                    catalog,
-                    &self.table,
-                    files,
-                    self.replace,
-                    lsn,
-                    phase,
-                    pipeline,
-                )
-                .await
-            }
-        }
-    }
+        job: usize,
+        chunks: Vec<<Self::Writer as ChunkWriter>::Done>,
+    ) -> Result<()>;
+}
+
+/// Takes one chunk's rows (see [`CopyTarget`]).
+#[async_trait]
+pub trait ChunkWriter: Send + 'static {
+    type Done: Send + 'static;
+
+    async fn write(&mut self, batch: RecordBatch) -> Result<()>;
+
+    async fn finish(self) -> Result<Self::Done>;
 }
 
 /// One ctid range of one table.
@@ -100,20 +89,19 @@ fn chunks_for(job: usize, blocks: i64, parallelism: usize) -> Vec<Chunk> {
         .collect()
 }
 
-/// Copies `jobs` inside `snapshot_name` and commits each table with `lsn`.
-pub async fn copy_tables(
+/// Copies `jobs` inside `snapshot_name` into `target`, which lands each table once all its
+/// chunks are written.
+pub async fn copy_tables<T: CopyTarget>(
     cfg: &PostgresConfig,
     snapshot_name: &str,
-    lsn: Lsn,
-    jobs: Vec<TableJob>,
-    catalog: &LocalCatalog,
-    pipeline: &str,
+    jobs: Vec<CopyJob>,
+    target: Arc<T>,
 ) -> Result<()> {
     if jobs.is_empty() {
         return Ok(());
     }
     let run_id = uuid::Uuid::now_v7().simple().to_string();
-    let jobs: Vec<Arc<TableJob>> = jobs.into_iter().map(Arc::new).collect();
+    let jobs: Vec<Arc<CopyJob>> = jobs.into_iter().map(Arc::new).collect();
     let mut pending: Vec<Chunk> = Vec::new();
     let mut remaining: HashMap<usize, usize> = HashMap::new();
     for (i, job) in jobs.iter().enumerate() {
@@ -124,7 +112,7 @@ pub async fn copy_tables(
     let counters: Vec<Arc<AtomicU64>> = jobs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let progress = Progress::start(&jobs, &counters);
 
-    let mut files: HashMap<usize, Vec<DataFile>> = HashMap::new();
+    let mut done: HashMap<usize, Vec<<T::Writer as ChunkWriter>::Done>> = HashMap::new();
     let mut running = JoinSet::new();
     let mut queue = pending.into_iter().enumerate();
     let mut result = Ok(());
@@ -138,8 +126,12 @@ pub async fn copy_tables(
             let snapshot = snapshot_name.to_string();
             let counter = Arc::clone(&counters[chunk.job]);
             let prefix = format!("snap-{run_id}-{n:04}");
+            let target = Arc::clone(&target);
             running.spawn(async move {
-                let out = copy_chunk(&cfg, &snapshot, &job, &chunk, prefix, counter).await;
+                let out = match target.writer(chunk.job, prefix).await {
+                    Ok(writer) => copy_chunk(&cfg, &snapshot, &job, &chunk, writer, counter).await,
+                    Err(e) => Err(e),
+                };
                 (chunk.job, out)
             });
         }
@@ -154,30 +146,18 @@ pub async fn copy_tables(
             }
         };
         match out {
-            Ok(mut written) => {
-                files.entry(job_index).or_default().append(&mut written);
+            Ok(written) => {
+                done.entry(job_index).or_default().push(written);
                 let left = remaining.entry(job_index).or_insert(1);
                 *left -= 1;
                 if *left == 0 {
-                    let job = &jobs[job_index];
-                    let table_files = files.remove(&job_index).unwrap_or_default();
+                    let chunks = done.remove(&job_index).unwrap_or_default();
                     let rows = counters[job_index].load(Ordering::Relaxed);
-                    let n_files = table_files.len();
-                    let committed = job
-                        .land(catalog, table_files, lsn, "snapshot", pipeline)
-                        .await;
-                    if let Err(e) = committed {
+                    if let Err(e) = target.land(job_index, chunks).await {
                         result = Err(e);
                         break;
                     }
                     progress.done(job_index, rows);
-                    tracing::info!(
-                        table = %job.schema.table,
-                        rows,
-                        files = n_files,
-                        %lsn,
-                        "snapshot committed"
-                    );
                 }
             }
             Err(e) => {
@@ -193,14 +173,14 @@ pub async fn copy_tables(
     result
 }
 
-async fn copy_chunk(
+async fn copy_chunk<W: ChunkWriter>(
     cfg: &PostgresConfig,
     snapshot_name: &str,
-    job: &TableJob,
+    job: &CopyJob,
     chunk: &Chunk,
-    prefix: String,
+    mut writer: W,
     counter: Arc<AtomicU64>,
-) -> Result<Vec<DataFile>> {
+) -> Result<W::Done> {
     let table = &job.schema.table;
     let client = connect(cfg).await?;
     client
@@ -242,7 +222,6 @@ async fn copy_chunk(
         .with_context(|| format!("starting to copy {table}"))?;
     futures::pin_mut!(stream);
     let mut decoder = CopyDecoder::new(table.clone(), &job.schema.columns, Arc::clone(&job.arrow));
-    let mut writer = TableWriter::new(&job.table, prefix, cfg.parquet_target_file_size).await?;
     let mut batches = Vec::new();
     while let Some(data) = stream.next().await {
         let data = data.with_context(|| format!("copying {table}"))?;
@@ -260,8 +239,7 @@ async fn copy_chunk(
         .batch_execute("COMMIT")
         .await
         .context("ending the snapshot transaction")?;
-    let (files, _) = writer.close().await?;
-    Ok(files)
+    writer.finish().await
 }
 
 /// Per-table progress: a bar per table on a terminal, periodic log lines otherwise.
@@ -271,7 +249,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn start(jobs: &[Arc<TableJob>], counters: &[Arc<AtomicU64>]) -> Self {
+    fn start(jobs: &[Arc<CopyJob>], counters: &[Arc<AtomicU64>]) -> Self {
         use std::io::IsTerminal;
         let tables: Vec<String> = jobs.iter().map(|j| j.schema.table.to_string()).collect();
         let estimates: Vec<u64> = jobs
