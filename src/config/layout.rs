@@ -2,8 +2,8 @@
 //! (`pipelines.<name>.tables.<table>.partition_by` and `sort_by`), read as written: the
 //! partition transforms and sort entries as the Iceberg spec and Spark's DDL name them.
 //! Parsing needs only the text (so `skipprd validate` can refuse a malformed entry without
-//! a source); binding a layout to a table's schema is the table layer's
-//! (`crate::table::layout`).
+//! a source); binding a layout to a table's schema is the table layer's (its `layout`
+//! module).
 
 use std::fmt;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use super::snapshot::TableJob;
+use super::landing::TableJob;
 use super::state::PipelineState;
 use super::SyncReport;
 use crate::config::{Config, PipelineConfig, TableRef};

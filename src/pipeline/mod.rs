@@ -10,6 +10,7 @@ mod checks;
 pub mod cuts;
 #[cfg(test)]
 mod doubles;
+pub mod landing;
 pub mod layout;
 mod lock;
 pub mod position;

@@ -4,29 +4,22 @@
 //! table's watermark.
 
 use std::path::Path;
-use std::sync::Arc;
-
-use arrow::array::RecordBatch;
-use async_trait::async_trait;
-use iceberg::spec::DataFile;
-use iceberg::table::Table;
 
 use super::checks::{
     check_owner, check_replication_ready, require_published, require_slot_if_synced,
     require_slot_not_moved, require_via_root,
 };
+use super::landing::{copy_into, TableJob};
 use super::state::{PipelineState, TableState};
 use super::SyncReport;
 use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::config::{CdcMode, Config, PipelineConfig};
 use crate::error::{Context, Error, Result};
-use crate::sink::iceberg::writer::TableWriter;
 use crate::sink::iceberg::{commit, evolve, reshape::Reshape, schema as ice_schema};
 use crate::source::postgres::connect::connect;
 use crate::source::postgres::schema::{check_partition_overlap, describe_followed, TableSchema};
 use crate::source::postgres::slot::{self, create_slot_exporting_snapshot, slot_info};
-use crate::source::postgres::snapshot::{copy_tables, ChunkWriter, CopyJob, CopyTarget};
 
 /// Clears the pipeline's WAL and slot and asks for a new copy of every table (`sync
 /// --resnapshot`), which the next snapshot makes.
@@ -243,137 +236,6 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
     state.resnapshot = false;
     state.save(&p.state_file)?;
     Ok(report)
-}
-
-/// A table to copy and the Iceberg table it lands in.
-pub struct TableJob {
-    pub schema: TableSchema,
-    pub table: Table,
-    pub arrow: arrow::datatypes::SchemaRef,
-    /// The Iceberg table already holds rows (a table copied again): the copy replaces them
-    /// in one snapshot instead of adding to them.
-    pub replace: bool,
-    /// The source's columns changed since the table was made: `table` is the table staged
-    /// under its new shape, which becomes current with the copy's rows in one commit.
-    pub reshape: Option<Reshape>,
-}
-
-impl TableJob {
-    /// Commits `files` as the table's copy at `lsn`: appended to a new table, or replacing
-    /// the rows (and, reshaped, the columns) of one copied again, in one snapshot.
-    pub async fn land(
-        &self,
-        catalog: &LocalCatalog,
-        files: Vec<DataFile>,
-        lsn: Lsn,
-        phase: &str,
-        pipeline: &str,
-    ) -> Result<Table> {
-        match &self.reshape {
-            Some(r) => {
-                r.commit(catalog, &self.table, files, lsn, phase, pipeline)
-                    .await
-            }
-            None => {
-                commit::commit_files(
-                    catalog,
-                    &self.table,
-                    files,
-                    self.replace,
-                    lsn,
-                    phase,
-                    pipeline,
-                )
-                .await
-            }
-        }
-    }
-}
-
-/// The tables a snapshot copies, as the source's [`CopyTarget`]: each chunk written to data
-/// files of its table, each table committed at the snapshot's LSN once all its chunks are.
-struct Landing {
-    jobs: Vec<TableJob>,
-    catalog: LocalCatalog,
-    lsn: Lsn,
-    pipeline: String,
-    file_size: u64,
-}
-
-#[async_trait]
-impl CopyTarget for Landing {
-    type Writer = TableWriter;
-
-    async fn writer(&self, job: usize, prefix: String) -> Result<TableWriter> {
-        let job = self.job(job)?;
-        TableWriter::new(&job.table, prefix, self.file_size).await
-    }
-
-    async fn land(&self, job: usize, chunks: Vec<(Vec<DataFile>, u64)>) -> Result<()> {
-        let table = self.job(job)?;
-        let rows: u64 = chunks.iter().map(|(_, rows)| rows).sum();
-        let files: Vec<DataFile> = chunks.into_iter().flat_map(|(f, _)| f).collect();
-        let n_files = files.len();
-        table
-            .land(&self.catalog, files, self.lsn, "snapshot", &self.pipeline)
-            .await?;
-        tracing::info!(
-            table = %table.schema.table,
-            rows,
-            files = n_files,
-            lsn = %self.lsn,
-            "snapshot committed"
-        );
-        Ok(())
-    }
-}
-
-impl Landing {
-    fn job(&self, job: usize) -> Result<&TableJob> {
-        self.jobs
-            .get(job)
-            .ok_or_else(|| Error::fatal(format!("the snapshot has no table number {job}")))
-    }
-}
-
-#[async_trait]
-impl ChunkWriter for TableWriter {
-    type Done = (Vec<DataFile>, u64);
-
-    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        TableWriter::write(self, batch).await
-    }
-
-    async fn finish(self) -> Result<(Vec<DataFile>, u64)> {
-        self.close().await
-    }
-}
-
-/// Copies `todo` inside the exported snapshot `snapshot_name` and commits each table at
-/// `lsn`.
-async fn copy_into(
-    cfg: &crate::config::PostgresConfig,
-    snapshot_name: &str,
-    lsn: Lsn,
-    todo: Vec<TableJob>,
-    catalog: &LocalCatalog,
-    pipeline: &str,
-) -> Result<()> {
-    let copies = todo
-        .iter()
-        .map(|j| CopyJob {
-            schema: j.schema.clone(),
-            arrow: j.arrow.clone(),
-        })
-        .collect();
-    let landing = Arc::new(Landing {
-        jobs: todo,
-        catalog: catalog.clone(),
-        lsn,
-        pipeline: pipeline.to_string(),
-        file_size: cfg.parquet_target_file_size,
-    });
-    copy_tables(cfg, snapshot_name, copies, landing).await
 }
 
 fn job(
