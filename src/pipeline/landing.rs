@@ -147,3 +147,103 @@ pub(super) async fn copy_into(
     });
     copy_tables(cfg, snapshot_name, copies, landing).await
 }
+
+#[cfg(test)]
+mod tests {
+    //! The pipeline's side of the `CopyTarget` seam, driven as the source drives it: chunks
+    //! written on writers of their own, then the table landed once.
+
+    use arrow::array::{Int64Array, StringArray};
+
+    use super::*;
+    use crate::change::schema::Column;
+    use crate::change::types::PgType;
+    use crate::config::layout::Layout;
+
+    fn column(name: &str, pg: PgType, pg_type_name: &str) -> Column {
+        Column {
+            name: name.into(),
+            pg_type_name: pg_type_name.into(),
+            pg,
+            fallback: None,
+            not_null: false,
+            type_oid: 0,
+            typmod: -1,
+            attnum: 0,
+        }
+    }
+
+    fn batch(arrow: &arrow::datatypes::SchemaRef, ids: std::ops::Range<i64>) -> RecordBatch {
+        let notes: Vec<String> = ids.clone().map(|i| format!("n{i}")).collect();
+        RecordBatch::try_new(
+            arrow.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(ids)),
+                Arc::new(StringArray::from(notes)),
+            ],
+        )
+        .expect("a batch of the table's schema")
+    }
+
+    #[tokio::test]
+    async fn a_table_lands_once_with_every_chunk_at_the_snapshot_lsn() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let catalog = LocalCatalog::open(dir.path()).await?;
+        let namespace = catalog.ensure_namespace("app").await?;
+        let schema = TableSchema::for_test(
+            "public.items",
+            vec![
+                column("id", PgType::Int8, "bigint"),
+                column("note", PgType::Text, "text"),
+            ],
+        );
+        let table =
+            crate::table::schema::create_or_load(&catalog, &namespace, &schema, &Layout::default())
+                .await?;
+        let arrow = crate::table::schema::arrow_schema(&table)?;
+        let landing = Landing {
+            jobs: vec![TableJob {
+                schema,
+                table,
+                arrow: arrow.clone(),
+                replace: false,
+                reshape: None,
+            }],
+            catalog: catalog.clone(),
+            lsn: Lsn(0x1234),
+            pipeline: "app".into(),
+            file_size: 1 << 20,
+        };
+        // Two chunks, as two copy connections write them.
+        let mut first = landing.writer(0, "snap-test-0000".into()).await?;
+        let mut second = landing.writer(0, "snap-test-0001".into()).await?;
+        first.write(batch(&arrow, 0..50)).await?;
+        second.write(batch(&arrow, 50..80)).await?;
+        first.write(batch(&arrow, 80..100)).await?;
+        let chunks = vec![second.finish().await?, first.finish().await?];
+        assert_eq!(chunks.iter().map(|(_, rows)| rows).sum::<u64>(), 100);
+        landing.land(0, chunks).await?;
+        let ident = landing.jobs[0].table.identifier().clone();
+        let landed = catalog.load_current(&ident).await?;
+        assert_eq!(
+            crate::table::summary::committed_lsn(&landed),
+            Some(Lsn(0x1234))
+        );
+        let snapshot = landed
+            .metadata()
+            .current_snapshot()
+            .ok_or_else(|| Error::fatal("no snapshot"))?;
+        assert_eq!(
+            snapshot
+                .summary()
+                .additional_properties
+                .get("total-records")
+                .map(String::as_str),
+            Some("100")
+        );
+        // A table the snapshot does not copy is refused, not guessed.
+        let err = landing.land(7, Vec::new()).await.unwrap_err();
+        assert!(err.to_string().contains("no table number 7"), "{err}");
+        Ok(())
+    }
+}
