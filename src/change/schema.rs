@@ -50,6 +50,24 @@ pub struct TableSchema {
 }
 
 #[cfg(test)]
+impl Column {
+    /// A test column `name` of type `pg` (`pg_type_name` as `format_type` gives it), nullable,
+    /// with no type oid, modifier or position known.
+    pub fn for_test(name: &str, pg: PgType, pg_type_name: &str) -> Self {
+        Self {
+            name: name.into(),
+            pg_type_name: pg_type_name.into(),
+            pg,
+            fallback: None,
+            not_null: false,
+            type_oid: 0,
+            typmod: -1,
+            attnum: 0,
+        }
+    }
+}
+
+#[cfg(test)]
 impl TableSchema {
     /// A test table `name` (oid 1) of `columns`, keyed by `id`, with its replica identity
     /// `default` and nothing else known.

@@ -161,16 +161,7 @@ mod tests {
     use crate::config::layout::Layout;
 
     fn column(name: &str, pg: PgType, pg_type_name: &str) -> Column {
-        Column {
-            name: name.into(),
-            pg_type_name: pg_type_name.into(),
-            pg,
-            fallback: None,
-            not_null: false,
-            type_oid: 0,
-            typmod: -1,
-            attnum: 0,
-        }
+        Column::for_test(name, pg, pg_type_name)
     }
 
     fn batch(arrow: &arrow::datatypes::SchemaRef, ids: std::ops::Range<i64>) -> RecordBatch {
