@@ -591,6 +591,13 @@ class Handler(BaseHTTPRequestHandler):
             self._lost_answer = None
             status, body = lost.code, lost.body()
         data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        # The log shows the status before the client can read the answer: a test that asks for the
+        # log right after its request must find it complete.
+        self._status = status
+        entry = getattr(self, "_entry", None)
+        if entry is not None:
+            with self.state.log_lock:
+                entry["status"] = status
         self.send_response(status)
         if data:
             self.send_header("Content-Type", content_type)
@@ -602,13 +609,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if data and self.command != "HEAD":
             self.wfile.write(data)
-        self._status = status
 
     def _handle(self, method: str) -> None:
         st = self.state
         started = time.monotonic()
         self._status = 0
         self._lost_answer = None
+        self._entry = None
         url = urllib.parse.urlsplit(self.path)
         path = url.path
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
@@ -628,6 +635,7 @@ class Handler(BaseHTTPRequestHandler):
             }
             with st.log_lock:
                 st.requests.append(entry)
+            self._entry = entry
             self._dispatch(method, path, query, body, entry)
         except OAuthError as e:
             self._send(e.code, {"error": e.error, "error_description": e.description})
@@ -638,7 +646,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(err.code, err.body())
         finally:
             if entry is not None:
-                entry["status"] = self._status
+                with st.log_lock:
+                    entry["status"] = self._status
                 sys.stderr.write(f"{method} {path} -> {self._status} ({(time.monotonic() - started) * 1000:.0f} ms)\n")
                 sys.stderr.flush()
 
@@ -648,7 +657,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"ok": True})
         if (method, path) == ("GET", "/_test/requests"):
             with st.log_lock:
-                return self._send(200, [dict(e) for e in st.requests])
+                log = [dict(e) for e in st.requests]
+            return self._send(200, log)
         if (method, path) == ("POST", "/_test/reset"):
             with st.log_lock:
                 st.requests.clear()
