@@ -44,7 +44,6 @@ use super::models::txn::TransactionHook;
 use super::models::SessionModels;
 use super::pg::fence;
 use super::pg::regclass::Relations;
-use super::pg::rewrite::compatibility_parser;
 use super::pg::stat_activity;
 use super::planning::{plan_statement, verify_read_only, Stmt};
 use super::prepared::{self, Prepared};
@@ -428,9 +427,8 @@ impl QueryParser for WireParser {
         apply_search_path(&self.ctx, client.metadata(), &self.workspace);
         // The models as they are now, before anything (a `regclass` lookup) reads the catalog.
         self.models.refresh().await?;
-        let (sql, rewritten) = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
-        let mut statements =
-            super::pg::parse::parse(compatibility_parser(), &sql).map_err(api_error)?;
+        let parsed = prepare_sql(sql, &self.ctx, &self.shared, &self.relations).await?;
+        let (mut statements, rewritten) = (parsed.statements, parsed.rewritten);
         if statements.len() > 1 {
             return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
                 "ERROR".to_string(),
@@ -439,7 +437,7 @@ impl QueryParser for WireParser {
             ))));
         }
         let Some(statement) = statements.pop() else {
-            return Ok((sql, None));
+            return Ok((sql.to_string(), None));
         };
         let (statement, allowed) = classified(statement, &self.ctx, &self.models)?;
         let text = statement.to_string();
@@ -571,14 +569,13 @@ impl Session {
     {
         apply_search_path(&self.ctx, client.metadata(), &self.shared.workspace);
         self.models.refresh().await?;
-        let (query, _) = self
+        let parsed = self
             .exec
             .interrupts
             .run(prepare_sql(query, &self.ctx, &self.shared, &self.relations))
             .await?;
-        let statements =
-            super::pg::parse::parse(compatibility_parser(), &query).map_err(api_error)?;
-        statements
+        parsed
+            .statements
             .into_iter()
             .map(|s| {
                 let (s, allowed) = classified(s, &self.ctx, &self.models)?;

@@ -1,5 +1,6 @@
-//! Gateway, from a client's SQL to the statements a session runs: the text rewrites (known
-//! client queries, Postgres spellings the parser lacks, casts the engine lacks), the
+//! Gateway, from a client's SQL to the statements a session runs: the statement core's one
+//! reading of it ([`super::pg::parse`]: known client queries, Postgres spellings the parser
+//! lacks, casts the engine lacks), the
 //! session's search path, its reading of names (database parts, temporary tables), and the
 //! classification of each statement under what the session may write.
 
@@ -12,29 +13,25 @@ use pgwire::error::PgWireResult;
 use super::errors::api_error;
 use super::models::SessionModels;
 use super::pg::known;
+use super::pg::parse::{read, Parsed};
 use super::pg::regclass::Relations;
-use super::pg::rewrite::{self, Rewritten};
 use super::readonly::{classify, Allowed, Policy};
 use super::settings::setting;
 use super::Shared;
 
-/// Rewrites a client's SQL for planning ([`rewrite`]): known client queries replaced, then
-/// Postgres casts the engine lacks. Reads the catalog's relation names first when the
+/// Reads a client's SQL once ([`read`]): known client queries replaced, token edits,
+/// one parse, rewrites on the syntax tree. Reads the catalog's relation names when a
 /// statement casts to `regclass`.
 pub(super) async fn prepare_sql(
     sql: &str,
     ctx: &SessionContext,
     shared: &Shared,
     relations: &Relations,
-) -> PgWireResult<(String, Rewritten)> {
-    // `TABLE name` first: what follows reads it as the SELECT it means.
-    let expanded = super::pg::table_command::expand(sql);
-    let sql = expanded.as_deref().unwrap_or(sql);
-    let views = super::pg::table_command::view_as_table(sql);
-    let sql = views.as_deref().unwrap_or(sql);
+) -> PgWireResult<Parsed> {
     let replaced = known::rewrite(sql, &shared.ws).await;
     let sql = replaced.as_deref().unwrap_or(sql);
-    let mut rewritten = rewrite::rewrite(sql);
+    let parsed = read(sql).map_err(api_error)?;
+    let rewritten = &parsed.rewritten;
     if rewritten.uses_relations {
         let schema = ctx
             .state_ref()
@@ -53,18 +50,14 @@ pub(super) async fn prepare_sql(
             .await
             .map_err(api_error)?;
     }
-    let sql = match rewritten.sql.take() {
-        Some(new) => {
-            tracing::debug!(
-                known_query = replaced.is_some(),
-                relations = rewritten.uses_relations,
-                "client SQL rewritten for planning"
-            );
-            new
-        }
-        None => sql.to_string(),
-    };
-    Ok((sql, rewritten))
+    if rewritten.changed || replaced.is_some() {
+        tracing::debug!(
+            known_query = replaced.is_some(),
+            relations = rewritten.uses_relations,
+            "client SQL rewritten for planning"
+        );
+    }
+    Ok(parsed)
 }
 
 /// Points unqualified names at the first schema of the session's `search_path` (the

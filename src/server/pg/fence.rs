@@ -18,6 +18,7 @@ use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use super::udf;
 use crate::change::Lsn;
 use crate::error::sqlstate;
+use crate::pipeline::position::SourcePosition;
 use crate::query::as_of::{as_of_of, AsOf, AS_OF};
 use crate::query::view::{Fence, ViewHandle, LSN_WAIT_MESSAGE};
 use crate::query::Workspace;
@@ -193,31 +194,23 @@ pub fn canceled(message: String) -> PgWireError {
 /// LSN its source reports now, `pg_current_wal_insert_lsn()`). Answers the lowest LSN
 /// reached, as text; the next statements see at least that much.
 pub async fn wait(ws: &Workspace, call: WaitCall) -> PgWireResult<Response> {
-    let mut reached: Option<Lsn> = None;
-    for (pipeline, position) in ws.pipeline_positions() {
-        let min_lsn = match call.lsn {
-            Some(l) => l,
-            None => position
-                .current()
+    let reached = wait_until(
+        ws.pipeline_positions(),
+        &call,
+        |pipeline, fence| async move {
+            ws.pipeline_view(&pipeline, Some(fence), None)
                 .await
-                .map_err(super::super::errors::api_error)?,
-        };
-        let fence = Fence {
-            min_lsn,
-            timeout: call.timeout,
-        };
-        let view = ws
-            .pipeline_view(&pipeline, Some(fence), None)
-            .await
-            .map_err(|e| {
-                if e.message().starts_with(LSN_WAIT_MESSAGE) {
-                    canceled(e.message().to_string())
-                } else {
-                    super::super::errors::api_error(e)
-                }
-            })?;
-        reached = Some(reached.map_or(view.lsn, |r| r.min(view.lsn)));
-    }
+                .map(|view| view.lsn)
+        },
+    )
+    .await
+    .map_err(|e| {
+        if e.message().starts_with(LSN_WAIT_MESSAGE) {
+            canceled(e.message().to_string())
+        } else {
+            super::super::errors::api_error(e)
+        }
+    })?;
     let fields = Arc::new(vec![FieldInfo::new(
         "wait_lsn".to_string(),
         None,
@@ -232,4 +225,146 @@ pub async fn wait(ws: &Workspace, call: WaitCall) -> PgWireResult<Response> {
         fields,
         futures::stream::iter(vec![Ok(row)]),
     )))
+}
+
+/// The fence of a wait, pipeline by pipeline: each pipeline's source is asked where it is
+/// (unless the call names the LSN), and `view_at` waits until that pipeline's tables show
+/// it, answering the LSN they show. The lowest of those is what every pipeline reached;
+/// none without pipelines.
+async fn wait_until<F, Fut>(
+    positions: Vec<(String, Arc<dyn SourcePosition>)>,
+    call: &WaitCall,
+    view_at: F,
+) -> crate::error::Result<Option<Lsn>>
+where
+    F: Fn(String, Fence) -> Fut,
+    Fut: std::future::Future<Output = crate::error::Result<Lsn>>,
+{
+    let mut reached: Option<Lsn> = None;
+    for (pipeline, position) in positions {
+        let min_lsn = match call.lsn {
+            Some(l) => l,
+            None => position.current().await?,
+        };
+        let fence = Fence {
+            min_lsn,
+            timeout: call.timeout,
+        };
+        let shown = view_at(pipeline, fence).await?;
+        reached = Some(reached.map_or(shown, |r| r.min(shown)));
+    }
+    Ok(reached)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::error::Error;
+
+    /// A source double: answers a fixed position, or fails as an unreachable source does,
+    /// and counts how often it was asked.
+    struct Source {
+        at: Option<Lsn>,
+        asked: Mutex<usize>,
+    }
+
+    #[async_trait]
+    impl SourcePosition for Source {
+        async fn current(&self) -> crate::error::Result<Lsn> {
+            *self.asked.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            self.at
+                .ok_or_else(|| Error::query("the source cannot be reached".to_string()))
+        }
+    }
+
+    fn source(at: Option<u64>) -> Arc<Source> {
+        Arc::new(Source {
+            at: at.map(Lsn),
+            asked: Mutex::new(0),
+        })
+    }
+
+    fn positions(sources: &[(&str, &Arc<Source>)]) -> Vec<(String, Arc<dyn SourcePosition>)> {
+        sources
+            .iter()
+            .map(|(n, s)| (n.to_string(), Arc::clone(*s) as Arc<dyn SourcePosition>))
+            .collect()
+    }
+
+    fn call(lsn: Option<u64>) -> WaitCall {
+        WaitCall {
+            lsn: lsn.map(Lsn),
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_fence_is_where_each_source_is_when_asked() {
+        let (a, b) = (source(Some(100)), source(Some(250)));
+        let fences = Mutex::new(Vec::new());
+        // Each pipeline's tables show a little more than asked for.
+        let reached = wait_until(positions(&[("a", &a), ("b", &b)]), &call(None), |p, f| {
+            fences
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((p, f.min_lsn));
+            async move { Ok(Lsn(f.min_lsn.0 + 5)) }
+        })
+        .await;
+        assert_eq!(reached.ok(), Some(Some(Lsn(105))));
+        assert_eq!(
+            fences.into_inner().unwrap_or_default(),
+            vec![("a".to_string(), Lsn(100)), ("b".to_string(), Lsn(250))]
+        );
+        assert_eq!(*a.asked.lock().unwrap_or_else(|e| e.into_inner()), 1);
+    }
+
+    #[tokio::test]
+    async fn a_named_lsn_is_not_asked_of_the_source() {
+        let a = source(None);
+        let reached = wait_until(
+            positions(&[("a", &a)]),
+            &call(Some(42)),
+            |_, f| async move { Ok(f.min_lsn) },
+        )
+        .await;
+        assert_eq!(reached.ok(), Some(Some(Lsn(42))));
+        assert_eq!(*a.asked.lock().unwrap_or_else(|e| e.into_inner()), 0);
+    }
+
+    #[tokio::test]
+    async fn a_source_that_cannot_answer_fails_the_wait() {
+        let (a, b) = (source(Some(7)), source(None));
+        let viewed = Mutex::new(0);
+        let reached = wait_until(positions(&[("a", &a), ("b", &b)]), &call(None), |_, f| {
+            *viewed.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            async move { Ok(f.min_lsn) }
+        })
+        .await;
+        let Err(e) = reached else {
+            panic!("a wait without the source's position must fail, not guess");
+        };
+        assert!(e.message().contains("cannot be reached"), "{e}");
+        assert_eq!(viewed.into_inner().unwrap_or_default(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_view_that_times_out_fails_the_wait() {
+        let a = source(Some(9));
+        let reached = wait_until(positions(&[("a", &a)]), &call(None), |_, _| async move {
+            Err(Error::query(format!("{LSN_WAIT_MESSAGE} 0/9")))
+        })
+        .await;
+        assert!(matches!(reached, Err(e) if e.message().starts_with(LSN_WAIT_MESSAGE)));
+        assert_eq!(
+            wait_until(Vec::new(), &call(None), |_, f| async move { Ok(f.min_lsn) })
+                .await
+                .ok(),
+            Some(None)
+        );
+    }
 }

@@ -6,7 +6,11 @@
 //! is recognised by its shape and replaced by one that gives the same answer for the types
 //! the gateway has (base types and their arrays: no domains, composites or ranges).
 
+use std::sync::LazyLock;
+
 use datafusion::sql::sqlparser::ast::{SetExpr, Statement};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::parser::Parser;
 
 use crate::query::Workspace;
 
@@ -123,8 +127,15 @@ SELECT DISTINCT tree.*, CAST(NULL AS TEXT) AS basetype_name, e.typname AS elemty
 FROM tree LEFT JOIN pg_catalog.pg_type AS e ON e.oid = tree.elemtype AND tree.elemtype <> 0
 ORDER BY depth DESC";
 
+/// [`ASYNCPG_TYPES`], parsed once for the process.
+static ASYNCPG_TYPES_PARSED: LazyLock<Option<Statement>> = LazyLock::new(|| {
+    Parser::parse_sql(&PostgreSqlDialect {}, ASYNCPG_TYPES)
+        .ok()
+        .and_then(|mut s| (s.len() == 1).then(|| s.remove(0)))
+});
+
 /// The replacement of a client query with a known shape, or `None`.
-pub fn replacement(statement: &Statement) -> Option<String> {
+pub fn replacement(statement: &Statement) -> Option<Statement> {
     let Statement::Query(query) = statement else {
         return None;
     };
@@ -135,7 +146,14 @@ pub fn replacement(statement: &Statement) -> Option<String> {
             .iter()
             .any(|cte| cte.alias.name.value == "typeinfo_tree")
         && matches!(query.body.as_ref(), SetExpr::Select(_));
-    asyncpg.then(|| ASYNCPG_TYPES.to_string())
+    if !asyncpg {
+        return None;
+    }
+    let replacement = ASYNCPG_TYPES_PARSED.clone();
+    if replacement.is_none() {
+        tracing::warn!("a known client query's replacement does not parse; planning the original");
+    }
+    replacement
 }
 
 #[cfg(test)]
@@ -144,8 +162,6 @@ mod tests {
 
     #[test]
     fn recognises_asyncpg_type_introspection() {
-        use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-        use datafusion::sql::sqlparser::parser::Parser;
         let parse = |s: &str| Parser::parse_sql(&PostgreSqlDialect {}, s).map(|mut v| v.remove(0));
         let asyncpg = "WITH RECURSIVE typeinfo_tree(oid, depth) AS (\
             SELECT t.oid, 0 FROM pg_type t WHERE t.oid = any($1::oid[]) UNION ALL \
@@ -154,7 +170,7 @@ mod tests {
         let Ok(statement) = parse(asyncpg) else {
             panic!("the test query does not parse");
         };
-        assert_eq!(replacement(&statement).as_deref(), Some(ASYNCPG_TYPES));
+        assert_eq!(replacement(&statement), parse(ASYNCPG_TYPES).ok());
         assert!(parse(ASYNCPG_TYPES).is_ok());
         let Ok(other) = parse("WITH RECURSIVE t(n) AS (SELECT 1) SELECT * FROM t") else {
             panic!("the test query does not parse");

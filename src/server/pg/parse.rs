@@ -1,11 +1,21 @@
-//! Gateway, Postgres imitation, parsing: the Postgres-compatibility parser's rewrites, except the one that
-//! answers a scalar subquery in a select list with NULL when it looks correlated (it counts a
-//! bound parameter or a table named without an alias as a correlation), which silently
-//! changed answers. Those subqueries are kept, rewritten like the rest of the statement, and
-//! planned by the engine, which decorrelates them (or refuses, with a clear error, the
-//! correlations it cannot). Statements over the emulated catalog keep the parser's answer.
+//! Gateway, the statement core: a client's SQL is tokenized once and parsed once, and the
+//! parsed statements go on through the rewrites, the allow-list and the planner. Between
+//! tokenizing and parsing, the token edits Postgres spellings need ([`super::table_command`]);
+//! after parsing, the rewrites on the syntax tree ([`super::rewrite`]) and then the
+//! Postgres-compatibility parser's rules, except the one that answers a scalar subquery in a
+//! select list with NULL when it looks correlated (it counts a bound parameter or a table
+//! named without an alias as a correlation), which silently changed answers. Those
+//! subqueries are kept, rewritten like the rest of the statement, and planned by the engine,
+//! which decorrelates them (or refuses, with a clear error, the correlations it cannot).
+//! Statements over the emulated catalog keep the parser's answer.
+//!
+//! The compatibility parser also knows a few client catalog queries whole (psql's `\d`
+//! ones), by their exact tokens, and answers them with queries of its own. Its list is its
+//! own, so only it can tell; it is asked (a second parse, of those statements only) when the
+//! SQL names a `pg_` relation or function or reads a setting, as each of those queries does.
 
 use std::ops::ControlFlow;
+use std::sync::LazyLock;
 
 use datafusion::sql::sqlparser::ast::{
     visit_relations, Expr, Function, FunctionArgumentList, FunctionArguments, Ident, ObjectName,
@@ -13,36 +23,100 @@ use datafusion::sql::sqlparser::ast::{
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan};
 use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+
+use super::rewrite::{rewrite_parsed, Rewritten};
+use super::table_command;
 
 /// The name of the stand-in for the `n`-th subquery taken out of a select list.
 fn marker(n: usize) -> String {
     format!("__skippr_select_subquery_{n}")
 }
 
-/// Parses `sql` as the compatibility parser does, keeping scalar subqueries in select lists.
-pub fn parse(
-    parser: &PostgresCompatibilityParser,
-    sql: &str,
-) -> Result<Vec<Statement>, ParserError> {
-    let compat = parser.parse(sql)?;
-    let Ok(plain) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
-        return Ok(compat);
-    };
-    // Client introspection (psql's `\d`, drivers' metadata queries) reads the emulated
-    // catalog with correlations the engine cannot plan, and expects what it always got.
-    if !plain.iter().any(has_select_subquery) || plain.iter().any(reads_catalog) {
-        return Ok(compat);
+/// A client's SQL, read: its statements ready to classify and plan, and what the rewrites
+/// found on the way (parameter types declared by casts, relation lookups).
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub statements: Vec<Statement>,
+    pub rewritten: Rewritten,
+}
+
+/// Reads `sql` (one or more statements): tokenized once, edited, parsed once, rewritten.
+pub fn read(sql: &str) -> Result<Parsed, ParserError> {
+    let parser = compatibility_parser();
+    let mut tokens = table_command::tokens(sql)?;
+    let edits = table_command::edits(&tokens);
+    // The text the compatibility parser would be given, edited as the tokens are.
+    let asked = may_be_known_whole(&tokens)
+        .then(|| table_command::apply_to_text(sql, &tokens, &edits))
+        .flatten();
+    table_command::apply(&mut tokens, &edits);
+    let plain = Parser::new(&PostgreSqlDialect {})
+        .with_tokens_with_locations(tokens)
+        .parse_statements();
+    if let Some(text) = asked {
+        if let Ok(theirs) = parser.parse(&text) {
+            let same = plain.as_ref().is_ok_and(|plain| {
+                plain.len() == theirs.len()
+                    && plain
+                        .iter()
+                        .zip(&theirs)
+                        .all(|(p, t)| parser.rewrite(p.clone()) == *t)
+            });
+            if !same {
+                // A client query it knows whole: its answer, as the client always got it.
+                return Ok(Parsed {
+                    statements: theirs,
+                    rewritten: Rewritten::default(),
+                });
+            }
+        }
     }
-    // A known client query that the parser replaced whole stays replaced.
-    let rules_only: Vec<Statement> = plain.iter().cloned().map(|s| parser.rewrite(s)).collect();
-    if rules_only != compat {
-        return Ok(compat);
-    }
-    Ok(plain
+    let mut statements = plain?;
+    let rewritten = rewrite_parsed(&mut statements, true);
+    let statements = statements
         .into_iter()
-        .map(|s| rewrite_keeping_subqueries(parser, s))
-        .collect())
+        .map(|s| compatibility_rules(parser, s))
+        .collect();
+    Ok(Parsed {
+        statements,
+        rewritten,
+    })
+}
+
+/// Whether the compatibility parser might know `tokens` whole: every query it knows names a
+/// `pg_` relation or function, or reads a setting.
+fn may_be_known_whole(tokens: &[TokenWithSpan]) -> bool {
+    tokens.iter().any(|t| match &t.token {
+        Token::Word(w) => {
+            let v = w.value.as_bytes();
+            v.len() >= 3 && v[..3].eq_ignore_ascii_case(b"pg_")
+                || w.value.eq_ignore_ascii_case("current_setting")
+        }
+        _ => false,
+    })
+}
+
+/// The compatibility parser's rules on `s`, keeping a select list's scalar subqueries
+/// unless `s` reads the emulated catalog: client introspection (psql's `\d`, drivers'
+/// metadata queries) reads it with correlations the engine cannot plan, and expects what it
+/// always got.
+fn compatibility_rules(parser: &PostgresCompatibilityParser, s: Statement) -> Statement {
+    if has_select_subquery(&s) && !reads_catalog(&s) {
+        rewrite_keeping_subqueries(parser, s)
+    } else {
+        parser.rewrite(s)
+    }
+}
+
+/// The pg_catalog compatibility parser, one for the process: it is immutable once built,
+/// and building it tokenizes every client query it knows (about half a MiB of tokens),
+/// which a parser per connection held again for each of them.
+pub fn compatibility_parser() -> &'static PostgresCompatibilityParser {
+    static PARSER: LazyLock<PostgresCompatibilityParser> =
+        LazyLock::new(PostgresCompatibilityParser::new);
+    &PARSER
 }
 
 /// Whether `s` reads a `pg_catalog` or `information_schema` relation.
@@ -190,9 +264,9 @@ mod tests {
     use super::*;
 
     fn sql(text: &str) -> String {
-        let parser = PostgresCompatibilityParser::new();
-        parse(&parser, text)
-            .map(|s| {
+        read(text)
+            .map(|p| {
+                let s = p.statements;
                 s.iter()
                     .map(|s| s.to_string())
                     .collect::<Vec<_>>()
@@ -225,15 +299,51 @@ mod tests {
 
     #[test]
     fn other_statements_parse_as_before() {
+        // As the compatibility parser reads them once the rewrites have been made.
         let parser = PostgresCompatibilityParser::new();
         for text in [
             "SELECT 1",
             "SELECT a FROM t WHERE b IN (SELECT c FROM u)",
             "SELECT n.nspname FROM pg_catalog.pg_namespace n",
+            "SELECT c.oid::regclass FROM pg_catalog.pg_class c",
         ] {
-            let ours = parse(&parser, text).map_err(|e| e.to_string());
-            let theirs = parser.parse(text).map_err(|e| e.to_string());
+            let ours = read(text).map(|p| p.statements).map_err(|e| e.to_string());
+            let mut plain = Parser::parse_sql(&PostgreSqlDialect {}, text).unwrap_or_default();
+            rewrite_parsed(&mut plain, true);
+            let rewritten: Vec<String> = plain.iter().map(|s| s.to_string()).collect();
+            let theirs = parser
+                .parse(&rewritten.join("; "))
+                .map_err(|e| e.to_string());
             assert_eq!(ours, theirs, "{text}");
         }
+    }
+
+    #[test]
+    fn token_edits_read_as_the_sql_they_stand_for() {
+        for (client, meant) in [
+            (
+                "TABLE a ORDER BY id; TABLE b",
+                "SELECT * FROM a ORDER BY id; SELECT * FROM b",
+            ),
+            (
+                "comment on view m.v is $c$it's$c$",
+                "comment on TABLE m.v is 'it''s'",
+            ),
+            ("ABORT", "ROLLBACK"),
+            ("  abort; SELECT 1", "ROLLBACK; SELECT 1"),
+        ] {
+            assert_eq!(sql(client), sql(meant), "{client}");
+        }
+        assert!(sql("SELECT abort FROM t").contains("abort"));
+    }
+
+    #[test]
+    fn errors_point_into_the_client_text() {
+        let got = sql("TABLE a;\nSELECT * FORM t");
+        assert!(
+            got.starts_with("error: ") && got.contains("Line: 2"),
+            "{got}"
+        );
+        assert!(sql("SELECT 'unterminated").starts_with("error: "));
     }
 }

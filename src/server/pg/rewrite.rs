@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
-use std::sync::LazyLock;
 
 use datafusion::sql::sqlparser::ast::helpers::attached_token::AttachedToken;
 use datafusion::sql::sqlparser::ast::{
@@ -22,19 +21,16 @@ use datafusion::sql::sqlparser::ast::{
     Ident, ObjectName, Query, SelectItem, SetExpr, Statement, Subscript, TableFactor,
     UnaryOperator, Value, ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
 };
-use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-use datafusion::sql::sqlparser::parser::Parser;
-use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use pgwire::api::Type;
 
 use super::known;
 use super::regclass::{REGCLASS_NAME, REGCLASS_OID};
 
-/// What rewriting a client's SQL gave.
+/// What rewriting a client's statements found.
 #[derive(Debug, Default)]
 pub struct Rewritten {
-    /// The SQL to plan instead of the client's, when anything changed.
-    pub sql: Option<String>,
+    /// Whether anything changed.
+    pub changed: bool,
     /// Postgres types the client cast parameters to, by parameter index (0 for `$1`).
     pub declared: HashMap<usize, Type>,
     /// Whether the statement looks relations up by name (a `regclass` cast).
@@ -44,82 +40,31 @@ pub struct Rewritten {
     pub uses_descriptions: bool,
 }
 
-/// Rewrites `sql` (one or more statements). SQL the parser does not read is left for the
-/// planner to report.
-pub fn rewrite(sql: &str) -> Rewritten {
-    rewrite_statements(sql, true)
-}
-
-/// [`rewrite`], with the result columns named as Postgres names them when `name_columns`
-/// (see [`crate::query::naming::name_like_postgres`]).
-fn rewrite_statements(sql: &str, name_columns: bool) -> Rewritten {
-    let Ok(mut statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
-        return Rewritten::default();
-    };
+/// Rewrites parsed `statements` in place: known client queries replaced, result columns
+/// named as Postgres names them when `name_columns` (see
+/// [`crate::query::naming::name_like_postgres`]), then the casts.
+pub fn rewrite_parsed(statements: &mut [Statement], name_columns: bool) -> Rewritten {
     let mut changed = false;
     for statement in statements.iter_mut() {
         if let Some(replacement) = known::replacement(statement) {
-            match Parser::parse_sql(&PostgreSqlDialect {}, &replacement) {
-                Ok(mut parsed) if parsed.len() == 1 => {
-                    *statement = parsed.remove(0);
-                    changed = true;
-                }
-                _ => tracing::warn!(
-                    "a known client query's replacement does not parse; planning the original"
-                ),
-            }
+            *statement = replacement;
+            changed = true;
         }
     }
-    let original = (!changed).then(|| statements.clone());
     // Result columns named as Postgres names them, from the statement as the client wrote it.
-    let mut named = false;
     for statement in statements.iter_mut().filter(|_| name_columns) {
-        named |= crate::query::naming::name_like_postgres(statement);
+        changed |= crate::query::naming::name_like_postgres(statement);
     }
     let mut visitor = CastRewrite::default();
     for statement in statements.iter_mut() {
         let _ = statement.visit(&mut visitor);
     }
-    if let Some(original) = original.filter(|_| visitor.changed || named) {
-        if compatibility_replaces(sql, original) {
-            // pg_catalog's parser answers this exact query (psql's `\d` ones) itself.
-            return Rewritten::default();
-        }
-    }
-    changed |= visitor.changed || named;
     Rewritten {
-        sql: changed.then(|| {
-            statements
-                .iter()
-                .map(Statement::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        }),
+        changed: changed || visitor.changed,
         declared: visitor.declared,
         uses_relations: visitor.uses_relations,
         uses_descriptions: visitor.uses_descriptions,
     }
-}
-
-/// Whether the pg_catalog compatibility parser replaces `sql` (parsed as `statements`)
-/// as a whole: it knows some client queries by their exact tokens, which a rewrite here
-/// would hide from it.
-fn compatibility_replaces(sql: &str, statements: Vec<Statement>) -> bool {
-    let parser = compatibility_parser();
-    let Ok(theirs) = parser.parse(sql) else {
-        return false;
-    };
-    let plain: Vec<Statement> = statements.into_iter().map(|s| parser.rewrite(s)).collect();
-    theirs != plain
-}
-
-/// The pg_catalog compatibility parser, one for the process: it is immutable once built,
-/// and building it tokenizes every client query it knows (about half a MiB of tokens),
-/// which a parser per connection held again for each of them.
-pub fn compatibility_parser() -> &'static PostgresCompatibilityParser {
-    static PARSER: LazyLock<PostgresCompatibilityParser> =
-        LazyLock::new(PostgresCompatibilityParser::new);
-    &PARSER
 }
 
 /// The Postgres name of a cast's target type: lower case, without `pg_catalog.`.

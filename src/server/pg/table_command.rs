@@ -1,36 +1,99 @@
-//! Gateway, the `TABLE name` command, and views named as views: before a client's SQL is
-//! parsed, each `TABLE name` that stands where a query may start becomes `SELECT * FROM
-//! name`, which Postgres defines it to mean, and `ALTER VIEW name RENAME TO` and `COMMENT ON
-//! VIEW` (which the parser lacks) are spelled with `TABLE`, which Postgres accepts for views
-//! too. The SQL parser reads `TABLE` itself only partly (it takes the next three
-//! tokens whatever they are, so `TABLE x ORDER BY id` or `TABLE x; SELECT 1` break, and the
-//! planner does not plan it at all). Only the keyword is replaced, in the original text:
-//! the name (quoted or not), comments and literals stay exactly as written.
+//! Gateway, the `TABLE name` command, and views named as views: between tokenizing a
+//! client's SQL and parsing it, each `TABLE name` that stands where a query may start becomes
+//! `SELECT * FROM name`, which Postgres defines it to mean, and `ALTER VIEW name RENAME TO`
+//! and `COMMENT ON VIEW` (which the parser lacks) are spelled with `TABLE`, which Postgres
+//! accepts for views too. The SQL parser reads `TABLE` itself only partly (it takes the next
+//! three tokens whatever they are, so `TABLE x ORDER BY id` or `TABLE x; SELECT 1` break, and
+//! the planner does not plan it at all). Only the keyword's token is replaced: the name
+//! (quoted or not), comments and literals stay exactly as written. A statement that starts
+//! with `ABORT` reads as the `ROLLBACK` Postgres defines it to be.
 
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
-use datafusion::sql::sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer};
+use datafusion::sql::sqlparser::tokenizer::{
+    Location, Token, TokenWithSpan, Tokenizer, Whitespace,
+};
 
-/// `sql` with every query-position `TABLE name` spelled as `SELECT * FROM name`; `None`
-/// when there is none (or the SQL does not tokenize: the parser reports that).
-pub fn expand(sql: &str) -> Option<String> {
-    if !sql
-        .as_bytes()
-        .windows(5)
-        .any(|w| w.eq_ignore_ascii_case(b"table"))
-    {
-        return None;
+/// One token of a statement replaced before parsing: which (an index into the tokens as
+/// tokenized, white space included), by what tokens, and how the replacement reads as text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Edit {
+    at: usize,
+    tokens: Vec<Token>,
+    text: String,
+}
+
+impl Edit {
+    fn keyword(at: usize, keyword: &str) -> Self {
+        Edit {
+            at,
+            tokens: vec![Token::make_keyword(keyword)],
+            text: keyword.to_string(),
+        }
     }
-    let tokens = tokens(sql)?;
-    let significant: Vec<&TokenWithSpan> = tokens.iter().collect();
+}
+
+/// Every edit `tokens` needs (see the module's doc), in the order of the tokens.
+pub fn edits(tokens: &[TokenWithSpan]) -> Vec<Edit> {
+    let significant: Vec<(usize, &TokenWithSpan)> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !matches!(t.token, Token::Whitespace(_) | Token::EOF))
+        .collect();
+    let mut out = table_commands(&significant);
+    out.extend(views_as_tables(&significant));
+    out.extend(aborts(&significant));
+    out.sort_by_key(|e| e.at);
+    out
+}
+
+/// `tokens` with `edits` (from [`edits`]) made; a replacement token takes the span of the
+/// one it replaces, so that the parser's errors still point into the client's text.
+pub fn apply(tokens: &mut Vec<TokenWithSpan>, edits: &[Edit]) {
+    for edit in edits.iter().rev() {
+        let Some(span) = tokens.get(edit.at).map(|t| t.span) else {
+            continue;
+        };
+        let mut replacement = Vec::with_capacity(edit.tokens.len() * 2);
+        for (i, token) in edit.tokens.iter().enumerate() {
+            if i > 0 {
+                replacement.push(TokenWithSpan::new(
+                    Token::Whitespace(Whitespace::Space),
+                    span,
+                ));
+            }
+            replacement.push(TokenWithSpan::new(token.clone(), span));
+        }
+        tokens.splice(edit.at..edit.at + 1, replacement);
+    }
+}
+
+/// `sql` (tokenized as `tokens`) with `edits` made in its text; `None` when a token's span
+/// does not point into the text.
+pub fn apply_to_text(sql: &str, tokens: &[TokenWithSpan], edits: &[Edit]) -> Option<String> {
+    let mut out = String::with_capacity(sql.len() + 16 * edits.len());
+    let mut from = 0;
+    for edit in edits {
+        let span = tokens.get(edit.at)?.span;
+        let (begin, end) = (offset(sql, span.start)?, offset(sql, span.end)?);
+        out.push_str(sql.get(from..begin)?);
+        out.push_str(&edit.text);
+        from = end;
+    }
+    out.push_str(sql.get(from..)?);
+    Some(out)
+}
+
+/// Each query-position `TABLE name`, as `SELECT * FROM name`.
+fn table_commands(significant: &[(usize, &TokenWithSpan)]) -> Vec<Edit> {
     let mut at = Vec::new();
     // The first word of the statement being read, and its parenthesis depth.
     let mut first: Option<Keyword> = None;
     let mut depth = 0usize;
     // Whether this PREPARE statement's `AS` was already seen.
     let mut prepared_as = false;
-    for (i, t) in significant.iter().enumerate() {
-        let prev = i.checked_sub(1).map(|p| &significant[p].token);
+    for (i, (index, t)) in significant.iter().enumerate() {
+        let prev = i.checked_sub(1).map(|p| &significant[p].1.token);
         match &t.token {
             Token::SemiColon => {
                 first = None;
@@ -56,7 +119,7 @@ pub fn expand(sql: &str) -> Option<String> {
             continue;
         }
         let named = matches!(
-            significant.get(i + 1).map(|n| &n.token),
+            significant.get(i + 1).map(|n| &n.1.token),
             Some(Token::Word(_))
         );
         let starts_query = match prev {
@@ -83,59 +146,42 @@ pub fn expand(sql: &str) -> Option<String> {
             },
         };
         if named && starts_query {
-            at.push(offset(sql, t.span.start)?);
+            at.push(Edit {
+                at: *index,
+                tokens: vec![
+                    Token::make_keyword("SELECT"),
+                    Token::Mul,
+                    Token::make_keyword("FROM"),
+                ],
+                text: "SELECT * FROM".to_string(),
+            });
         }
     }
-    if at.is_empty() {
-        return None;
-    }
-    let mut out = String::with_capacity(sql.len() + 9 * at.len());
-    let mut from = 0;
-    for start in at {
-        let end = start + "TABLE".len();
-        // The span must point at the keyword itself, or nothing is changed.
-        if !sql.get(start..end)?.eq_ignore_ascii_case("table") {
-            return None;
-        }
-        out.push_str(&sql[from..start]);
-        out.push_str("SELECT * FROM");
-        from = end;
-    }
-    out.push_str(&sql[from..]);
-    Some(out)
+    at
 }
 
-/// `sql` with `ALTER VIEW ... RENAME` and `COMMENT ON VIEW` spelled with `TABLE`, and the
-/// dollar-quoted text of a `COMMENT ON` (dbt quotes comments so) as a plain literal; `None`
-/// when it has none of these.
-pub fn view_as_table(sql: &str) -> Option<String> {
-    let lower = sql.to_ascii_lowercase();
-    if !lower.contains("view") && !lower.contains("comment") {
-        return None;
-    }
-    let tokens = tokens(sql)?;
-    let significant: Vec<&TokenWithSpan> = tokens.iter().collect();
-    // (start, end, replacement) in the original text, in order.
-    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+/// `ALTER VIEW ... RENAME` and `COMMENT ON VIEW` spelled with `TABLE`, and the dollar-quoted
+/// text of a `COMMENT ON` (dbt quotes comments so) as a plain literal.
+fn views_as_tables(significant: &[(usize, &TokenWithSpan)]) -> Vec<Edit> {
+    let mut edits = Vec::new();
     let mut start = 0;
-    for (i, t) in significant.iter().enumerate() {
+    for (i, (index, t)) in significant.iter().enumerate() {
         if t.token == Token::SemiColon {
             start = i + 1;
             continue;
         }
         let words: Vec<Option<Keyword>> = significant[start..i]
             .iter()
-            .map(|w| keyword(&w.token))
+            .map(|w| keyword(&w.1.token))
             .collect();
         let commenting = words.starts_with(&[Some(Keyword::COMMENT), Some(Keyword::ON)]);
         if let Token::DollarQuotedString(text) = &t.token {
             if commenting {
-                let literal = format!("'{}'", text.value.replace('\'', "''"));
-                edits.push((
-                    offset(sql, t.span.start)?,
-                    offset(sql, t.span.end)?,
-                    literal,
-                ));
+                edits.push(Edit {
+                    at: *index,
+                    tokens: vec![Token::SingleQuotedString(text.value.clone())],
+                    text: format!("'{}'", text.value.replace('\'', "''")),
+                });
             }
             continue;
         }
@@ -145,40 +191,36 @@ pub fn view_as_table(sql: &str) -> Option<String> {
         let renames = || {
             significant[i..]
                 .iter()
-                .take_while(|w| w.token != Token::SemiColon)
-                .any(|w| keyword(&w.token) == Some(Keyword::RENAME))
+                .take_while(|w| w.1.token != Token::SemiColon)
+                .any(|w| keyword(&w.1.token) == Some(Keyword::RENAME))
         };
         let comment = words == [Some(Keyword::COMMENT), Some(Keyword::ON)];
         let alter = words == [Some(Keyword::ALTER)] && renames();
         if comment || alter {
-            let begin = offset(sql, t.span.start)?;
-            if !sql.get(begin..begin + 4)?.eq_ignore_ascii_case("view") {
-                return None;
-            }
-            edits.push((begin, begin + 4, "TABLE".to_string()));
+            edits.push(Edit::keyword(*index, "TABLE"));
         }
     }
-    if edits.is_empty() {
-        return None;
-    }
-    let mut out = String::with_capacity(sql.len() + 8 * edits.len());
-    let mut from = 0;
-    for (begin, end, text) in edits {
-        out.push_str(sql.get(from..begin)?);
-        out.push_str(&text);
-        from = end;
-    }
-    out.push_str(&sql[from..]);
-    Some(out)
+    edits
 }
 
-/// The tokens of `sql` that are not white space; `None` when it does not tokenize.
-fn tokens(sql: &str) -> Option<Vec<TokenWithSpan>> {
-    let mut tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
-        .tokenize_with_location()
-        .ok()?;
-    tokens.retain(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF));
-    Some(tokens)
+/// `ABORT` where a statement starts, as `ROLLBACK` (the parser lacks the word).
+fn aborts(significant: &[(usize, &TokenWithSpan)]) -> Vec<Edit> {
+    let mut edits = Vec::new();
+    let mut starts = true;
+    for (index, t) in significant {
+        if starts && keyword(&t.token) == Some(Keyword::ABORT) {
+            edits.push(Edit::keyword(*index, "ROLLBACK"));
+        }
+        starts = t.token == Token::SemiColon;
+    }
+    edits
+}
+
+/// The tokens of `sql`, white space included, as the parser reads them.
+pub fn tokens(
+    sql: &str,
+) -> Result<Vec<TokenWithSpan>, datafusion::sql::sqlparser::tokenizer::TokenizerError> {
+    Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize_with_location()
 }
 
 /// The keyword of an unquoted word.
@@ -189,8 +231,8 @@ fn keyword(t: &Token) -> Option<Keyword> {
     }
 }
 
-fn keyword_is(t: Option<&&TokenWithSpan>, k: Keyword) -> bool {
-    t.and_then(|t| keyword(&t.token)) == Some(k)
+fn keyword_is(t: Option<&(usize, &TokenWithSpan)>, k: Keyword) -> bool {
+    t.and_then(|t| keyword(&t.1.token)) == Some(k)
 }
 
 /// The byte offset of a (1-based) line and column, counted in characters.
@@ -214,6 +256,29 @@ fn offset(sql: &str, at: Location) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sql` with the edits one kind of them needs, in its text; `None` when it needs none.
+    fn edited(sql: &str, kind: fn(&[(usize, &TokenWithSpan)]) -> Vec<Edit>) -> Option<String> {
+        let tokens = tokens(sql).ok()?;
+        let significant: Vec<(usize, &TokenWithSpan)> = tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !matches!(t.token, Token::Whitespace(_) | Token::EOF))
+            .collect();
+        let edits = kind(&significant);
+        if edits.is_empty() {
+            return None;
+        }
+        apply_to_text(sql, &tokens, &edits)
+    }
+
+    fn view_as_table(sql: &str) -> Option<String> {
+        edited(sql, views_as_tables)
+    }
+
+    fn expand(sql: &str) -> Option<String> {
+        edited(sql, table_commands)
+    }
 
     #[test]
     fn views_are_renamed_and_commented_as_tables() {

@@ -2,16 +2,35 @@
 //! subqueries, set-returning array functions, and SQL left alone.
 
 use super::*;
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::parser::Parser;
 
-fn sql(s: &str) -> String {
-    rewrite_statements(s, false)
-        .sql
-        .unwrap_or_else(|| s.to_string())
+/// What the rewrites alone make of `s` (the naming of result columns has its own tests):
+/// the SQL they give when anything changed, and what they found.
+struct Rewrote {
+    sql: Option<String>,
+    declared: HashMap<usize, Type>,
+    uses_relations: bool,
 }
 
-/// What the rewrites alone make of `s` (the naming of result columns has its own tests).
-fn rewrite(s: &str) -> Rewritten {
-    rewrite_statements(s, false)
+fn rewrite(s: &str) -> Rewrote {
+    let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, s).unwrap_or_default();
+    let r = rewrite_parsed(&mut statements, false);
+    Rewrote {
+        sql: r.changed.then(|| {
+            statements
+                .iter()
+                .map(Statement::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        }),
+        declared: r.declared,
+        uses_relations: r.uses_relations,
+    }
+}
+
+fn sql(s: &str) -> String {
+    rewrite(s).sql.unwrap_or_else(|| s.to_string())
 }
 
 #[test]
