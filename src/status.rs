@@ -67,6 +67,9 @@ pub struct PipelineStatus {
     /// The commit rounds of the process that runs (or last ran) the pipeline: how many, the
     /// last one's duration and tables, p50, p99 and max over the last 1000.
     pub commit_rounds: crate::telemetry::state::Rounds,
+    /// The tables of the snapshot running now (or of the last one the process ran): rows
+    /// copied, Postgres's estimate, rate and estimated time left.
+    pub snapshot: Vec<crate::telemetry::state::TableSnapshot>,
     pub tables: Vec<TableStatus>,
 }
 
@@ -93,16 +96,6 @@ fn summary_u64(snapshot: &iceberg::spec::Snapshot, key: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The recorded state of a pipeline: `(state, error, rounds)`.
-fn recorded_state(
-    config: &Config,
-    pipeline: &str,
-) -> (String, Option<String>, crate::telemetry::state::Rounds) {
-    crate::telemetry::state::read(&config.storage_path, pipeline)
-        .map(|s| (s.state.as_str().to_string(), s.error, s.rounds))
-        .unwrap_or_else(|| ("unknown".to_string(), None, Default::default()))
-}
-
 /// Collects the status of `only` (or every pipeline).
 pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<PipelineStatus>> {
     let ws = Workspace::open(config).await?;
@@ -113,7 +106,14 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
             continue;
         }
         let pos = crate::source::postgres::slot::health(&p.source).await;
-        let (state, error, commit_rounds) = recorded_state(config, &p.name);
+        // What the process that runs (or last ran) the pipeline recorded; `unknown` if none.
+        let recorded = crate::telemetry::state::read(&config.storage_path, &p.name);
+        let state = recorded
+            .as_ref()
+            .map_or("unknown".to_string(), |s| s.state.as_str().to_string());
+        let (error, commit_rounds, snapshot) = recorded
+            .map(|r| (r.error, r.rounds, r.snapshot))
+            .unwrap_or_default();
         let mut tables = Vec::new();
         for s in states
             .iter()
@@ -164,6 +164,7 @@ pub async fn collect(config: &Config, only: Option<&str>) -> Result<Vec<Pipeline
             source_error: pos.error,
             wal_bytes: folder_bytes(&config.storage_path.join("wal").join(&p.name)),
             commit_rounds,
+            snapshot,
             tables,
         });
     }
@@ -231,6 +232,24 @@ pub fn render_text(report: &[PipelineStatus]) -> String {
                 secs(r.p99_seconds),
                 secs(r.max_seconds)
             ));
+        }
+        if p.snapshot.iter().any(|t| !t.done) {
+            s.push_str("  snapshot:\n");
+            for t in &p.snapshot {
+                let progress = if t.done {
+                    format!("{} rows, done", t.rows_copied)
+                } else {
+                    format!(
+                        "{} of about {} rows, {:.0} rows/s, eta {}",
+                        t.rows_copied,
+                        t.rows_estimated,
+                        t.rows_per_second,
+                        t.eta_seconds
+                            .map_or("-".to_string(), |e| format!("{:.0} s", e.ceil()))
+                    )
+                };
+                s.push_str(&format!("    {:<30} {progress}\n", t.table));
+            }
         }
         s.push_str(&format!(
             "  {:<32} {:>14} {:>12} {:>9} {:>8} {:>12} {:>6} {:>7}  {}\n",

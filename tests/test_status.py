@@ -144,3 +144,60 @@ def test_sync_serves_no_metrics_without_metrics_listen(skippr: Skippr):
     skippr.write_config(["t"])
     proc = skippr.sync_once()
     assert "metrics at" not in proc.stderr
+
+
+def test_snapshot_progress_shows_while_it_runs(skippr: Skippr):
+    """Rows copied, Postgres's estimate, rate and time left, per table, in `status` (JSON and
+    text) and in the metrics, while the snapshot runs and once it is done."""
+    from conftest import free_port
+
+    rows = 2_000_000
+    skippr.db.execute(
+        "CREATE TABLE big (id bigint PRIMARY KEY, v int, h text);"
+        f"INSERT INTO big SELECT i, i, md5(i::text) FROM generate_series(1, {rows}) i;"
+        "ANALYZE big;"
+    )
+    port = free_port()
+    skippr.write_config(["big"], extra_source={"snapshot_parallelism": 1},
+                        metrics_listen=f"127.0.0.1:{port}", extra_pipeline={"commit_interval": "1h"})
+    proc = skippr.start("sync", "--pipeline", "app")
+    try:
+        samples: list[dict] = []
+        text_during = None
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            [p] = status(skippr)
+            snap = p.get("snapshot") or []
+            if snap:
+                samples.append({"state": p["state"], **snap[0]})
+                if not snap[0]["done"] and snap[0]["rows_copied"] > 0 and text_during is None:
+                    text_during = skippr.run("status", check=False).stdout
+            if snap and snap[0]["done"] and p["state"] == "streaming":
+                break
+            time.sleep(0.2)
+        assert samples, "status never showed the snapshot"
+        final = samples[-1]
+        assert final["table"] == "public.big" and final["done"], samples[-3:]
+        assert final["rows_copied"] == rows and final["eta_seconds"] is None, final
+        assert 0.5 * rows <= final["rows_estimated"] <= 1.5 * rows, final
+        assert final["rows_per_second"] > 0, final
+        # While it ran: part of the rows, a rate and the time left, in JSON and in text.
+        running = [s for s in samples if not s["done"] and 0 < s["rows_copied"] < rows]
+        assert running, f"no sample while the copy ran: {samples[:3]} .. {samples[-3:]}"
+        assert all(s["state"] == "starting" for s in running), running
+        assert any(s["eta_seconds"] is not None and s["eta_seconds"] > 0 for s in running), running
+        copied = [s["rows_copied"] for s in samples]
+        assert copied == sorted(copied), copied
+        assert text_during is not None and "snapshot:" in text_during and "public.big" in text_during \
+            and "rows/s, eta" in text_during, text_during
+        metrics = _scrape(port)
+        series = '{pipeline="app",table="public.big"}'
+        assert metrics.get(f"skippr_snapshot_rows_copied{series}") == rows, metrics
+        assert metrics.get(f"skippr_snapshot_rows_estimated{series}", 0) > 0, metrics
+        assert metrics.get(f"skippr_snapshot_eta_seconds{series}") == 0, metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (skippr.workdir / "bg.stderr").read_text()
+    # Once it is done, the text shows the tables again, not the finished copy.
+    text = skippr.run("status", check=False).stdout
+    assert "snapshot:" not in text, text

@@ -98,6 +98,10 @@ impl CopyTarget for Landing {
         );
         Ok(())
     }
+
+    fn progress(&self, tables: Vec<crate::telemetry::state::TableSnapshot>) {
+        crate::telemetry::state::snapshot_progress(&self.pipeline, tables);
+    }
 }
 
 impl Landing {

@@ -76,6 +76,25 @@ pub struct PipelineStatus {
     /// Its commit rounds since the process started.
     #[serde(default)]
     pub rounds: Rounds,
+    /// The tables of the snapshot running now, or of the last one this process ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshot: Vec<TableSnapshot>,
+}
+
+/// How far the snapshot of one table is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TableSnapshot {
+    pub table: String,
+    pub rows_copied: u64,
+    /// Postgres's estimate of the table's rows (`pg_class.reltuples`) when the copy started.
+    pub rows_estimated: u64,
+    /// Since this table's copy started.
+    pub rows_per_second: f64,
+    /// At that rate, until the estimate is reached; none when done or when the estimate is
+    /// already passed (it was stale).
+    pub eta_seconds: Option<f64>,
+    /// Copied and committed.
+    pub done: bool,
 }
 
 /// How many rounds the percentiles of [`Rounds`] are taken over (the most recent ones).
@@ -135,6 +154,7 @@ pub fn register(pipeline: &str, storage: &Path) {
         reconnects: 0,
         pid: std::process::id(),
         rounds: Rounds::default(),
+        snapshot: Vec::new(),
     };
     let mut all = pipelines();
     let reconnects = all.get(pipeline).map(|e| e.status.reconnects).unwrap_or(0);
@@ -210,6 +230,38 @@ pub fn round_done(pipeline: &str, seconds: f64, tables: usize) {
     r.p50_seconds = Some(at(0.5));
     r.p99_seconds = Some(at(0.99));
     r.max_seconds = sorted.last().copied();
+    publish(entry);
+}
+
+/// Records how far the snapshot of `pipeline` is, table by table: the state file's
+/// `snapshot` and the `skippr_snapshot_*` gauges.
+pub fn snapshot_progress(pipeline: &str, tables: Vec<TableSnapshot>) {
+    for t in &tables {
+        let labels = [("pipeline", pipeline), ("table", t.table.as_str())];
+        metrics::set(
+            "skippr_snapshot_rows_copied",
+            "Rows the running (or last) snapshot of a table has copied.",
+            &labels,
+            t.rows_copied as f64,
+        );
+        metrics::set(
+            "skippr_snapshot_rows_estimated",
+            "Postgres's estimate of a table's rows when its snapshot started.",
+            &labels,
+            t.rows_estimated as f64,
+        );
+        metrics::set(
+            "skippr_snapshot_eta_seconds",
+            "Estimated seconds until a table's snapshot is copied (0 once done or when unknown).",
+            &labels,
+            t.eta_seconds.unwrap_or(0.0),
+        );
+    }
+    let mut all = pipelines();
+    let Some(entry) = all.get_mut(pipeline) else {
+        return;
+    };
+    entry.status.snapshot = tables;
     publish(entry);
 }
 
@@ -292,6 +344,36 @@ mod tests {
         let other = read(dir.path(), "state_test_p").unwrap();
         assert_eq!(other.state, State::Streaming);
         assert!(read(dir.path(), "no_such_pipeline").is_none());
+    }
+
+    #[test]
+    fn snapshot_progress_is_in_the_file_and_the_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        register("snap_test_p", dir.path());
+        let table = |rows: u64, done: bool| TableSnapshot {
+            table: "public.big".into(),
+            rows_copied: rows,
+            rows_estimated: 1_000,
+            rows_per_second: 100.0,
+            eta_seconds: (!done).then_some(7.0),
+            done,
+        };
+        snapshot_progress("snap_test_p", vec![table(300, false)]);
+        let other = read(dir.path(), "snap_test_p").unwrap();
+        assert_eq!(other.snapshot, vec![table(300, false)]);
+        let text = metrics::render();
+        assert!(text.contains(
+            "skippr_snapshot_rows_copied{pipeline=\"snap_test_p\",table=\"public.big\"} 300"
+        ));
+        assert!(text.contains(
+            "skippr_snapshot_eta_seconds{pipeline=\"snap_test_p\",table=\"public.big\"} 7"
+        ));
+        snapshot_progress("snap_test_p", vec![table(1_000, true)]);
+        let file: PipelineStatus = serde_json::from_str(
+            &std::fs::read_to_string(state_file(dir.path(), "snap_test_p")).unwrap(),
+        )
+        .unwrap();
+        assert!(file.snapshot[0].done && file.snapshot[0].rows_copied == 1_000);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use super::copy::CopyDecoder;
 use super::schema::TableSchema;
 use crate::config::{quote_ident, PostgresConfig};
 use crate::error::{Context, Error, Result};
+use crate::telemetry::state::TableSnapshot;
 
 /// Blocks (8 KiB pages) a copy connection takes on at least: below this, splitting a table
 /// costs more than it saves.
@@ -49,6 +50,11 @@ pub trait CopyTarget: Send + Sync + 'static {
         job: usize,
         chunks: Vec<<Self::Writer as ChunkWriter>::Done>,
     ) -> Result<()>;
+
+    /// How far the copy is, one entry per job in the jobs' order: about twice a second while
+    /// it runs, when a table lands, and once at the end. Called from the copy's own tasks,
+    /// so it must not block.
+    fn progress(&self, _tables: Vec<TableSnapshot>) {}
 }
 
 /// Takes one chunk's rows (see [`CopyTarget`]).
@@ -110,7 +116,11 @@ pub async fn copy_tables<T: CopyTarget>(
         pending.extend(chunks);
     }
     let counters: Vec<Arc<AtomicU64>> = jobs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
-    let progress = Progress::start(&jobs, &counters);
+    let report = {
+        let target = Arc::clone(&target);
+        Arc::new(move |tables: Vec<TableSnapshot>| target.progress(tables))
+    };
+    let progress = Progress::start(&jobs, &counters, report);
 
     let mut done: HashMap<usize, Vec<<T::Writer as ChunkWriter>::Done>> = HashMap::new();
     let mut running = JoinSet::new();
@@ -127,6 +137,7 @@ pub async fn copy_tables<T: CopyTarget>(
             let counter = Arc::clone(&counters[chunk.job]);
             let prefix = format!("snap-{run_id}-{n:04}");
             let target = Arc::clone(&target);
+            progress.started(chunk.job);
             running.spawn(async move {
                 let out = match target.writer(chunk.job, prefix).await {
                     Ok(writer) => copy_chunk(&cfg, &snapshot, &job, &chunk, writer, counter).await,
@@ -242,30 +253,84 @@ async fn copy_chunk<W: ChunkWriter>(
     writer.finish().await
 }
 
-/// Per-table progress: a bar per table on a terminal, periodic log lines otherwise.
+/// Per-table progress: a bar per table on a terminal, a log line every 5 s otherwise, and
+/// the figures the pipeline reports (state file, metrics) about twice a second.
 struct Progress {
     bars: Option<(indicatif::MultiProgress, Vec<indicatif::ProgressBar>)>,
     ticker: Option<tokio::task::JoinHandle<()>>,
+    tracks: Arc<Tracks>,
+}
+
+/// What the ticker and the copy loop share: each table's name, estimate, counter, and
+/// when its first chunk started and whether it landed.
+struct Tracks {
+    tables: Vec<String>,
+    estimates: Vec<u64>,
+    counters: Vec<Arc<AtomicU64>>,
+    times: std::sync::Mutex<Vec<(Option<Instant>, bool)>>,
+    report: Arc<dyn Fn(Vec<TableSnapshot>) + Send + Sync>,
+}
+
+impl Tracks {
+    /// The figures of every table now.
+    fn figures(&self) -> Vec<TableSnapshot> {
+        let times = self.times.lock().unwrap_or_else(|e| e.into_inner());
+        self.tables
+            .iter()
+            .enumerate()
+            .map(|(i, table)| {
+                let rows = self.counters[i].load(Ordering::Relaxed);
+                let (started, done) = times.get(i).copied().unwrap_or((None, false));
+                let secs = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                let rate = if secs > 0.0 { rows as f64 / secs } else { 0.0 };
+                let estimate = self.estimates[i];
+                let eta = (!done && rate > 0.0 && estimate > rows)
+                    .then(|| (estimate - rows) as f64 / rate);
+                TableSnapshot {
+                    table: table.clone(),
+                    rows_copied: rows,
+                    rows_estimated: estimate,
+                    rows_per_second: rate,
+                    eta_seconds: eta,
+                    done,
+                }
+            })
+            .collect()
+    }
+
+    fn report(&self) {
+        (self.report)(self.figures());
+    }
 }
 
 impl Progress {
-    fn start(jobs: &[Arc<CopyJob>], counters: &[Arc<AtomicU64>]) -> Self {
+    fn start(
+        jobs: &[Arc<CopyJob>],
+        counters: &[Arc<AtomicU64>],
+        report: Arc<dyn Fn(Vec<TableSnapshot>) + Send + Sync>,
+    ) -> Self {
         use std::io::IsTerminal;
-        let tables: Vec<String> = jobs.iter().map(|j| j.schema.table.to_string()).collect();
-        let estimates: Vec<u64> = jobs
-            .iter()
-            .map(|j| j.schema.row_estimate.max(0) as u64)
-            .collect();
-        let counters: Vec<Arc<AtomicU64>> = counters.to_vec();
+        let tracks = Arc::new(Tracks {
+            tables: jobs.iter().map(|j| j.schema.table.to_string()).collect(),
+            estimates: jobs
+                .iter()
+                .map(|j| j.schema.row_estimate.max(0) as u64)
+                .collect(),
+            counters: counters.to_vec(),
+            times: std::sync::Mutex::new(vec![(None, false); jobs.len()]),
+            report,
+        });
+        tracks.report();
         if std::io::stderr().is_terminal() {
             let multi = indicatif::MultiProgress::new();
             let style = indicatif::ProgressStyle::with_template(
                 "{prefix:>24} {bar:30} {human_pos:>12}/{human_len} rows {per_sec:>14} eta {eta}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-            let bars: Vec<_> = tables
+            let bars: Vec<_> = tracks
+                .tables
                 .iter()
-                .zip(&estimates)
+                .zip(&tracks.estimates)
                 .map(|(t, e)| {
                     let b = multi.add(indicatif::ProgressBar::new((*e).max(1)));
                     b.set_style(style.clone());
@@ -274,42 +339,76 @@ impl Progress {
                 })
                 .collect();
             let bars_for_tick = bars.clone();
+            let ticking = Arc::clone(&tracks);
             let ticker = tokio::spawn(async move {
+                let mut ticks = 0u64;
                 loop {
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    for (b, c) in bars_for_tick.iter().zip(&counters) {
+                    for (b, c) in bars_for_tick.iter().zip(&ticking.counters) {
                         let n = c.load(Ordering::Relaxed);
                         if n > b.length().unwrap_or(0) {
                             b.set_length(n);
                         }
                         b.set_position(n);
                     }
+                    ticks += 1;
+                    if ticks.is_multiple_of(3) {
+                        ticking.report();
+                    }
                 }
             });
             Self {
                 bars: Some((multi, bars)),
                 ticker: Some(ticker),
+                tracks,
             }
         } else {
-            let started = Instant::now();
+            let ticking = Arc::clone(&tracks);
             let ticker = tokio::spawn(async move {
+                let mut ticks = 0u64;
                 loop {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    let secs = started.elapsed().as_secs_f64().max(0.001);
-                    for ((t, c), e) in tables.iter().zip(&counters).zip(&estimates) {
-                        let n = c.load(Ordering::Relaxed);
-                        tracing::info!(table = %t, rows = n, estimate = e, rows_per_sec = (n as f64 / secs) as u64, "snapshot progress");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    ticks += 1;
+                    let figures = ticking.figures();
+                    if ticks.is_multiple_of(10) {
+                        for t in figures.iter().filter(|t| !t.done) {
+                            tracing::info!(
+                                table = %t.table,
+                                rows = t.rows_copied,
+                                estimate = t.rows_estimated,
+                                rows_per_sec = t.rows_per_second as u64,
+                                eta_secs = t.eta_seconds.map(|e| e.round() as u64),
+                                "snapshot progress"
+                            );
+                        }
                     }
+                    (ticking.report)(figures);
                 }
             });
             Self {
                 bars: None,
                 ticker: Some(ticker),
+                tracks,
             }
         }
     }
 
+    /// A chunk of table `job` starts: its rate counts from its first chunk.
+    fn started(&self, job: usize) {
+        let mut times = self.tracks.times.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = times.get_mut(job) {
+            t.0.get_or_insert_with(Instant::now);
+        }
+    }
+
     fn done(&self, job: usize, rows: u64) {
+        {
+            let mut times = self.tracks.times.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = times.get_mut(job) {
+                t.1 = true;
+            }
+        }
+        self.tracks.report();
         if let Some((_, bars)) = &self.bars {
             if let Some(b) = bars.get(job) {
                 b.set_length(rows);
@@ -323,6 +422,7 @@ impl Progress {
         if let Some(t) = self.ticker {
             t.abort();
         }
+        self.tracks.report();
         if let Some((multi, _)) = self.bars {
             let _ = multi.clear();
         }
@@ -332,6 +432,47 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_figures_rate_and_time_left() {
+        let reported = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = Arc::clone(&reported);
+        let tracks = Tracks {
+            tables: vec![
+                "public.big".into(),
+                "public.queued".into(),
+                "public.stale".into(),
+            ],
+            estimates: vec![1_000, 500, 10],
+            counters: vec![
+                Arc::new(AtomicU64::new(200)),
+                Arc::new(AtomicU64::new(0)),
+                Arc::new(AtomicU64::new(40)),
+            ],
+            times: std::sync::Mutex::new(vec![
+                (Instant::now().checked_sub(Duration::from_secs(2)), false),
+                (None, false),
+                (Instant::now().checked_sub(Duration::from_secs(1)), false),
+            ]),
+            report: Arc::new(move |t: Vec<TableSnapshot>| {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(t)
+            }),
+        };
+        let f = tracks.figures();
+        // 200 rows in about 2 s: about 100 rows/s, about 8 s for the 800 left.
+        assert!((90.0..=101.0).contains(&f[0].rows_per_second), "{f:?}");
+        let eta = f[0].eta_seconds.unwrap_or_default();
+        assert!((7.9..=9.0).contains(&eta), "{f:?}");
+        // Not started: no rate, no time left to tell.
+        assert_eq!((f[1].rows_per_second, f[1].eta_seconds), (0.0, None));
+        // Past a stale estimate: no time left to tell either.
+        assert_eq!(f[2].eta_seconds, None);
+        tracks.times.lock().unwrap_or_else(|e| e.into_inner())[0].1 = true;
+        tracks.report();
+        let last = reported.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let done = last.and_then(|t| t.into_iter().next()).unwrap_or_default();
+        assert!(done.done && done.eta_seconds.is_none() && done.rows_copied == 200);
+    }
 
     #[test]
     fn chunking() {
