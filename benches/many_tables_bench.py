@@ -130,11 +130,19 @@ class Sync:
         self.log.close()
 
 
-def write_load(busy: list[str], stop: threading.Event, counts: dict[str, int]) -> None:
-    """RATE transactions a second, each an insert or an update of one row of a busy table."""
+def write_load(busy: list[str], stop: threading.Event, counts: dict) -> None:
+    """RATE transactions a second, each an insert or an update of one row of a busy table; a
+    failure is kept in `counts["error"]`."""
+    try:
+        _write_load(busy, stop, counts)
+    except Exception as e:  # noqa: BLE001 - reported by the run
+        counts["error"] = e
+
+
+def _write_load(busy: list[str], stop: threading.Event, counts: dict) -> None:
     rng = random.Random(7)
-    next_id = {t: SMALL_ROWS + 1 for t in busy}
     with pg_connect(PG_PORT, DB) as c:
+        next_id = {t: c.execute(f"SELECT coalesce(max(id), 0) + 1 FROM {t}").fetchone()[0] for t in busy}
         due = time.monotonic()
         while not stop.is_set():
             t = rng.choice(busy)
@@ -184,6 +192,8 @@ def run_pipeline(label: str, tables: list[str], busy: list[str], slot: str) -> d
         time.sleep(0.5)
     stop.set()
     writer.join(timeout=30)
+    if "error" in counts:
+        raise BenchError(f"the write load failed: {counts['error']}")
     time.sleep(3)  # the last writes reach a commit round
     _, peak = rss_kib(sync.proc.pid)
     rounds = status(cfg)["commit_rounds"]
