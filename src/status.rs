@@ -233,7 +233,16 @@ pub fn render_text(report: &[PipelineStatus]) -> String {
                 secs(r.max_seconds)
             ));
         }
-        if p.snapshot.iter().any(|t| !t.done) {
+        // The snapshot runs while the pipeline starts; a copy left unfinished by a process
+        // that failed or stopped is copied again at the next start.
+        if p.state != "starting" {
+            for t in p.snapshot.iter().filter(|t| !t.done) {
+                s.push_str(&format!(
+                    "  snapshot cut short: {} at {} rows (copied again when the pipeline starts)\n",
+                    t.table, t.rows_copied
+                ));
+            }
+        } else if p.snapshot.iter().any(|t| !t.done) {
             s.push_str("  snapshot:\n");
             for t in &p.snapshot {
                 let progress = if t.done {

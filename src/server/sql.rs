@@ -19,8 +19,8 @@ use super::readonly::{classify, Allowed, Policy};
 use super::settings::setting;
 use super::Shared;
 
-/// Reads a client's SQL once ([`read`]): known client queries replaced, token edits,
-/// one parse, rewrites on the syntax tree. Reads the catalog's relation names when a
+/// Reads a client's SQL ([`read`]): known client queries replaced, token edits, one parse
+/// (two for catalog-shaped SQL), rewrites on the syntax tree. Reads the catalog's relation names when a
 /// statement casts to `regclass`.
 pub(super) async fn prepare_sql(
     sql: &str,

@@ -11,8 +11,10 @@
 //!
 //! The compatibility parser also knows a few client catalog queries whole (psql's `\d`
 //! ones), by their exact tokens, and answers them with queries of its own. Its list is its
-//! own, so only it can tell; it is asked (a second parse, of those statements only) when the
-//! SQL names a `pg_` relation or function or reads a setting, as each of those queries does.
+//! own, so only it can tell: it is given the message's text too (a second tokenization and
+//! parse) when the SQL names a `pg_` relation or function or reads a setting, as each of
+//! those queries does (psql's `\d` in tests/test_gateway_clients.py goes through it). Every
+//! other message is tokenized and parsed once.
 
 use std::ops::ControlFlow;
 use std::sync::LazyLock;
@@ -42,7 +44,8 @@ pub struct Parsed {
     pub rewritten: Rewritten,
 }
 
-/// Reads `sql` (one or more statements): tokenized once, edited, parsed once, rewritten.
+/// Reads `sql` (one or more statements): tokenized once, edited, parsed once, rewritten
+/// (catalog-shaped SQL is also given to the compatibility parser, see the module's doc).
 pub fn read(sql: &str) -> Result<Parsed, ParserError> {
     let parser = compatibility_parser();
     let mut tokens = table_command::tokens(sql)?;

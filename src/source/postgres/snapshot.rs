@@ -52,8 +52,8 @@ pub trait CopyTarget: Send + Sync + 'static {
     ) -> Result<()>;
 
     /// How far the copy is, one entry per job in the jobs' order: about twice a second while
-    /// it runs, when a table lands, and once at the end. Called from the copy's own tasks,
-    /// so it must not block.
+    /// it runs, when a table lands, and once at the end (after the last tick). Called from
+    /// the copy's own tasks, so it must return quickly (a small file write at most).
     fn progress(&self, _tables: Vec<TableSnapshot>) {}
 }
 
@@ -180,7 +180,7 @@ pub async fn copy_tables<T: CopyTarget>(
     if result.is_err() {
         running.abort_all();
     }
-    progress.finish();
+    progress.finish().await;
     result
 }
 
@@ -262,12 +262,12 @@ struct Progress {
 }
 
 /// What the ticker and the copy loop share: each table's name, estimate, counter, and
-/// when its first chunk started and whether it landed.
+/// when its first chunk started and when it landed.
 struct Tracks {
     tables: Vec<String>,
     estimates: Vec<u64>,
     counters: Vec<Arc<AtomicU64>>,
-    times: std::sync::Mutex<Vec<(Option<Instant>, bool)>>,
+    times: std::sync::Mutex<Vec<(Option<Instant>, Option<Instant>)>>,
     report: Arc<dyn Fn(Vec<TableSnapshot>) + Send + Sync>,
 }
 
@@ -280,8 +280,15 @@ impl Tracks {
             .enumerate()
             .map(|(i, table)| {
                 let rows = self.counters[i].load(Ordering::Relaxed);
-                let (started, done) = times.get(i).copied().unwrap_or((None, false));
-                let secs = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                let (started, landed) = times.get(i).copied().unwrap_or((None, None));
+                let done = landed.is_some();
+                // A landed table's rate is over its own copy, not until now.
+                let secs = started.map_or(0.0, |t| {
+                    landed
+                        .unwrap_or_else(Instant::now)
+                        .saturating_duration_since(t)
+                        .as_secs_f64()
+                });
                 let rate = if secs > 0.0 { rows as f64 / secs } else { 0.0 };
                 let estimate = self.estimates[i];
                 let eta = (!done && rate > 0.0 && estimate > rows)
@@ -317,7 +324,7 @@ impl Progress {
                 .map(|j| j.schema.row_estimate.max(0) as u64)
                 .collect(),
             counters: counters.to_vec(),
-            times: std::sync::Mutex::new(vec![(None, false); jobs.len()]),
+            times: std::sync::Mutex::new(vec![(None, None); jobs.len()]),
             report,
         });
         tracks.report();
@@ -405,7 +412,7 @@ impl Progress {
         {
             let mut times = self.tracks.times.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(t) = times.get_mut(job) {
-                t.1 = true;
+                t.1 = Some(Instant::now());
             }
         }
         self.tracks.report();
@@ -418,13 +425,25 @@ impl Progress {
         }
     }
 
-    fn finish(self) {
-        if let Some(t) = self.ticker {
+    /// Stops the ticker, and only then reports the last figures: a tick still running
+    /// could otherwise publish older ones after them.
+    async fn finish(mut self) {
+        if let Some(t) = self.ticker.take() {
             t.abort();
+            let _ = t.await;
         }
         self.tracks.report();
-        if let Some((multi, _)) = self.bars {
+        if let Some((multi, _)) = self.bars.take() {
             let _ = multi.clear();
+        }
+    }
+}
+
+impl Drop for Progress {
+    /// A copy dropped before [`Progress::finish`] (its task cancelled) stops its ticker too.
+    fn drop(&mut self) {
+        if let Some(t) = self.ticker.take() {
+            t.abort();
         }
     }
 }
@@ -450,9 +469,9 @@ mod tests {
                 Arc::new(AtomicU64::new(40)),
             ],
             times: std::sync::Mutex::new(vec![
-                (Instant::now().checked_sub(Duration::from_secs(2)), false),
-                (None, false),
-                (Instant::now().checked_sub(Duration::from_secs(1)), false),
+                (Instant::now().checked_sub(Duration::from_secs(2)), None),
+                (None, None),
+                (Instant::now().checked_sub(Duration::from_secs(1)), None),
             ]),
             report: Arc::new(move |t: Vec<TableSnapshot>| {
                 sink.lock().unwrap_or_else(|e| e.into_inner()).push(t)
@@ -467,11 +486,15 @@ mod tests {
         assert_eq!((f[1].rows_per_second, f[1].eta_seconds), (0.0, None));
         // Past a stale estimate: no time left to tell either.
         assert_eq!(f[2].eta_seconds, None);
-        tracks.times.lock().unwrap_or_else(|e| e.into_inner())[0].1 = true;
+        // Landed 1 s after it started: its rate stays over its own copy.
+        tracks.times.lock().unwrap_or_else(|e| e.into_inner())[0].1 =
+            Instant::now().checked_sub(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(50));
         tracks.report();
         let last = reported.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let done = last.and_then(|t| t.into_iter().next()).unwrap_or_default();
         assert!(done.done && done.eta_seconds.is_none() && done.rows_copied == 200);
+        assert!((190.0..=205.0).contains(&done.rows_per_second), "{done:?}");
     }
 
     #[test]
