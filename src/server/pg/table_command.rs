@@ -170,11 +170,12 @@ fn views_as_tables(significant: &[(usize, &TokenWithSpan)]) -> Vec<Edit> {
             start = i + 1;
             continue;
         }
-        let words: Vec<Option<Keyword>> = significant[start..i]
-            .iter()
-            .map(|w| keyword(&w.1.token))
-            .collect();
-        let commenting = words.starts_with(&[Some(Keyword::COMMENT), Some(Keyword::ON)]);
+        // The statement's words before this token: how many, and the first two (read in
+        // place, so that a long statement is scanned once).
+        let before = i - start;
+        let word = |k: usize| significant.get(start + k).and_then(|w| keyword(&w.1.token));
+        let comment_on = word(0) == Some(Keyword::COMMENT) && word(1) == Some(Keyword::ON);
+        let commenting = before >= 2 && comment_on;
         if let Token::DollarQuotedString(text) = &t.token {
             if commenting {
                 edits.push(Edit {
@@ -194,8 +195,8 @@ fn views_as_tables(significant: &[(usize, &TokenWithSpan)]) -> Vec<Edit> {
                 .take_while(|w| w.1.token != Token::SemiColon)
                 .any(|w| keyword(&w.1.token) == Some(Keyword::RENAME))
         };
-        let comment = words == [Some(Keyword::COMMENT), Some(Keyword::ON)];
-        let alter = words == [Some(Keyword::ALTER)] && renames();
+        let comment = before == 2 && comment_on;
+        let alter = before == 1 && word(0) == Some(Keyword::ALTER) && renames();
         if comment || alter {
             edits.push(Edit::keyword(*index, "TABLE"));
         }
