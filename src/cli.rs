@@ -125,7 +125,7 @@ pub enum Command {
 
     /// Copy the pipeline's tables into Iceberg, then follow their changes.
     #[command(
-        after_help = "Examples:\n  skipprd sync --pipeline app --once   # catch up and exit\n  skipprd sync --pipeline app          # run until SIGTERM or Ctrl-C"
+        after_help = "Examples:\n  skipprd sync --pipeline app --once   # catch up and exit\n  skipprd sync --pipeline app          # run until SIGTERM or Ctrl-C\n  skipprd sync --pipeline app --add-table invoices        # follow one more table\n  skipprd sync --pipeline app --resnapshot --table orders # copy one table again"
     )]
     Sync {
         /// Pipeline to run (may be omitted when only one is defined).
@@ -138,6 +138,27 @@ pub enum Command {
         /// table again (after a lost slot, for example).
         #[arg(long)]
         resnapshot: bool,
+        /// With --resnapshot: copy only this table again (repeatable). The other tables
+        /// keep streaming; readers see the table as it was until its copy commits. When a
+        /// skipprd runs the pipeline, it is told (SIGHUP) and makes the copy.
+        #[arg(long, value_name = "TABLE", requires = "resnapshot")]
+        table: Vec<String>,
+        /// Add a table to the pipeline's `tables:` in skippr.yml (repeatable) and copy it,
+        /// then follow its changes. When a skipprd runs the pipeline, it is told (SIGHUP) and
+        /// takes the table at once; otherwise this sync does the work.
+        #[arg(long = "add-table", value_name = "TABLE")]
+        add_table: Vec<String>,
+    },
+
+    /// Tell the running skipprd (`serve` or `sync`) to read skippr.yml again: tables added
+    /// to a pipeline are copied and followed, tables removed are no longer followed.
+    #[command(
+        after_help = "Example:\n  skipprd reload                 # every pipeline of skippr.yml\n  skipprd reload --pipeline app"
+    )]
+    Reload {
+        /// Only the process that runs this pipeline.
+        #[arg(long)]
+        pipeline: Option<String>,
     },
 
     /// Create or update skippr.yml: add a data source, a data sink or a schema sink to a

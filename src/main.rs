@@ -57,6 +57,29 @@ fn load(cli: &Cli) -> Result<Config> {
     Ok(Config::load(&cli.config)?)
 }
 
+/// `given` as one of the tables `p` follows (for `sync --resnapshot --table`).
+fn followed_table(p: &PipelineConfig, given: &str) -> Result<skippr::config::TableRef> {
+    let t = skippr::config::TableRef::parse(given).ok_or_else(|| {
+        Error::config(format!(
+            "--table: `{given}` is not a table name: write `name` or `schema.name`"
+        ))
+    })?;
+    if !p.source.tables.contains(&t) {
+        return Err(Error::config(format!(
+            "--table: pipeline {} does not follow {t} (its tables: {}); add it with `skipprd sync --pipeline {} --add-table {given}`",
+            p.name,
+            p.source
+                .tables
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            p.name
+        )));
+    }
+    Ok(t)
+}
+
 fn pick<'c>(config: &'c Config, name: Option<&str>) -> Result<&'c PipelineConfig> {
     match name {
         Some(n) => config.pipeline(n),
@@ -145,11 +168,56 @@ async fn run(cli: Cli) -> Result<u8> {
             pipeline,
             once,
             resnapshot,
+            table,
+            add_table,
         } => {
-            let p = pick(&config, pipeline.as_deref())?;
+            let mut config = config;
+            let name = pick(&config, pipeline.as_deref())?.name.clone();
+            if !add_table.is_empty() {
+                config::connect::apply(
+                    &cli.config,
+                    None,
+                    None,
+                    None,
+                    Some(config::connect::Connect::AddTables {
+                        pipeline: name.clone(),
+                        tables: add_table.clone(),
+                    }),
+                )?;
+                config = Config::load(&config.file)?;
+                writeln!(
+                    stdout,
+                    "added {} to pipeline {name} in {}",
+                    add_table.join(", "),
+                    config.file.display()
+                )?;
+            }
+            let p = pick(&config, Some(&name))?;
+            if !table.is_empty() {
+                let asked = table
+                    .iter()
+                    .map(|t| followed_table(p, t))
+                    .collect::<Result<Vec<_>>>()?;
+                skippr::pipeline::reload::Requests::of(&config, &name).ask(&asked)?;
+            }
+            let one_table = !table.is_empty();
+            if !add_table.is_empty() || one_table {
+                if let Some(pid) = skippr::pipeline::reload::signal_running(&config, &name)? {
+                    writeln!(
+                        stdout,
+                        "told skipprd (pid {pid}), which runs pipeline {name}: it copies the table(s) now; follow with `skipprd status`"
+                    )?;
+                    return Ok(0);
+                }
+            }
             let (tx, rx) = tokio::sync::watch::channel(false);
             skippr::pipeline::trap_signals(tx);
-            let mode = skippr::supervise::Mode::Sync { once, resnapshot };
+            skippr::pipeline::reload::trap_reload(config.file.clone());
+            // `--resnapshot --table` copies the tables asked for, not every table.
+            let mode = skippr::supervise::Mode::Sync {
+                once,
+                resnapshot: resnapshot && !one_table,
+            };
             // With `skippr.metrics.listen` set, sync serves the same metrics as serve.
             let metrics = if config.metrics_listen_set {
                 Some(skippr::serve::spawn_sync_metrics(&config, rx.clone()).await?)
@@ -171,6 +239,36 @@ async fn run(cli: Cli) -> Result<u8> {
                 report.copied.len(),
                 report.skipped.len()
             )?;
+            Ok(0)
+        }
+        Command::Reload { pipeline } => {
+            let names: Vec<String> = match pipeline.as_deref() {
+                Some(n) => vec![config.pipeline(n)?.name.clone()],
+                None => config.pipelines.iter().map(|p| p.name.clone()).collect(),
+            };
+            let mut told = std::collections::BTreeMap::new();
+            for name in &names {
+                if let Some(pid) = skippr::pipeline::reload::running_pid(&config, name)? {
+                    told.entry(pid).or_insert_with(Vec::new).push(name.clone());
+                }
+            }
+            if told.is_empty() {
+                writeln!(
+                    stdout,
+                    "no skipprd runs {}; the next `sync` or `serve` reads skippr.yml as it is",
+                    names.join(", ")
+                )?;
+                return Ok(0);
+            }
+            for (pid, pipelines) in told {
+                skippr::pipeline::reload::signal_running(&config, &pipelines[0])?;
+                writeln!(
+                    stdout,
+                    "told skipprd (pid {pid}) to read {} again (pipelines {})",
+                    config.file.display(),
+                    pipelines.join(", ")
+                )?;
+            }
             Ok(0)
         }
         Command::Status { pipeline, format } => {

@@ -27,6 +27,7 @@ const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 pub async fn run(config: &Config) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     crate::pipeline::trap_signals(stop_tx.clone());
+    crate::pipeline::reload::trap_reload(config.file.clone());
     let ws = Workspace::open(config).await?;
     let gateway = Gateway::bind(&config.query, ws.clone()).await?;
     let metrics_listener = endpoint::bind(config.metrics_listen).await?;
@@ -39,6 +40,7 @@ pub async fn run(config: &Config) -> Result<()> {
         stop_rx.clone(),
     ));
     services.spawn(refresh_tables(ws.clone(), stop_rx.clone()));
+    services.spawn(follow_reloads(ws.clone(), config.clone(), stop_rx.clone()));
 
     // The pipelines run on threads of their own: statements of the gateway keep the main
     // runtime's workers busy while they compute, and the ingest loop, the WAL appender and
@@ -100,6 +102,37 @@ pub async fn run(config: &Config) -> Result<()> {
     ingest.shutdown_background();
     tracing::info!("skipprd serve stopped");
     Ok(())
+}
+
+/// Gives the gateway the tables a reload makes each pipeline follow, and reports a pipeline
+/// that a reload adds (a new pipeline starts with the next start of `serve`).
+async fn follow_reloads(
+    ws: Arc<Workspace>,
+    started: Config,
+    mut stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let mut reloads = crate::pipeline::reload::reloads();
+    loop {
+        let changed = tokio::select! {
+            changed = reloads.changed() => changed.is_ok(),
+            _ = stop.wait_for(|s| *s) => false,
+        };
+        if !changed {
+            return Ok(());
+        }
+        let Some(config) = reloads.borrow_and_update().clone() else {
+            continue;
+        };
+        ws.follow(&config);
+        for p in &config.pipelines {
+            if !started.pipelines.iter().any(|s| s.name == p.name) {
+                tracing::warn!(pipeline = %p.name, "reload: a new pipeline starts with the next start of skipprd serve");
+            }
+        }
+        if let Err(e) = ws.refresh().await {
+            tracing::warn!(error = %e.report(), "cannot list the workspace's tables");
+        }
+    }
 }
 
 async fn refresh_tables(ws: Arc<Workspace>, mut stop: watch::Receiver<bool>) -> Result<()> {

@@ -91,6 +91,9 @@ async fn run_inner(
     };
     let mut failing_since: Option<Instant> = None;
     let mut standing_by = false;
+    // A reload may change the pipeline's tables; a restart after a fault keeps them.
+    let mut p = p.clone();
+    let p = &mut p;
     loop {
         state::set(&p.name, State::Starting, None);
         let e = match pipeline::sync(config, p, once, resnapshot, shutdown.clone()).await {

@@ -41,6 +41,11 @@ pub enum Connect {
         /// (table, name) names it (`changelog: {table: name}`), and an empty name removes it.
         changelog: Vec<(String, Option<String>)>,
     },
+    /// Tables the pipeline's data source follows from now on (`sync --add-table`).
+    AddTables {
+        pipeline: String,
+        tables: Vec<String>,
+    },
 }
 
 fn key(s: &str) -> Value {
@@ -274,6 +279,41 @@ fn source_tables(doc: &Mapping, pipeline: &str) -> Option<(String, Vec<String>)>
         .map(|t| t.as_str().map(str::to_string))
         .collect::<Option<Vec<_>>>()?;
     Some((name.to_string(), tables))
+}
+
+/// Appends `tables` to the `tables:` of the pipeline's data source (a table already there
+/// stays where it is).
+fn add_tables(doc: &mut Mapping, pipeline: &str, tables: &[String]) -> Result<()> {
+    let Some((source, listed)) = source_tables(doc, pipeline) else {
+        return Err(Error::config(format!(
+            "pipeline `{pipeline}` has no Postgres data source with a `tables:` list in the config file; add one with `skipprd connect data-source postgres --pipeline {pipeline} ... --tables TABLE`"
+        )));
+    };
+    let mut list = listed.clone();
+    for t in tables {
+        let Some(r) = super::TableRef::parse(t) else {
+            return Err(Error::config(format!(
+                "--add-table: `{t}` is not a table name: write `name` or `schema.name`"
+            )));
+        };
+        if !list
+            .iter()
+            .any(|l| super::TableRef::parse(l).as_ref() == Some(&r))
+        {
+            list.push(t.clone());
+        }
+    }
+    if let Some(Value::Mapping(pg)) = doc
+        .get_mut("data_sources")
+        .and_then(|s| s.get_mut(source.as_str()))
+        .and_then(|s| s.get_mut("Postgres"))
+    {
+        pg.insert(
+            key("tables"),
+            Value::Sequence(list.into_iter().map(Value::String).collect()),
+        );
+    }
+    Ok(())
 }
 
 /// `table` as a table of the pipeline: a table name, and one the pipeline's data source
@@ -580,6 +620,7 @@ pub fn apply(
             table_settings(&mut doc, &pipeline, "exclude_columns", &exclude_columns)?;
             changelog_settings(&mut doc, &pipeline, &changelog)?;
         }
+        Some(Connect::AddTables { pipeline, tables }) => add_tables(&mut doc, &pipeline, &tables)?,
         Some(Connect::SchemaSink {
             pipeline,
             name,

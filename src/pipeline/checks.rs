@@ -30,7 +30,7 @@ const PARTITION_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 pub(super) async fn watch_partitions(
     p: PipelineConfig,
     mut shutdown: watch::Receiver<bool>,
-    stop: watch::Sender<bool>,
+    stop: std::sync::Arc<watch::Sender<bool>>,
 ) {
     loop {
         if *shutdown.borrow() {

@@ -2,6 +2,8 @@
 //! the same slot or commit the same tables.
 
 use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
 
 use crate::config::Config;
 use crate::error::{Context, Error, ErrorKind, Result};
@@ -20,15 +22,22 @@ impl PipelineLock {
                 dir.display()
             )
         })?;
-        let path = dir.join(format!("{pipeline}.lock"));
-        let file = File::options()
+        let path = lock_path(config, pipeline);
+        let mut file = File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
             .with_context(|| format!("cannot open the lock file {}", path.display()))?;
         match file.try_lock() {
-            Ok(()) => Ok(Self { _file: file }),
+            Ok(()) => {
+                // The holder's pid, for `skipprd reload` (read only while the lock is held).
+                file.set_len(0)
+                    .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()))
+                    .and_then(|()| file.flush())
+                    .with_context(|| format!("writing the lock file {}", path.display()))?;
+                Ok(Self { _file: file })
+            }
             Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
                 ErrorKind::Source,
                 format!(
@@ -41,4 +50,12 @@ impl PipelineLock {
             }
         }
     }
+}
+
+/// The pipeline's lock file, in the state folder.
+pub(super) fn lock_path(config: &Config, pipeline: &str) -> PathBuf {
+    config
+        .storage_path
+        .join("pipelines")
+        .join(format!("{pipeline}.lock"))
 }

@@ -14,6 +14,7 @@ pub mod landing;
 pub mod layout;
 mod lock;
 pub mod position;
+pub mod reload;
 pub mod seams;
 pub mod shutdown;
 mod slot_watch;
@@ -71,7 +72,7 @@ pub(crate) fn wal_of(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
 
 pub async fn sync(
     config: &Config,
-    p: &PipelineConfig,
+    p: &mut PipelineConfig,
     once: bool,
     resnapshot: bool,
     shutdown: watch::Receiver<bool>,
@@ -83,36 +84,68 @@ pub async fn sync(
     if resnapshot {
         resnapshot_reset(config, p).await?;
     }
+    // Reloads read from here on are applied between two runs of the stream.
+    let mut reloads = reload::reloads();
+    reloads.mark_unchanged();
     let mut report = snapshot_phase(config, p).await?;
     if p.source.cdc_mode.needs_replication() {
         let catalog = LocalCatalog::for_sink(&p.sink).await?;
         let namespace = catalog.ensure_namespace(&config.workspace).await?;
         let wal = wal_of(config, p)?;
-        let tables = IcebergTables {
-            catalog: &catalog,
-            namespace: &namespace,
-            p,
-        };
         if once {
+            let tables = IcebergTables {
+                catalog: &catalog,
+                namespace: &namespace,
+                p,
+            };
             let client = connect(&p.source).await?;
             let mut source = PostgresSource::new(p, Some(client));
             cdc::catch_up_once(&mut source, &wal, &tables).await?;
         } else {
-            let cadence = Cadence::of(p);
             let sampler = tokio::spawn(slot_watch::watch_slot(p.clone(), shutdown.clone()));
             let _sampler = AbortOnDrop(sampler);
             loop {
-                // The stream stops (flushed, committed, acknowledged) when the user asks or
-                // when a followed partitioned table gains or loses a partition; the table is
-                // then copied again and the stream goes on.
+                // The stream stops (flushed, committed, acknowledged) when the user asks,
+                // when a followed partitioned table gains or loses a partition (the table is
+                // then copied again), or when a reload changes the tables (new ones are
+                // copied, and tables asked for by `sync --resnapshot --table` copied again);
+                // then the stream goes on.
                 let (stop_tx, stop_rx) = watch::channel(false);
-                let watcher = tokio::spawn(watch_partitions(p.clone(), shutdown.clone(), stop_tx));
+                let stop_tx = std::sync::Arc::new(stop_tx);
+                let watcher = tokio::spawn(watch_partitions(
+                    p.clone(),
+                    shutdown.clone(),
+                    stop_tx.clone(),
+                ));
+                let _watcher = AbortOnDrop(watcher);
+                let reloader = tokio::spawn(reload::watch(
+                    config.clone(),
+                    p.clone(),
+                    reloads.clone(),
+                    stop_tx,
+                ));
+                let _reloader = AbortOnDrop(reloader);
+                let tables = IcebergTables {
+                    catalog: &catalog,
+                    namespace: &namespace,
+                    p,
+                };
                 let source = PostgresSource::new(p, None);
-                let streamed = cdc::run_continuous(source, &wal, &tables, &cadence, stop_rx).await;
-                watcher.abort();
-                streamed?;
+                let cadence = Cadence::of(p);
+                cdc::run_continuous(source, &wal, &tables, &cadence, stop_rx).await?;
                 if *shutdown.borrow() {
                     break;
+                }
+                if let Some(new) = reload::take(&mut reloads, p) {
+                    match layout::require_fit(&new).await {
+                        Ok(()) => {
+                            tracing::info!(pipeline = %p.name, tables = new.source.tables.len(), "reload: following the tables skippr.yml lists now");
+                            *p = new;
+                        }
+                        Err(e) => {
+                            tracing::error!(pipeline = %p.name, error = %e.report(), "reload refused; still following the tables read before")
+                        }
+                    }
                 }
                 let again = snapshot_phase(config, p).await?;
                 report.copied.extend(again.copied);

@@ -81,6 +81,18 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
         resnapshot: prior.as_ref().is_some_and(|s| s.resnapshot),
         ..PipelineState::default()
     };
+    // Tables `sync --resnapshot --table` asked to copy again (kept until their copy commits).
+    let requests = super::reload::Requests::of(config, &p.name);
+    let asked = requests.tables()?;
+    let stale: Vec<String> = asked
+        .iter()
+        .filter(|t| !cfg.tables.iter().any(|f| f.to_string() == **t))
+        .cloned()
+        .collect();
+    if !stale.is_empty() {
+        tracing::warn!(pipeline = %p.name, tables = ?stale, "a new copy was asked for tables the pipeline does not follow; dropping the request");
+        requests.done(&stale)?;
+    }
     let mut report = SyncReport::default();
     let mut todo = Vec::new();
     let mut synced_partitioned = Vec::new();
@@ -93,12 +105,18 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             todo.push(job(ts, table, false, None)?);
             continue;
         };
+        let asked_for = asked.contains(&ts.table.to_string());
         // `--resnapshot` is also how a table is handed over from another pipeline.
-        if !prior.as_ref().is_some_and(|s| s.resnapshot) {
+        if !prior.as_ref().is_some_and(|s| s.resnapshot) && !asked_for {
             check_owner(&table, &ts, p)?;
         }
         let recorded = prior.as_ref().and_then(|s| s.table(&ts.table));
-        match copy_again(prior.as_ref(), recorded, &ts, lsn) {
+        let again = if asked_for {
+            Some("`sync --resnapshot --table` asked for a new copy (readers see the table as it was until the copy commits)".to_string())
+        } else {
+            copy_again(prior.as_ref(), recorded, &ts, lsn)
+        };
+        match again {
             None => {
                 // Without a state yet (a pipeline from before it was kept), adopt what
                 // Iceberg records.
@@ -235,6 +253,13 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
     }
     state.resnapshot = false;
     state.save(&p.state_file)?;
+    // Every table is copied now: what was asked for is done.
+    let done: Vec<String> = asked
+        .iter()
+        .filter(|t| report.copied.contains(t))
+        .cloned()
+        .collect();
+    requests.done(&done)?;
     Ok(report)
 }
 

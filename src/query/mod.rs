@@ -67,14 +67,20 @@ struct TableEntry {
 }
 
 /// A pipeline writing to one of the workspace's sinks.
+#[derive(Debug, Clone, Default)]
+struct Followed {
+    tables: Vec<TableRef>,
+    changelogs: BTreeMap<TableRef, String>,
+}
+
 struct PipelineEntry {
     name: String,
     wal: WalReader,
     /// The WAL's history, which time travel between commits reads.
     history: crate::wal::WalHistory,
-    tables: Vec<TableRef>,
-    /// The changelog table of each table that has one, by Iceberg name.
-    changelogs: BTreeMap<TableRef, String>,
+    /// The tables it follows and the changelog table of each table that has one, by Iceberg
+    /// name (a reload of `serve` may change both: see [`Workspace::follow`]).
+    followed: RwLock<Followed>,
     /// Its state (how far its WAL was removed, for the read view's cut).
     state_file: crate::storage::state_file::StateFile,
     /// Its source, for the gateway's `skippr.wait_lsn(NULL)` (queries never connect to it).
@@ -166,8 +172,10 @@ impl Workspace {
                     &p.name,
                     p.maintenance.snapshot_retention,
                 )?,
-                tables: p.source.tables.clone(),
-                changelogs: p.changelogs.clone(),
+                followed: RwLock::new(Followed {
+                    tables: p.source.tables.clone(),
+                    changelogs: p.changelogs.clone(),
+                }),
                 state_file: p.state_file.clone(),
                 source: p.source.clone(),
                 latest: view::Latest::default(),
@@ -213,22 +221,26 @@ impl Workspace {
             {
                 continue;
             }
+            let followed: Vec<Followed> = self.pipelines[i]
+                .iter()
+                .map(|p| p.followed.read().unwrap_or_else(|e| e.into_inner()).clone())
+                .collect();
             for ident in sink
                 .catalog
                 .list_tables(&ns)
                 .await
                 .context("listing the workspace's tables")?
             {
-                let pipeline = self.pipelines[i].iter().find_map(|p| {
-                    p.tables
+                let pipeline = self.pipelines[i].iter().zip(&followed).find_map(|(p, f)| {
+                    f.tables
                         .iter()
                         .find(|t| t.iceberg_name() == ident.name())
                         .map(|t| (p.name.clone(), p.wal.clone(), t.clone()))
                 });
                 let changelog_of = match pipeline {
                     Some(_) => None,
-                    None => self.pipelines[i].iter().find_map(|p| {
-                        p.changelogs
+                    None => self.pipelines[i].iter().zip(&followed).find_map(|(p, f)| {
+                        f.changelogs
                             .iter()
                             .find(|(_, name)| name.as_str() == ident.name())
                             .map(|(t, _)| (p.name.clone(), p.wal.clone(), t.clone()))
@@ -248,6 +260,19 @@ impl Workspace {
         }
         *self.tables.write().unwrap_or_else(|e| e.into_inner()) = found;
         Ok(())
+    }
+
+    /// Takes the tables each pipeline of `config` follows now (a reload of `serve`); the
+    /// next [`Workspace::refresh`] lists them under their pipeline.
+    pub fn follow(&self, config: &Config) {
+        for entry in self.pipelines.iter().flatten() {
+            if let Some(p) = config.pipelines.iter().find(|p| p.name == entry.name) {
+                *entry.followed.write().unwrap_or_else(|e| e.into_inner()) = Followed {
+                    tables: p.source.tables.clone(),
+                    changelogs: p.changelogs.clone(),
+                };
+            }
+        }
     }
 
     pub fn table_names(&self) -> Vec<String> {
@@ -474,6 +499,15 @@ impl Workspace {
         let views = ViewHandle::default();
         let mut out = Vec::new();
         for name in self.table_names() {
+            // A table whose copy has not committed yet has no state to show.
+            if let Some(entry) = self.entry(&name) {
+                if let Some((pipeline, _, _)) = &entry.pipeline {
+                    let view = views.view(self, pipeline).await?;
+                    if !view.tables.contains_key(&name) && view.refused.contains_key(&name) {
+                        continue;
+                    }
+                }
+            }
             if let Some(s) = self.state_with(&name, &views).await? {
                 out.push(s);
             }

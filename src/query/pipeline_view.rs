@@ -19,7 +19,8 @@ pub struct PipelineView {
     pub read: WalRead,
     /// Each table of the pipeline at the Iceberg metadata loaded for this view.
     pub tables: HashMap<String, Table>,
-    /// Tables whose state at a time-travel LSN is not known exactly, with the reason: a
-    /// statement that reads one fails with it (the other tables still answer).
+    /// Tables whose state at a time-travel LSN is not known exactly, or whose copy has not
+    /// committed yet, with the reason: a statement that reads one fails with it (the other
+    /// tables still answer).
     pub refused: HashMap<String, String>,
 }

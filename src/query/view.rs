@@ -326,11 +326,20 @@ impl Workspace {
                 }
             }
             let mut tables = HashMap::new();
+            let mut copying = HashMap::new();
             let mut fitting = true;
             for (name, entry) in self.entries_of(pipeline) {
                 let table = self.sinks[entry.sink]
                     .load_current_of(&entry.ident, Some(pipeline))
                     .await?;
+                if table.metadata().current_snapshot().is_none() {
+                    // Made for a copy that has not committed yet: never shown half-copied.
+                    copying.insert(
+                        name.clone(),
+                        format!("table {name} is being copied; it becomes queryable once its copy commits (`skipprd status` shows how far it is)"),
+                    );
+                    continue;
+                }
                 if !fits(&table, lsn, &read) {
                     fitting = false;
                     break;
@@ -344,7 +353,7 @@ impl Workspace {
                     lsn,
                     read,
                     tables,
-                    refused: HashMap::new(),
+                    refused: copying,
                 };
                 return match as_of {
                     Some(a) => {
