@@ -46,6 +46,8 @@ pub struct Sinks<T: TableSink> {
     pipeline: Option<String>,
     /// When the next consistent cut is due (see [`Sinks::cutting`]).
     cuts: Option<super::cuts::CutClock>,
+    /// The log is kept after this LSN whatever the tables hold (see [`Sinks::holding`]).
+    hold: Option<Lsn>,
 }
 
 impl<T: TableSink> Sinks<T> {
@@ -58,6 +60,13 @@ impl<T: TableSink> Sinks<T> {
     /// Takes consistent cuts after the commit rounds (see [`super::cuts`]).
     pub fn cutting(mut self, settings: Option<crate::table::cuts::CutSettings>) -> Self {
         self.cuts = settings.map(super::cuts::CutClock::new);
+        self
+    }
+
+    /// Keeps the log after `hold`, for a table being copied beside the stream: its changes
+    /// after its copy's LSN must still be in the log when it joins.
+    pub fn holding(mut self, hold: Option<Lsn>) -> Self {
+        self.hold = hold;
         self
     }
 
@@ -98,6 +107,7 @@ impl<T: TableSink> Sinks<T> {
             since_check: 0,
             pipeline: None,
             cuts: None,
+            hold: None,
         }
     }
 
@@ -110,13 +120,19 @@ impl<T: TableSink> Sinks<T> {
             .collect()
     }
 
-    /// The LSN below which every table has committed all its changes.
+    /// The LSN below which every table has committed all its changes (and no table being
+    /// copied beside the stream still needs the log: see [`Sinks::holding`]).
     pub fn covered(&self) -> Lsn {
-        self.tables
+        let tables = self
+            .tables
             .iter()
             .map(|t| t.covered())
             .min()
-            .unwrap_or_default()
+            .unwrap_or_default();
+        match self.hold {
+            Some(h) => tables.min(h),
+            None => tables,
+        }
     }
 
     fn pending_changes(&self) -> u64 {
@@ -412,6 +428,8 @@ pub struct IcebergTables<'a> {
     pub catalog: &'a LocalCatalog,
     pub namespace: &'a NamespaceIdent,
     pub p: &'a PipelineConfig,
+    /// Keeps the log after this LSN (a table copied beside the stream: see [`Sinks::holding`]).
+    pub hold: Option<Lsn>,
 }
 
 #[async_trait]
@@ -427,7 +445,8 @@ impl Tables for IcebergTables<'_> {
             self.p.transaction_memory_budget,
         )
         .named(&self.p.name)
-        .cutting(self.p.consistent_cuts))
+        .cutting(self.p.consistent_cuts)
+        .holding(self.hold))
     }
 
     async fn check_source(&self) -> Result<()> {

@@ -492,6 +492,8 @@ pub struct MemTables {
     pub budget: u64,
     /// Consistent cuts after the commit rounds.
     pub cuts: Option<CutSettings>,
+    /// The log kept after this LSN (a table copied beside the stream).
+    pub hold: Option<Lsn>,
 }
 
 impl MemTables {
@@ -507,6 +509,7 @@ impl MemTables {
             ),
             budget: 256 * 1024 * 1024,
             cuts: None,
+            hold: None,
         }
     }
 
@@ -550,7 +553,8 @@ impl Tables for MemTables {
             self.state_file.clone(),
             self.budget,
         )
-        .cutting(self.cuts))
+        .cutting(self.cuts)
+        .holding(self.hold))
     }
 
     async fn check_source(&self) -> Result<()> {

@@ -97,6 +97,7 @@ pub async fn sync(
                 catalog: &catalog,
                 namespace: &namespace,
                 p,
+                hold: None,
             };
             let client = connect(&p.source).await?;
             let mut source = PostgresSource::new(p, Some(client));
@@ -104,12 +105,14 @@ pub async fn sync(
         } else {
             let sampler = tokio::spawn(slot_watch::watch_slot(p.clone(), shutdown.clone()));
             let _sampler = AbortOnDrop(sampler);
+            // Tables new to the pipeline being copied beside the stream.
+            let mut beside: Option<snapshot::Beside> = None;
             loop {
                 // The stream stops (flushed, committed, acknowledged) when the user asks,
                 // when a followed partitioned table gains or loses a partition (the table is
-                // then copied again), or when a reload changes the tables (new ones are
-                // copied, and tables asked for by `sync --resnapshot --table` copied again);
-                // then the stream goes on.
+                // then copied again), when a reload changes the tables (tables asked for by
+                // `sync --resnapshot --table` are copied again), or when a copy beside it
+                // has committed (its tables then join the stream); then the stream goes on.
                 let (stop_tx, stop_rx) = watch::channel(false);
                 let stop_tx = std::sync::Arc::new(stop_tx);
                 let watcher = tokio::spawn(watch_partitions(
@@ -122,20 +125,62 @@ pub async fn sync(
                     config.clone(),
                     p.clone(),
                     reloads.clone(),
-                    stop_tx,
+                    stop_tx.clone(),
                 ));
                 let _reloader = AbortOnDrop(reloader);
+                // The stream carries every table; the tables still being copied are not
+                // committed to until they join, and the log keeps their changes until then.
+                let mut streaming = p.clone();
+                if let Some(b) = &beside {
+                    streaming.source.tables.retain(|t| !b.tables.contains(t));
+                }
                 let tables = IcebergTables {
                     catalog: &catalog,
                     namespace: &namespace,
-                    p,
+                    p: &streaming,
+                    hold: beside.as_ref().map(|b| b.lsn),
                 };
                 let source = PostgresSource::new(p, None);
                 let cadence = Cadence::of(p);
-                cdc::run_continuous(source, &wal, &tables, &cadence, stop_rx).await?;
+                let run = cdc::run_continuous(source, &wal, &tables, &cadence, stop_rx);
+                match beside.take() {
+                    None => run.await?,
+                    Some(b) => {
+                        tokio::pin!(run);
+                        let mut copy = b.copy;
+                        let (streamed, copied) = tokio::select! {
+                            streamed = &mut run => (streamed, None),
+                            copied = &mut copy => {
+                                tracing::info!(pipeline = %p.name, tables = ?b.tables.iter().map(|t| t.to_string()).collect::<Vec<_>>(), "copy beside the stream done: the tables join it");
+                                let _ = stop_tx.send(true);
+                                ((&mut run).await, Some(copied))
+                            }
+                        };
+                        // A stream stopped first (a reload, a partition change) waits for
+                        // the copy; a stop or a fault cuts it short, and the next start
+                        // copies those tables again.
+                        let copied = match copied {
+                            Some(c) => Some(c),
+                            None if streamed.is_err() || *shutdown.borrow() => {
+                                copy.abort();
+                                None
+                            }
+                            None => Some(copy.await),
+                        };
+                        streamed?;
+                        if let Some(c) = copied {
+                            c.map_err(|e| {
+                                crate::error::Error::fatal(format!(
+                                    "the copy of a table added to the pipeline stopped: {e}"
+                                ))
+                            })??;
+                        }
+                    }
+                }
                 if *shutdown.borrow() {
                     break;
                 }
+                let before: Vec<crate::config::TableRef> = p.source.tables.clone();
                 if let Some(new) = reload::take(&mut reloads, p) {
                     match layout::require_fit(&new).await {
                         Ok(()) => {
@@ -147,7 +192,15 @@ pub async fn sync(
                         }
                     }
                 }
-                let again = snapshot_phase(config, p).await?;
+                let added: Vec<crate::config::TableRef> = p
+                    .source
+                    .tables
+                    .iter()
+                    .filter(|t| !before.contains(t))
+                    .cloned()
+                    .collect();
+                let (again, copying) = snapshot::snapshot_phase_beside(config, p, &added).await?;
+                beside = copying;
                 report.copied.extend(again.copied);
             }
         }

@@ -48,9 +48,30 @@ pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Res
     Ok(())
 }
 
+/// The copy of tables new to a running pipeline, made beside its stream (see
+/// [`snapshot_phase_beside`]).
+pub(super) struct Beside {
+    /// The copy's LSN: the log is kept after it until the tables join the stream.
+    pub lsn: Lsn,
+    pub tables: Vec<crate::config::TableRef>,
+    pub copy: tokio::task::JoinHandle<Result<()>>,
+}
+
 /// The snapshot of every table that has no committed snapshot yet, or whose committed rows
 /// can no longer be trusted to be complete (see [`copy_again`]).
 pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncReport> {
+    Ok(snapshot_phase_beside(config, p, &[]).await?.0)
+}
+
+/// [`snapshot_phase`], except that when the only tables to copy are `added` (new to the
+/// pipeline, with its slot already streaming), their copy is started and returned instead of
+/// awaited: the stream goes on for the other tables meanwhile, and the tables join it once
+/// their copy has committed (their changes after the copy's LSN wait in the log).
+pub(super) async fn snapshot_phase_beside(
+    config: &Config,
+    p: &PipelineConfig,
+    added: &[crate::config::TableRef],
+) -> Result<(SyncReport, Option<Beside>)> {
     let cfg = &p.source;
     let catalog = LocalCatalog::for_sink(&p.sink).await?;
     let namespace = catalog.ensure_namespace(&config.workspace).await?;
@@ -181,6 +202,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
         require_slot_not_moved(config, &client, p, &report, prior.is_some(), &state).await?;
     }
 
+    let mut beside = None;
     match cfg.cdc_mode {
         CdcMode::SnapshotOnly => {
             if !todo.is_empty() {
@@ -221,11 +243,35 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
                         create_slot_exporting_snapshot(cfg, &tmp, true).await?
                     }
                 };
+                // Tables new to a streaming pipeline are copied beside its stream.
+                let alongside = existing.is_some()
+                    && todo.iter().all(|j| {
+                        !j.replace && j.reshape.is_none() && added.contains(&j.schema.table)
+                    });
                 report.copied = names(&todo);
                 let lsn = exported.consistent_point;
                 mark_copying(cfg, &mut state, &todo, lsn, &p.state_file)?;
-                copy_into(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
-                drop(exported.session);
+                if alongside {
+                    let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
+                    let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
+                    let copy = tokio::spawn(async move {
+                        let copied = copy_into(
+                            &cfg,
+                            &exported.snapshot_name,
+                            lsn,
+                            todo,
+                            &catalog,
+                            &pipeline,
+                        )
+                        .await;
+                        drop(exported.session);
+                        copied
+                    });
+                    beside = Some(Beside { lsn, tables, copy });
+                } else {
+                    copy_into(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
+                    drop(exported.session);
+                }
             }
         }
         CdcMode::CdcOnly => {
@@ -246,7 +292,15 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
             }
         }
     }
-    for t in state.tables.values_mut() {
+    for (name, t) in state.tables.iter_mut() {
+        // A copy beside the stream is still under way: the next snapshot phase, once it
+        // committed, takes its LSN as the table's watermark.
+        if beside
+            .as_ref()
+            .is_some_and(|b: &Beside| b.tables.iter().any(|t| t.to_string() == *name))
+        {
+            continue;
+        }
         if let Some(lsn) = t.copying_at.take() {
             t.watermark = lsn;
         }
@@ -260,7 +314,7 @@ pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Resul
         .cloned()
         .collect();
     requests.done(&done)?;
-    Ok(report)
+    Ok((report, beside))
 }
 
 fn job(

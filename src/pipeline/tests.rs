@@ -54,6 +54,44 @@ async fn once_applies_every_change_then_truncates_the_log() {
     assert!(log.held().is_empty(), "committed changes stay in the log");
 }
 
+/// A table copied beside the stream (at LSN 15) joins it later: meanwhile the stream goes on
+/// for the other tables, and the log keeps what came after the copy, so the table that joins
+/// finds its changes there and applies only those after its copy.
+#[tokio::test]
+async fn a_table_copied_beside_the_stream_finds_its_changes_in_the_log_when_it_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut src, log) = (source(), MemLog::default());
+    let mut streaming = MemTables::new(&["a"], dir.path());
+    streaming.hold = Some(Lsn(15));
+    three_txns(&src);
+    catch_up_once(&mut src, &log, &streaming).await.unwrap();
+    assert_eq!(
+        streaming.stored("a").lsn,
+        Lsn(30),
+        "the other table went on"
+    );
+    let kept: Vec<Lsn> = log.segments().unwrap().iter().map(|s| s.last).collect();
+    assert_eq!(
+        kept,
+        vec![Lsn(20), Lsn(30)],
+        "the log after the copy is kept"
+    );
+
+    // The copy committed at 15 with the rows it saw; the table joins the stream.
+    let joined = MemTables::new(&["a", "b"], dir.path());
+    joined.stored("b").lsn = Lsn(15);
+    joined.stored("a").lsn = Lsn(30);
+    joined.stored("a").rows = streaming.stored("a").rows.clone();
+    src.commit(txn(40, vec![update(B, 1, "b2")]));
+    catch_up_once(&mut src, &log, &joined).await.unwrap();
+    assert_eq!(joined.stored("b").rows, rows(&[(1, "b2")]));
+    assert_eq!(joined.stored("b").lsn, Lsn(40));
+    assert!(
+        log.segments().unwrap().is_empty(),
+        "with no hold, all of it goes"
+    );
+}
+
 /// The process dies after every table committed and before the log is truncated; the next
 /// run replays the whole log and must skip what the tables hold (the doubles refuse a row
 /// inserted twice and a delete of a missing row).
