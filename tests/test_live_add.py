@@ -168,7 +168,10 @@ def test_a_table_added_to_a_running_serve_is_copied_whole_while_the_others_strea
     # An independent reader sees the same rows.
     rows = skippr.table("big").scan(selected_fields=("v",)).to_arrow()
     assert (rows.num_rows, sum(rows.column("v").to_pylist())) == figures(skippr, "big")
-    assert "reload refused" in (skippr.workdir / "bg.stderr").read_text()
+    log = (skippr.workdir / "bg.stderr").read_text()
+    assert "reload refused" in log
+    # The table was copied in key chunks, each in a short transaction of its own.
+    assert "copied in key chunks" in log and "chunks=1 " not in log, log[-3000:]
 
 
 def snapshot_phases(skippr: Skippr, table: str) -> list[str]:

@@ -48,6 +48,9 @@ pub struct Sinks<T: TableSink> {
     cuts: Option<super::cuts::CutClock>,
     /// The log is kept after this LSN whatever the tables hold (see [`Sinks::holding`]).
     hold: Option<Lsn>,
+    /// Per table (in `tables`' order): for a table copied in key chunks, the WAL
+    /// transactions each chunk already holds (see [`Sinks::filtering`]).
+    filters: Vec<Option<super::chunks::ChunkFilter>>,
 }
 
 impl<T: TableSink> Sinks<T> {
@@ -67,6 +70,17 @@ impl<T: TableSink> Sinks<T> {
     /// after its copy's LSN must still be in the log when it joins.
     pub fn holding(mut self, hold: Option<Lsn>) -> Self {
         self.hold = hold;
+        self
+    }
+
+    /// Applies to each table copied in key chunks only the WAL transactions its chunks lack
+    /// (see [`super::chunks`]).
+    pub fn filtering(mut self, mut filters: HashMap<TableRef, super::chunks::ChunkFilter>) -> Self {
+        self.filters = self
+            .tables
+            .iter()
+            .map(|t| filters.remove(t.source()))
+            .collect();
         self
     }
 
@@ -108,6 +122,7 @@ impl<T: TableSink> Sinks<T> {
             pipeline: None,
             cuts: None,
             hold: None,
+            filters: Vec::new(),
         }
     }
 
@@ -249,6 +264,14 @@ impl<T: TableSink> Sinks<T> {
                 entry.2 = true;
             }
         }
+        // A table copied in key chunks takes only what the chunk of each key lacks.
+        let c = match (self.filters.get(i), self.rel.get(&c.rel)) {
+            (Some(Some(filter)), Some((_, rel, _))) => match filter.admit(c, rel, xid, end_lsn)? {
+                Some(c) => c,
+                None => return Ok(()),
+            },
+            _ => c,
+        };
         let sink = &mut self.tables[i];
         if matches!(c.op, Op::Update | Op::Delete) && self.append_only.contains(sink.source()) {
             return Err(Error::unrepresentable(format!(
@@ -446,12 +469,29 @@ impl Tables for IcebergTables<'_> {
         )
         .named(&self.p.name)
         .cutting(self.p.consistent_cuts)
-        .holding(self.hold))
+        .holding(self.hold)
+        .filtering(chunk_filters(self.p)?))
     }
 
     async fn check_source(&self) -> Result<()> {
         check_source(self.p).await
     }
+}
+
+/// The tables of `p` copied in key chunks that still lack WAL transactions, as the state
+/// records them.
+fn chunk_filters(p: &PipelineConfig) -> Result<HashMap<TableRef, super::chunks::ChunkFilter>> {
+    let Some(state) = super::state::PipelineState::load(&p.state_file)? else {
+        return Ok(HashMap::new());
+    };
+    Ok(p.source
+        .tables
+        .iter()
+        .filter_map(|t| {
+            let filter = state.table(t)?.chunked.clone()?;
+            Some((t.clone(), filter))
+        })
+        .collect())
 }
 
 /// The timing of a continuous run.

@@ -2,6 +2,7 @@
 //! source yields written to data files of its table (the sink's writer), and each table
 //! committed at the snapshot's LSN once all its chunks are (see the source's `CopyTarget`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -14,8 +15,10 @@ use crate::change::Lsn;
 use crate::error::{Error, Result};
 use crate::sink::iceberg::writer::TableWriter;
 use crate::sink::iceberg::{commit, reshape::Reshape};
+use crate::source::postgres::key_chunks::{chunk_key, copy_in_key_chunks};
 use crate::source::postgres::schema::TableSchema;
 use crate::source::postgres::snapshot::{copy_tables, ChunkWriter, CopyJob, CopyTarget};
+use crate::telemetry::state::TableSnapshot;
 
 /// A table to copy and the Iceberg table it lands in.
 pub struct TableJob {
@@ -150,6 +153,124 @@ pub(super) async fn copy_into(
         file_size: cfg.parquet_target_file_size,
     });
     copy_tables(cfg, snapshot_name, copies, landing).await
+}
+
+/// Whether every table of `todo` can be copied in key chunks (an integer first key column).
+pub(super) fn chunkable(todo: &[TableJob]) -> bool {
+    todo.iter().all(|j| chunk_key(&copy_job(j)).is_some())
+}
+
+fn copy_job(j: &TableJob) -> CopyJob {
+    CopyJob {
+        schema: j.schema.clone(),
+        arrow: j.arrow.clone(),
+    }
+}
+
+/// Copies `todo` in key chunks, each chunk in a short transaction of its own (no snapshot
+/// is held for longer than one chunk), and commits each table at `lsn`, a position every
+/// chunk's snapshot is later than. Before a table lands, the state records what each chunk
+/// saw, for the stream to apply to each key exactly what its chunk lacks (see
+/// [`super::chunks`]).
+pub(super) async fn copy_in_chunks(
+    cfg: &crate::config::PostgresConfig,
+    lsn: Lsn,
+    todo: Vec<TableJob>,
+    catalog: &LocalCatalog,
+    pipeline: &str,
+    state_file: &crate::storage::state_file::StateFile,
+) -> Result<()> {
+    let copies: Vec<CopyJob> = todo.iter().map(copy_job).collect();
+    let landing = Arc::new(Landing {
+        jobs: todo,
+        catalog: catalog.clone(),
+        lsn,
+        pipeline: pipeline.to_string(),
+        file_size: cfg.parquet_target_file_size,
+    });
+    for (i, job) in copies.into_iter().enumerate() {
+        let Some(key) = chunk_key(&job) else {
+            return Err(Error::fatal(format!(
+                "table {} has no integer key to copy it in chunks by",
+                job.schema.table
+            )));
+        };
+        let job = Arc::new(job);
+        let counter = Arc::new(AtomicU64::new(0));
+        let ticker = tokio::spawn(report_progress(
+            Arc::clone(&landing),
+            Arc::clone(&job),
+            Arc::clone(&counter),
+        ));
+        let copied = copy_in_key_chunks(
+            cfg,
+            Arc::clone(&job),
+            i,
+            &key,
+            Arc::clone(&landing),
+            Arc::clone(&counter),
+        )
+        .await;
+        ticker.abort();
+        let (done, chunks) = copied?;
+        // Every chunk's snapshot was taken before this position: a transaction ending after
+        // it was seen by none of them.
+        let through = wal_position(cfg).await?;
+        tracing::info!(table = %job.schema.table, chunks = chunks.len(), through = %through, "copied in key chunks");
+        super::state::record_chunks(
+            state_file,
+            &job.schema.table,
+            super::chunks::ChunkFilter {
+                through,
+                key,
+                chunks,
+            },
+        )?;
+        landing.land(i, done).await?;
+        landing.progress(vec![figures(&job, &counter, true)]);
+    }
+    Ok(())
+}
+
+/// The source's current WAL position (its replay position on a standby).
+async fn wal_position(cfg: &crate::config::PostgresConfig) -> Result<Lsn> {
+    let client = crate::source::postgres::connect::connect(cfg).await?;
+    let text: String = client
+        .query_one(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text",
+            &[],
+        )
+        .await
+        .map_err(Error::from)
+        .map_err(|e| Error::new(e.kind(), format!("reading the source's WAL position: {}", e.message())))?
+        .get(0);
+    Lsn::parse(&text).map_err(Error::fatal)
+}
+
+fn figures(job: &CopyJob, counter: &AtomicU64, done: bool) -> TableSnapshot {
+    TableSnapshot {
+        table: job.schema.table.to_string(),
+        rows_copied: counter.load(Ordering::Relaxed),
+        rows_estimated: job.schema.row_estimate.max(0) as u64,
+        rows_per_second: 0.0,
+        eta_seconds: None,
+        done,
+    }
+}
+
+/// The copy's figures for `skipprd status` and the metrics, about twice a second.
+async fn report_progress(landing: Arc<Landing>, job: Arc<CopyJob>, counter: Arc<AtomicU64>) {
+    let started = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let mut f = figures(&job, &counter, false);
+        let secs = started.elapsed().as_secs_f64();
+        f.rows_per_second = f.rows_copied as f64 / secs.max(0.001);
+        if f.rows_per_second > 0.0 && f.rows_estimated > f.rows_copied {
+            f.eta_seconds = Some((f.rows_estimated - f.rows_copied) as f64 / f.rows_per_second);
+        }
+        landing.progress(vec![f]);
+    }
 }
 
 #[cfg(test)]

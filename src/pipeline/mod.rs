@@ -7,6 +7,7 @@ use tokio::sync::watch;
 
 pub mod cdc;
 mod checks;
+pub mod chunks;
 pub mod cuts;
 #[cfg(test)]
 mod doubles;

@@ -163,6 +163,11 @@ pub(super) async fn snapshot_phase_beside(
                         partitions,
                         copying_at: None,
                         excluded,
+                        // A table copied in chunks keeps what its chunks lack until it has
+                        // committed past it.
+                        chunked: recorded
+                            .and_then(|r| r.chunked.clone())
+                            .filter(|c| c.through > watermark),
                     },
                 );
                 if ts.partitioned {
@@ -251,7 +256,27 @@ pub(super) async fn snapshot_phase_beside(
                 report.copied = names(&todo);
                 let lsn = exported.consistent_point;
                 mark_copying(cfg, &mut state, &todo, lsn, &p.state_file)?;
-                if alongside {
+                if alongside && super::landing::chunkable(&todo) {
+                    // In key chunks, each in a short transaction: no snapshot is held for
+                    // longer than one chunk. The slot's consistent point is all it gives:
+                    // every chunk's snapshot is later, and the WAL is kept from it.
+                    drop(exported.session);
+                    let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
+                    let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
+                    let state_file = p.state_file.clone();
+                    let copy = tokio::spawn(async move {
+                        super::landing::copy_in_chunks(
+                            &cfg,
+                            lsn,
+                            todo,
+                            &catalog,
+                            &pipeline,
+                            &state_file,
+                        )
+                        .await
+                    });
+                    beside = Some(Beside { lsn, tables, copy });
+                } else if alongside {
                     let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
                     let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
                     let copy = tokio::spawn(async move {
@@ -350,6 +375,7 @@ fn mark_copying(
                 partitions: j.schema.partitions.clone(),
                 copying_at: Some(lsn),
                 excluded: source.excluded(&j.schema.table).to_vec(),
+                chunked: None,
             },
         );
     }

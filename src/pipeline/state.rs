@@ -61,10 +61,14 @@ pub struct TableState {
     /// asks for a new copy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded: Vec<String>,
+    /// Copied in key chunks, each in a snapshot of its own: which WAL transactions each
+    /// chunk still lacks, until the table has committed past them (see `pipeline::chunks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunked: Option<super::chunks::ChunkFilter>,
 }
 
 /// LSNs are kept as Postgres prints them, so the file reads like `pg_replication_slots`.
-mod lsn_text {
+pub(super) mod lsn_text {
     use super::Lsn;
     use serde::{Deserialize, Deserializer, Serializer};
 
@@ -135,10 +139,14 @@ impl PipelineState {
         self.tables.get(&t.to_string())
     }
 
-    /// Raises the watermark of a followed table (never lowers it).
+    /// Raises the watermark of a followed table (never lowers it); a table copied in chunks
+    /// that has committed past what they lacked no longer needs their filter.
     pub fn advance(&mut self, t: &TableRef, lsn: Lsn) {
         if let Some(s) = self.tables.get_mut(&t.to_string()) {
             s.watermark = s.watermark.max(lsn);
+            if s.chunked.as_ref().is_some_and(|c| s.watermark >= c.through) {
+                s.chunked = None;
+            }
         }
     }
 }
@@ -153,6 +161,7 @@ pub fn record_commit(
 ) -> Result<()> {
     // The snapshot phase writes the state first; without one there is nothing to advance
     // (and an empty one would read as "no table followed").
+    let _one_writer = writing();
     let Some(mut state) = PipelineState::load(path)? else {
         return Ok(());
     };
@@ -165,6 +174,31 @@ pub fn record_commit(
         state.save(path)?;
     }
     Ok(())
+}
+
+/// Serialises the read-modify-writes of state files in this process: a copy beside the
+/// stream records its chunks while the stream's commits advance the watermarks.
+fn writing() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records that `table` was copied in key chunks (see [`TableState::chunked`]).
+pub fn record_chunks(
+    path: &StateFile,
+    table: &TableRef,
+    filter: super::chunks::ChunkFilter,
+) -> Result<()> {
+    let _one_writer = writing();
+    let mut state = PipelineState::load(path)?.unwrap_or_default();
+    let Some(t) = state.tables.get_mut(&table.to_string()) else {
+        return Err(Error::fatal(format!(
+            "the pipeline state {} does not list {table}, whose copy just ended",
+            path.describe()
+        )));
+    };
+    t.chunked = Some(filter);
+    state.save(path)
 }
 
 /// Takes the pipeline's lease when its WAL and state are on S3, where processes on several
@@ -207,6 +241,7 @@ mod tests {
                 partitions: vec!["p".into()],
                 copying_at: Some(Lsn(7)),
                 excluded: Vec::new(),
+                chunked: None,
             },
         );
         s.save(&path).unwrap();

@@ -311,7 +311,9 @@ impl Workspace {
                 Some(s) => s.noted_acknowledged()?,
                 None => Lsn::default(),
             };
-            let removed = PipelineState::load(&p.state_file)?
+            let state = PipelineState::load(&p.state_file)?;
+            let removed = state
+                .as_ref()
                 .map(|s| s.wal_removed_through)
                 .unwrap_or_default();
             let read = self.tail.read_store(store)?;
@@ -332,6 +334,19 @@ impl Workspace {
                 let table = self.sinks[entry.sink]
                     .load_current_of(&entry.ident, Some(pipeline))
                     .await?;
+                // A table copied in key chunks shows its state only from the position after
+                // which no chunk saw anything: before it, its chunks are at different points.
+                let chunked_through = entry.pipeline.as_ref().and_then(|(_, _, source)| {
+                    let c = state.as_ref()?.table(source)?.chunked.as_ref()?;
+                    Some(c.through)
+                });
+                if let Some(through) = chunked_through.filter(|t| lsn < *t) {
+                    copying.insert(
+                        name.clone(),
+                        format!("table {name} is being copied; it becomes queryable once the stream passes {through}, where its copy is complete (`skipprd status` shows how far it is)"),
+                    );
+                    continue;
+                }
                 if table.metadata().current_snapshot().is_none() {
                     // Made for a copy that has not committed yet: never shown half-copied.
                     copying.insert(

@@ -5,6 +5,7 @@ pub mod carried;
 pub mod connect;
 pub mod copy;
 pub mod discover;
+pub mod key_chunks;
 pub mod pgoutput;
 pub mod relation;
 pub mod schema;
