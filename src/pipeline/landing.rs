@@ -228,6 +228,10 @@ pub(super) async fn copy_in_chunks(
         )?;
         landing.land(i, done).await?;
         landing.progress(vec![figures(&job, &counter, true)]);
+        crate::sink::iceberg::durable::pause_point(
+            crate::sink::iceberg::durable::PAUSE_AFTER_CHUNKED_COPY,
+        )
+        .await;
     }
     Ok(())
 }

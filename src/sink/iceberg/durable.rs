@@ -22,6 +22,10 @@ pub const PAUSE_BEFORE_WAL_REMOVAL: &str = "before-wal-removal";
 /// table's changelog yet.
 pub const PAUSE_BEFORE_COPY_DIFFERENCE: &str = "before-copy-difference";
 
+/// Pause point: a table added to a running pipeline was copied in key chunks and has landed;
+/// it has not joined the stream yet.
+pub const PAUSE_AFTER_CHUNKED_COPY: &str = "after-chunked-copy";
+
 /// Waits forever when [`PAUSE_ENV`] names `point` (see there); returns at once otherwise.
 pub async fn pause_point(point: &str) {
     if std::env::var(PAUSE_ENV).is_ok_and(|v| v == point) {
