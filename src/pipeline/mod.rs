@@ -139,7 +139,7 @@ pub async fn sync(
                     catalog: &catalog,
                     namespace: &namespace,
                     p: &streaming,
-                    hold: beside.as_ref().map(|b| b.lsn),
+                    hold: beside.as_ref().map(|b| b.hold),
                 };
                 let source = PostgresSource::new(p, None);
                 let cadence = Cadence::of(p);
@@ -200,7 +200,8 @@ pub async fn sync(
                     .filter(|t| !before.contains(t))
                     .cloned()
                     .collect();
-                let (again, copying) = snapshot::snapshot_phase_beside(config, p, &added).await?;
+                let (again, copying) =
+                    snapshot::snapshot_phase_beside(config, p, &added, true).await?;
                 beside = copying;
                 report.copied.extend(again.copied);
             }

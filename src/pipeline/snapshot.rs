@@ -51,8 +51,10 @@ pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Res
 /// The copy of tables new to a running pipeline, made beside its stream (see
 /// [`snapshot_phase_beside`]).
 pub(super) struct Beside {
-    /// The copy's LSN: the log is kept after it until the tables join the stream.
-    pub lsn: Lsn,
+    /// The log is kept after this LSN until the tables join the stream: the copy's LSN, or
+    /// the LSN a table copied again had committed, whose readers go on reading it with its
+    /// WAL tail meanwhile.
+    pub hold: Lsn,
     pub tables: Vec<crate::config::TableRef>,
     pub copy: tokio::task::JoinHandle<Result<()>>,
 }
@@ -60,17 +62,19 @@ pub(super) struct Beside {
 /// The snapshot of every table that has no committed snapshot yet, or whose committed rows
 /// can no longer be trusted to be complete (see [`copy_again`]).
 pub(super) async fn snapshot_phase(config: &Config, p: &PipelineConfig) -> Result<SyncReport> {
-    Ok(snapshot_phase_beside(config, p, &[]).await?.0)
+    Ok(snapshot_phase_beside(config, p, &[], false).await?.0)
 }
 
-/// [`snapshot_phase`], except that when the only tables to copy are `added` (new to the
-/// pipeline, with its slot already streaming), their copy is started and returned instead of
-/// awaited: the stream goes on for the other tables meanwhile, and the tables join it once
-/// their copy has committed (their changes after the copy's LSN wait in the log).
+/// [`snapshot_phase`], except that, with `beside` and a slot already streaming, when the only
+/// tables to copy are `added` (new to the pipeline) or asked for by `sync --resnapshot
+/// --table`, their copy is started and returned instead of awaited: the stream goes on for
+/// the other tables meanwhile, and the tables join it once their copy has committed (their
+/// changes wait in the log).
 pub(super) async fn snapshot_phase_beside(
     config: &Config,
     p: &PipelineConfig,
     added: &[crate::config::TableRef],
+    beside_ok: bool,
 ) -> Result<(SyncReport, Option<Beside>)> {
     let cfg = &p.source;
     let catalog = LocalCatalog::for_sink(&p.sink).await?;
@@ -116,6 +120,8 @@ pub(super) async fn snapshot_phase_beside(
     }
     let mut report = SyncReport::default();
     let mut todo = Vec::new();
+    // The LSN each table asked to be copied again had committed.
+    let mut replaced_at = std::collections::HashMap::new();
     let mut synced_partitioned = Vec::new();
     for ts in schemas {
         let layout = p.layout(&ts.table);
@@ -127,6 +133,9 @@ pub(super) async fn snapshot_phase_beside(
             continue;
         };
         let asked_for = asked.contains(&ts.table.to_string());
+        if asked_for {
+            replaced_at.insert(ts.table.clone(), lsn);
+        }
         // `--resnapshot` is also how a table is handed over from another pipeline.
         if !prior.as_ref().is_some_and(|s| s.resnapshot) && !asked_for {
             check_owner(&table, &ts, p)?;
@@ -248,13 +257,24 @@ pub(super) async fn snapshot_phase_beside(
                         create_slot_exporting_snapshot(cfg, &tmp, true).await?
                     }
                 };
-                // Tables new to a streaming pipeline are copied beside its stream.
-                let alongside = existing.is_some()
+                // Tables new to a streaming pipeline, or asked to be copied again, are
+                // copied beside its stream.
+                let alongside = beside_ok
+                    && existing.is_some()
                     && todo.iter().all(|j| {
-                        !j.replace && j.reshape.is_none() && added.contains(&j.schema.table)
+                        j.reshape.is_none()
+                            && if j.replace {
+                                replaced_at.contains_key(&j.schema.table)
+                            } else {
+                                added.contains(&j.schema.table)
+                            }
                     });
                 report.copied = names(&todo);
                 let lsn = exported.consistent_point;
+                let hold = todo
+                    .iter()
+                    .filter_map(|j| replaced_at.get(&j.schema.table).copied())
+                    .fold(lsn, Lsn::min);
                 mark_copying(cfg, &mut state, &todo, lsn, &p.state_file)?;
                 if alongside && super::landing::chunkable(&todo) {
                     // In key chunks, each in a short transaction: no snapshot is held for
@@ -275,7 +295,7 @@ pub(super) async fn snapshot_phase_beside(
                         )
                         .await
                     });
-                    beside = Some(Beside { lsn, tables, copy });
+                    beside = Some(Beside { hold, tables, copy });
                 } else if alongside {
                     let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
                     let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
@@ -292,7 +312,7 @@ pub(super) async fn snapshot_phase_beside(
                         drop(exported.session);
                         copied
                     });
-                    beside = Some(Beside { lsn, tables, copy });
+                    beside = Some(Beside { hold, tables, copy });
                 } else {
                     copy_into(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
                     drop(exported.session);
