@@ -138,26 +138,31 @@ pub(super) async fn copy_into(
     catalog: &LocalCatalog,
     pipeline: &str,
 ) -> Result<()> {
-    let copies = todo
-        .iter()
-        .map(|j| CopyJob {
-            schema: j.schema.clone(),
-            arrow: j.arrow.clone(),
-        })
-        .collect();
-    let landing = Arc::new(Landing {
-        jobs: todo,
-        catalog: catalog.clone(),
-        lsn,
-        pipeline: pipeline.to_string(),
-        file_size: cfg.parquet_target_file_size,
-    });
+    let copies = todo.iter().map(copy_job).collect();
+    let landing = landing(cfg, todo, catalog, lsn, pipeline);
     copy_tables(cfg, snapshot_name, copies, landing).await
 }
 
 /// Whether every table of `todo` can be copied in key chunks (an integer first key column).
 pub(super) fn chunkable(todo: &[TableJob]) -> bool {
     todo.iter().all(|j| chunk_key(&copy_job(j)).is_some())
+}
+
+/// Where the copies of `todo` land: each table committed at `lsn`.
+fn landing(
+    cfg: &crate::config::PostgresConfig,
+    todo: Vec<TableJob>,
+    catalog: &LocalCatalog,
+    lsn: Lsn,
+    pipeline: &str,
+) -> Arc<Landing> {
+    Arc::new(Landing {
+        jobs: todo,
+        catalog: catalog.clone(),
+        lsn,
+        pipeline: pipeline.to_string(),
+        file_size: cfg.parquet_target_file_size,
+    })
 }
 
 fn copy_job(j: &TableJob) -> CopyJob {
@@ -181,13 +186,7 @@ pub(super) async fn copy_in_chunks(
     state_file: &crate::storage::state_file::StateFile,
 ) -> Result<()> {
     let copies: Vec<CopyJob> = todo.iter().map(copy_job).collect();
-    let landing = Arc::new(Landing {
-        jobs: todo,
-        catalog: catalog.clone(),
-        lsn,
-        pipeline: pipeline.to_string(),
-        file_size: cfg.parquet_target_file_size,
-    });
+    let landing = landing(cfg, todo, catalog, lsn, pipeline);
     for (i, job) in copies.into_iter().enumerate() {
         let Some(key) = chunk_key(&job) else {
             return Err(Error::fatal(format!(

@@ -5,16 +5,14 @@
 //! not see (see `pipeline::chunks`). Rows go to the same [`CopyTarget`] as a snapshot's.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use super::connect::connect;
-use super::copy::CopyDecoder;
-use super::snapshot::{ChunkWriter, CopyJob, CopyTarget};
+use super::snapshot::{copy_rows, ChunkWriter, CopyJob, CopyTarget};
 use crate::change::types::PgType;
 use crate::config::{quote_ident, PostgresConfig};
 use crate::error::{Context, Error, Result};
@@ -212,13 +210,6 @@ async fn copy_chunk<W: ChunkWriter>(
         })?
         .get(0);
     let seen = ChunkSeen::parse(&snapshot, lo, hi)?;
-    let cols = job
-        .schema
-        .columns
-        .iter()
-        .map(|c| quote_ident(&c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
     let k = quote_ident(key);
     let mut conds = Vec::new();
     if let Some(lo) = lo {
@@ -227,34 +218,7 @@ async fn copy_chunk<W: ChunkWriter>(
     if let Some(hi) = hi {
         conds.push(format!("{k} < {hi}"));
     }
-    let filter = if conds.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", conds.join(" AND "))
-    };
-    let sql = format!(
-        "COPY (SELECT {cols} FROM {}{filter}) TO STDOUT",
-        table.quoted()
-    );
-    let stream = client
-        .copy_out(sql.as_str())
-        .await
-        .with_context(|| format!("starting to copy a chunk of {table}"))?;
-    futures::pin_mut!(stream);
-    let mut decoder = CopyDecoder::new(table.clone(), &job.schema.columns, Arc::clone(&job.arrow));
-    let mut batches = Vec::new();
-    while let Some(data) = stream.next().await {
-        let data = data.with_context(|| format!("copying a chunk of {table}"))?;
-        decoder.feed(&data, &mut batches)?;
-        for b in batches.drain(..) {
-            counter.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-            writer.write(b).await?;
-        }
-    }
-    if let Some(b) = decoder.finish()? {
-        counter.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-        writer.write(b).await?;
-    }
+    copy_rows(client, job, &conds, writer, counter).await?;
     client
         .batch_execute("COMMIT")
         .await

@@ -204,13 +204,6 @@ async fn copy_chunk<W: ChunkWriter>(
         .with_context(|| {
             format!("importing snapshot {snapshot_name} to copy {table}; the snapshot ends when its exporting session does")
         })?;
-    let cols = job
-        .schema
-        .columns
-        .iter()
-        .map(|c| quote_ident(&c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
     let mut conds = Vec::new();
     if let Some(l) = chunk.lower {
         conds.push(format!("ctid >= '({l},0)'::tid"));
@@ -218,6 +211,31 @@ async fn copy_chunk<W: ChunkWriter>(
     if let Some(u) = chunk.upper {
         conds.push(format!("ctid < '({u},0)'::tid"));
     }
+    copy_rows(&client, job, &conds, &mut writer, &counter).await?;
+    client
+        .batch_execute("COMMIT")
+        .await
+        .context("ending the snapshot transaction")?;
+    writer.finish().await
+}
+
+/// Copies the rows of `job` that meet every condition of `conds` (in the transaction open on
+/// `client`) into `writer`, counting them in `counter`.
+pub(super) async fn copy_rows<W: ChunkWriter>(
+    client: &tokio_postgres::Client,
+    job: &CopyJob,
+    conds: &[String],
+    writer: &mut W,
+    counter: &AtomicU64,
+) -> Result<()> {
+    let table = &job.schema.table;
+    let cols = job
+        .schema
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
     let filter = if conds.is_empty() {
         String::new()
     } else {
@@ -246,11 +264,7 @@ async fn copy_chunk<W: ChunkWriter>(
         counter.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
         writer.write(b).await?;
     }
-    client
-        .batch_execute("COMMIT")
-        .await
-        .context("ending the snapshot transaction")?;
-    writer.finish().await
+    Ok(())
 }
 
 /// Per-table progress: a bar per table on a terminal, a log line every 5 s otherwise, and
