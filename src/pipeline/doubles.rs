@@ -4,7 +4,7 @@
 //! an error) and can be told to fail at one step, so a test sees exactly what the
 //! orchestration does then.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -494,6 +494,8 @@ pub struct MemTables {
     pub cuts: Option<CutSettings>,
     /// The log kept after this LSN (a table copied beside the stream).
     pub hold: Option<Lsn>,
+    /// Tables copied in key chunks, with what each chunk saw.
+    pub filters: HashMap<TableRef, super::chunks::ChunkFilter>,
 }
 
 impl MemTables {
@@ -510,6 +512,7 @@ impl MemTables {
             budget: 256 * 1024 * 1024,
             cuts: None,
             hold: None,
+            filters: HashMap::new(),
         }
     }
 
@@ -554,7 +557,8 @@ impl Tables for MemTables {
             self.budget,
         )
         .cutting(self.cuts)
-        .holding(self.hold))
+        .holding(self.hold)
+        .filtering(self.filters.clone()))
     }
 
     async fn check_source(&self) -> Result<()> {
