@@ -48,6 +48,9 @@ pub(super) async fn resnapshot_reset(config: &Config, p: &PipelineConfig) -> Res
     Ok(())
 }
 
+/// A copy to run beside the stream, not started yet.
+type BoxedCopy = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>;
+
 /// The copy of tables new to a running pipeline, made beside its stream (see
 /// [`snapshot_phase_beside`]).
 pub(super) struct Beside {
@@ -216,7 +219,9 @@ pub(super) async fn snapshot_phase_beside(
         require_slot_not_moved(config, &client, p, &report, prior.is_some(), &state).await?;
     }
 
-    let mut beside = None;
+    // A copy beside the stream, started only once the state below is saved (its task
+    // records its chunks in the same file).
+    let mut beside: Option<(Lsn, Vec<crate::config::TableRef>, BoxedCopy)> = None;
     match cfg.cdc_mode {
         CdcMode::SnapshotOnly => {
             if !todo.is_empty() {
@@ -284,7 +289,7 @@ pub(super) async fn snapshot_phase_beside(
                     let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
                     let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
                     let state_file = p.state_file.clone();
-                    let copy = tokio::spawn(async move {
+                    let copy: BoxedCopy = Box::pin(async move {
                         super::landing::copy_in_chunks(
                             &cfg,
                             lsn,
@@ -295,11 +300,11 @@ pub(super) async fn snapshot_phase_beside(
                         )
                         .await
                     });
-                    beside = Some(Beside { hold, tables, copy });
+                    beside = Some((hold, tables, copy));
                 } else if alongside {
                     let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
                     let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
-                    let copy = tokio::spawn(async move {
+                    let copy: BoxedCopy = Box::pin(async move {
                         let copied = copy_into(
                             &cfg,
                             &exported.snapshot_name,
@@ -312,7 +317,7 @@ pub(super) async fn snapshot_phase_beside(
                         drop(exported.session);
                         copied
                     });
-                    beside = Some(Beside { hold, tables, copy });
+                    beside = Some((hold, tables, copy));
                 } else {
                     copy_into(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
                     drop(exported.session);
@@ -342,7 +347,7 @@ pub(super) async fn snapshot_phase_beside(
         // committed, takes its LSN as the table's watermark.
         if beside
             .as_ref()
-            .is_some_and(|b: &Beside| b.tables.iter().any(|t| t.to_string() == *name))
+            .is_some_and(|(_, tables, _)| tables.iter().any(|t| t.to_string() == *name))
         {
             continue;
         }
@@ -359,6 +364,11 @@ pub(super) async fn snapshot_phase_beside(
         .cloned()
         .collect();
     requests.done(&done)?;
+    let beside = beside.map(|(hold, tables, copy)| Beside {
+        hold,
+        tables,
+        copy: tokio::spawn(copy),
+    });
     Ok((report, beside))
 }
 
