@@ -174,6 +174,8 @@ async fn run(cli: Cli) -> Result<u8> {
             let mut config = config;
             let name = pick(&config, pipeline.as_deref())?.name.clone();
             if !add_table.is_empty() {
+                skippr::pipeline::reload::check_can_add(pick(&config, Some(&name))?, &add_table)
+                    .await?;
                 config::connect::apply(
                     &cli.config,
                     None,

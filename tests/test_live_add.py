@@ -197,6 +197,13 @@ def test_one_table_is_copied_again_with_and_without_a_daemon(skippr: Skippr):
     assert_no_panic(wrong)
     assert wrong.returncode != 0 and "--add-table" in wrong.stderr, describe_run(wrong)
 
+    # A table the source does not have is refused before skippr.yml is touched.
+    before = skippr.config_path.read_text()
+    typo = skippr.run("sync", "--pipeline", "app", "--add-table", "nope", check=False)
+    assert_no_panic(typo)
+    assert typo.returncode != 0 and "nope" in typo.stderr, describe_run(typo)
+    assert skippr.config_path.read_text() == before
+
     # Without a daemon: this sync copies `a` again, and only `a`.
     skippr.db.execute("UPDATE a SET v = v + 1 WHERE id <= 100")
     again = skippr.run("sync", "--pipeline", "app", "--resnapshot", "--table", "a", "--once", check=False)

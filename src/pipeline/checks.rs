@@ -282,6 +282,30 @@ pub(super) async fn require_slot_if_synced(
 }
 
 /// Refuses to start when the slot is lost or a table cannot carry updates and deletes.
+/// The checks a table added by a reload must pass before the running pipeline takes it:
+/// the source describes it (it exists, its key and columns are readable) and can
+/// replicate it.
+pub(super) async fn check_added(p: &PipelineConfig, before: &[TableRef]) -> Result<()> {
+    let added: Vec<&TableRef> = p
+        .source
+        .tables
+        .iter()
+        .filter(|t| !before.contains(t))
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    let client = connect(&p.source).await?;
+    let mut schemas = Vec::new();
+    for t in added {
+        schemas.push(crate::source::postgres::schema::describe_followed(&client, p, t).await?);
+    }
+    if p.source.cdc_mode.needs_replication() {
+        check_replication_ready(&client, p, &schemas).await?;
+    }
+    Ok(())
+}
+
 pub(super) async fn check_replication_ready(
     client: &Client,
     p: &PipelineConfig,

@@ -179,12 +179,17 @@ fn copy_job(j: &TableJob) -> CopyJob {
 /// [`super::chunks`]).
 pub(super) async fn copy_in_chunks(
     cfg: &crate::config::PostgresConfig,
-    lsn: Lsn,
+    exported: crate::source::postgres::slot::ExportedSlot,
     todo: Vec<TableJob>,
     catalog: &LocalCatalog,
     pipeline: &str,
     state_file: &crate::storage::state_file::StateFile,
 ) -> Result<()> {
+    // The slot's consistent point is where the table lands and the WAL is kept from; its
+    // snapshot is needed only until every later snapshot sees what it saw.
+    let lsn = exported.consistent_point;
+    crate::source::postgres::key_chunks::settle(cfg, &exported.snapshot_name).await?;
+    drop(exported.session);
     let copies: Vec<CopyJob> = todo.iter().map(copy_job).collect();
     let landing = landing(cfg, todo, catalog, lsn, pipeline);
     for (i, job) in copies.into_iter().enumerate() {
@@ -196,11 +201,11 @@ pub(super) async fn copy_in_chunks(
         };
         let job = Arc::new(job);
         let counter = Arc::new(AtomicU64::new(0));
-        let ticker = tokio::spawn(report_progress(
+        let ticker = AbortOnDrop(tokio::spawn(report_progress(
             Arc::clone(&landing),
             Arc::clone(&job),
             Arc::clone(&counter),
-        ));
+        )));
         let copied = copy_in_key_chunks(
             cfg,
             Arc::clone(&job),
@@ -210,7 +215,7 @@ pub(super) async fn copy_in_chunks(
             Arc::clone(&counter),
         )
         .await;
-        ticker.abort();
+        drop(ticker);
         let (done, chunks) = copied?;
         // Every chunk's snapshot was taken before this position: a transaction ending after
         // it was seen by none of them.
@@ -246,7 +251,9 @@ async fn wal_position(cfg: &crate::config::PostgresConfig) -> Result<Lsn> {
         .await
         .map_err(Error::from)
         .map_err(|e| Error::new(e.kind(), format!("reading the source's WAL position: {}", e.message())))?
-        .get(0);
+        .try_get::<_, Option<String>>(0)
+        .map_err(|e| Error::fatal(format!("reading the source's WAL position: {e}")))?
+        .ok_or_else(|| Error::retryable("the source did not report its WAL position (a standby that has not replayed any WAL yet); retrying"))?;
     Lsn::parse(&text).map_err(Error::fatal)
 }
 
@@ -258,6 +265,15 @@ fn figures(job: &CopyJob, counter: &AtomicU64, done: bool) -> TableSnapshot {
         rows_per_second: 0.0,
         eta_seconds: None,
         done,
+    }
+}
+
+/// Stops a task when dropped (the copy's progress ticker, however the copy ends).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

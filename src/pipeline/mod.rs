@@ -122,13 +122,17 @@ pub async fn sync(
                     stop_tx.clone(),
                 ));
                 let _watcher = AbortOnDrop(watcher);
-                let reloader = tokio::spawn(reload::watch(
-                    config.clone(),
-                    p.clone(),
-                    reloads.clone(),
-                    stop_tx.clone(),
-                ));
-                let _reloader = AbortOnDrop(reloader);
+                // While a copy runs beside the stream, a reload waits for it to join (the
+                // stream does not stop for it): the next run of the stream takes it.
+                let reloader = beside.is_none().then(|| {
+                    AbortOnDrop(tokio::spawn(reload::watch(
+                        config.clone(),
+                        p.clone(),
+                        reloads.clone(),
+                        stop_tx.clone(),
+                    )))
+                });
+                let _reloader = reloader;
                 // The stream carries every table; the tables still being copied are not
                 // committed to until they join, and the log keeps their changes until then.
                 let mut streaming = p.clone();
@@ -157,16 +161,25 @@ pub async fn sync(
                                 ((&mut run).await, Some(copied))
                             }
                         };
-                        // A stream stopped first (a reload, a partition change) waits for
-                        // the copy; a stop or a fault cuts it short, and the next start
-                        // copies those tables again.
+                        // A stream stopped first (a partition change) waits for the copy;
+                        // a stop or a fault cuts it short, and the next start copies those
+                        // tables again.
                         let copied = match copied {
                             Some(c) => Some(c),
                             None if streamed.is_err() || *shutdown.borrow() => {
                                 copy.abort();
                                 None
                             }
-                            None => Some(copy.await),
+                            None => {
+                                let mut stop = shutdown.clone();
+                                tokio::select! {
+                                    c = &mut copy => Some(c),
+                                    _ = stop.wait_for(|s| *s) => {
+                                        copy.abort();
+                                        None
+                                    }
+                                }
+                            }
                         };
                         streamed?;
                         if let Some(c) = copied {
@@ -183,7 +196,13 @@ pub async fn sync(
                 }
                 let before: Vec<crate::config::TableRef> = p.source.tables.clone();
                 if let Some(new) = reload::take(&mut reloads, p) {
-                    match layout::require_fit(&new).await {
+                    // A table the source cannot follow (missing, no key, not replicated)
+                    // refuses the reload instead of stopping the pipeline.
+                    let fits = match layout::require_fit(&new).await {
+                        Ok(()) => checks::check_added(&new, &before).await,
+                        Err(e) => Err(e),
+                    };
+                    match fits {
                         Ok(()) => {
                             tracing::info!(pipeline = %p.name, tables = new.source.tables.len(), "reload: following the tables skippr.yml lists now");
                             *p = new;

@@ -31,14 +31,12 @@ pub fn publish(config: Config) {
 /// Reads `file` again on every SIGHUP and publishes it; a file that does not load is
 /// reported and changes nothing (the pipelines go on with what they run).
 pub fn trap_reload(file: PathBuf) {
+    // Listening starts here, before any lock records this process for `reload`.
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP: `skipprd reload` has no effect on this process");
+        return;
+    };
     tokio::spawn(async move {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            tracing::warn!(
-                "cannot listen for SIGHUP: `skipprd reload` has no effect on this process"
-            );
-            return;
-        };
         while hup.recv().await.is_some() {
             match Config::load(&file) {
                 Ok(config) => {
@@ -116,12 +114,24 @@ pub fn reconfigured(running: &PipelineConfig, new: &Config) -> Result<Option<Pip
     same.layouts = running.layouts.clone();
     same.layout_origins = running.layout_origins.clone();
     same.changelogs = running.changelogs.clone();
-    if format!("{:?}", same.source) != format!("{:?}", running.source)
-        || format!("{:?}", same.sink) != format!("{:?}", running.sink)
-        || same.commit_interval != running.commit_interval
-    {
+    let debug = |p: &PipelineConfig| {
+        format!(
+            "{:?} {:?} {:?} {} {} {:?} {:?} {:?} {} {}",
+            p.source,
+            p.sink,
+            p.commit_interval,
+            p.transaction_memory_budget,
+            p.key_index_memory_budget,
+            p.maintenance,
+            p.consistent_cuts,
+            p.schema_sink,
+            p.key_index_dir.display(),
+            p.state_file.describe()
+        )
+    };
+    if debug(&same) != debug(running) {
         return Err(Error::config(format!(
-            "pipeline `{}`: only its tables (`tables:` and their settings) change on reload; restart skipprd to apply changes to its source, sink or commit interval",
+            "pipeline `{}`: only its tables (`tables:` and their settings) change on reload; restart skipprd to apply changes to its source, sink, storage, commit interval, maintenance or cuts",
             running.name
         )));
     }
@@ -201,6 +211,21 @@ impl Requests {
         std::fs::rename(&tmp, &self.path)
             .with_context(|| format!("writing {}", self.path.display()))
     }
+}
+
+/// Checks, before `sync --add-table` writes skippr.yml, that the source can describe each
+/// table (it exists, its key and columns are readable).
+pub async fn check_can_add(p: &PipelineConfig, tables: &[String]) -> Result<()> {
+    let client = crate::source::postgres::connect::connect(&p.source).await?;
+    for given in tables {
+        let t = TableRef::parse(given).ok_or_else(|| {
+            Error::config(format!(
+                "--add-table: `{given}` is not a table name: write `name` or `schema.name`"
+            ))
+        })?;
+        crate::source::postgres::schema::describe_followed(&client, p, &t).await?;
+    }
+    Ok(())
 }
 
 /// The process that runs `pipeline` now, if one does (its lock is held): its pid, as the

@@ -175,11 +175,11 @@ pub(super) async fn snapshot_phase_beside(
                         partitions,
                         copying_at: None,
                         excluded,
-                        // A table copied in chunks keeps what its chunks lack until it has
-                        // committed past it.
+                        // A table copied in chunks keeps what its chunks lack while the
+                        // WAL it filters may still be replayed.
                         chunked: recorded
                             .and_then(|r| r.chunked.clone())
-                            .filter(|c| c.through > watermark),
+                            .filter(|c| c.through > state.wal_removed_through),
                     },
                 );
                 if ts.partitioned {
@@ -283,16 +283,15 @@ pub(super) async fn snapshot_phase_beside(
                 mark_copying(cfg, &mut state, &todo, lsn, &p.state_file)?;
                 if alongside && super::landing::chunkable(&todo) {
                     // In key chunks, each in a short transaction: no snapshot is held for
-                    // longer than one chunk. The slot's consistent point is all it gives:
-                    // every chunk's snapshot is later, and the WAL is kept from it.
-                    drop(exported.session);
+                    // longer than one chunk. The slot gives the consistent point, where the
+                    // table lands and the WAL is kept from.
                     let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
                     let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
                     let state_file = p.state_file.clone();
                     let copy: BoxedCopy = Box::pin(async move {
                         super::landing::copy_in_chunks(
                             &cfg,
-                            lsn,
+                            exported,
                             todo,
                             &catalog,
                             &pipeline,

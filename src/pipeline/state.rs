@@ -139,13 +139,21 @@ impl PipelineState {
         self.tables.get(&t.to_string())
     }
 
-    /// Raises the watermark of a followed table (never lowers it); a table copied in chunks
-    /// that has committed past what they lacked no longer needs their filter.
+    /// Raises the watermark of a followed table (never lowers it).
     pub fn advance(&mut self, t: &TableRef, lsn: Lsn) {
         if let Some(s) = self.tables.get_mut(&t.to_string()) {
             s.watermark = s.watermark.max(lsn);
-            if s.chunked.as_ref().is_some_and(|c| s.watermark >= c.through) {
-                s.chunked = None;
+        }
+    }
+
+    /// Drops the chunk filters no replay can need any more: the WAL they filter is removed
+    /// (a table's watermark may pass them while its Iceberg table still records an older
+    /// LSN, and the WAL after that LSN is replayed after a crash).
+    pub fn drop_spent_filters(&mut self) {
+        let removed = self.wal_removed_through;
+        for t in self.tables.values_mut() {
+            if t.chunked.as_ref().is_some_and(|c| removed >= c.through) {
+                t.chunked = None;
             }
         }
     }
@@ -170,6 +178,7 @@ pub fn record_commit(
         state.advance(t, *lsn);
     }
     state.wal_removed_through = state.wal_removed_through.max(removing_through);
+    state.drop_spent_filters();
     if state != before {
         state.save(path)?;
     }

@@ -83,6 +83,56 @@ impl ChunkSeen {
     }
 }
 
+/// Waits until a new snapshot sees every transaction the exported snapshot `name` sees (its
+/// slot's consistent point treats a transaction as committed once its commit record is in
+/// the WAL; a new snapshot sees it only once it has finished committing, e.g. after a
+/// synchronous standby answered). From then on every chunk's snapshot sees at least what the
+/// exported one saw, so no transaction before the consistent point is missing from a chunk.
+pub async fn settle(cfg: &PostgresConfig, name: &str) -> Result<()> {
+    let client = connect(cfg).await?;
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await
+        .context("starting a transaction to read the copy's starting snapshot")?;
+    client
+        .batch_execute(&format!("SET TRANSACTION SNAPSHOT '{name}'"))
+        .await
+        .with_context(|| format!("importing snapshot {name}"))?;
+    let exported = ChunkSeen::parse(&current_snapshot(&client).await?, None, None)?;
+    client
+        .batch_execute("COMMIT")
+        .await
+        .context("ending the transaction that read the copy's starting snapshot")?;
+    let started = std::time::Instant::now();
+    loop {
+        let now = ChunkSeen::parse(&current_snapshot(&client).await?, None, None)?;
+        let finishing: Vec<u64> = now
+            .xip
+            .iter()
+            .filter(|x| **x < exported.xmax && !exported.xip.contains(x))
+            .copied()
+            .collect();
+        if finishing.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() > std::time::Duration::from_secs(600) {
+            return Err(Error::retryable(format!(
+                "transactions {finishing:?} have written their commit but have not finished committing for 10 minutes (a synchronous standby that does not answer?); the copy waits for them"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+async fn current_snapshot(client: &tokio_postgres::Client) -> Result<String> {
+    client
+        .query_one("SELECT pg_current_snapshot()::text", &[])
+        .await
+        .context("reading pg_current_snapshot() (Postgres 13 or later)")?
+        .try_get(0)
+        .context("reading pg_current_snapshot()")
+}
+
 /// The key column a table can be copied in key chunks by: the first column of its primary
 /// key, when it is an integer. `None` for other tables (copied in one snapshot).
 pub fn chunk_key(job: &CopyJob) -> Option<String> {
