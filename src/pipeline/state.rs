@@ -266,6 +266,32 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_filter_stays_until_the_wal_it_filters_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = StateFile::Local(dir.path().join("app.state.json"));
+        let mut s = PipelineState::default();
+        s.tables.insert(
+            "public.a".into(),
+            TableState {
+                chunked: Some(crate::pipeline::chunks::ChunkFilter {
+                    through: Lsn(50),
+                    key: "id".into(),
+                    chunks: Vec::new(),
+                }),
+                ..TableState::default()
+            },
+        );
+        s.save(&path).unwrap();
+        // The table's watermark passes 50, but the WAL before 50 may still be replayed.
+        record_commit(&path, &[(t("a"), Lsn(60))], Lsn(40)).unwrap();
+        let back = PipelineState::load(&path).unwrap().unwrap();
+        assert!(back.table(&t("a")).unwrap().chunked.is_some());
+        record_commit(&path, &[(t("a"), Lsn(70))], Lsn(50)).unwrap();
+        let back = PipelineState::load(&path).unwrap().unwrap();
+        assert!(back.table(&t("a")).unwrap().chunked.is_none());
+    }
+
+    #[test]
     fn damaged_state_is_an_error_that_names_the_fix() {
         let dir = tempfile::tempdir().unwrap();
         let path = StateFile::Local(dir.path().join("app.state.json"));
