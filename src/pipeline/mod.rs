@@ -71,6 +71,31 @@ pub(crate) fn wal_of(config: &Config, p: &PipelineConfig) -> Result<WalStore> {
     )
 }
 
+/// Takes the tables of the last reload into `p` when they change it and the source can
+/// follow them (missing, keyless or unreplicated tables refuse the reload instead of
+/// stopping the pipeline).
+async fn take_reload(
+    reloads: &mut watch::Receiver<Option<std::sync::Arc<Config>>>,
+    p: &mut PipelineConfig,
+) {
+    let Some(new) = reload::take(reloads, p) else {
+        return;
+    };
+    let fits = match layout::require_fit(&new).await {
+        Ok(()) => checks::check_added(&new, &p.source.tables).await,
+        Err(e) => Err(e),
+    };
+    match fits {
+        Ok(()) => {
+            tracing::info!(pipeline = %p.name, tables = new.source.tables.len(), "reload: following the tables skippr.yml lists now");
+            *p = new;
+        }
+        Err(e) => {
+            tracing::error!(pipeline = %p.name, error = %e.report(), "reload refused; still following the tables read before")
+        }
+    }
+}
+
 pub async fn sync(
     config: &Config,
     p: &mut PipelineConfig,
@@ -85,9 +110,10 @@ pub async fn sync(
     if resnapshot {
         resnapshot_reset(config, p).await?;
     }
-    // Reloads read from here on are applied between two runs of the stream.
+    // A reload read while the pipeline was away (a retry's wait) applies now; later ones
+    // between two runs of the stream.
     let mut reloads = reload::reloads();
-    reloads.mark_unchanged();
+    take_reload(&mut reloads, p).await;
     let mut report = snapshot_phase(config, p).await?;
     if p.source.cdc_mode.needs_replication() {
         let catalog = LocalCatalog::for_sink(&p.sink).await?;
@@ -195,23 +221,7 @@ pub async fn sync(
                     break;
                 }
                 let before: Vec<crate::config::TableRef> = p.source.tables.clone();
-                if let Some(new) = reload::take(&mut reloads, p) {
-                    // A table the source cannot follow (missing, no key, not replicated)
-                    // refuses the reload instead of stopping the pipeline.
-                    let fits = match layout::require_fit(&new).await {
-                        Ok(()) => checks::check_added(&new, &before).await,
-                        Err(e) => Err(e),
-                    };
-                    match fits {
-                        Ok(()) => {
-                            tracing::info!(pipeline = %p.name, tables = new.source.tables.len(), "reload: following the tables skippr.yml lists now");
-                            *p = new;
-                        }
-                        Err(e) => {
-                            tracing::error!(pipeline = %p.name, error = %e.report(), "reload refused; still following the tables read before")
-                        }
-                    }
-                }
+                take_reload(&mut reloads, p).await;
                 let added: Vec<crate::config::TableRef> = p
                     .source
                     .tables
