@@ -20,7 +20,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (BenchError, binary_kind, command_line, free_port, machine, pct,  # noqa: E402
-                      pg_connect, source_version, wait_for)
+                      pg_connect, recreate_database_on, source_version, wait_for)
 
 SKIPPRD = os.environ["SKIPPRD"]
 WORK = Path(os.environ["BENCH_WORK"])
@@ -44,10 +44,7 @@ POLL = int(PARAMS["POLL_MS"]) / 1000
 
 def create_source() -> None:
     with pg_connect(PG_PORT, "postgres") as admin:
-        for slot in admin.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (DB,)).fetchall():
-            admin.execute("SELECT pg_drop_replication_slot(%s)", (slot[0],))
-        admin.execute(f"DROP DATABASE IF EXISTS {DB}")
-        admin.execute(f"CREATE DATABASE {DB}")
+        recreate_database_on(admin, DB)
     with pg_connect(PG_PORT, DB) as c:
         c.execute("CREATE TABLE busy (id bigint PRIMARY KEY, v int NOT NULL)")
         c.execute(f"INSERT INTO busy SELECT g, g FROM generate_series(1, {BUSY_ROWS}) g")

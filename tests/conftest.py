@@ -1048,6 +1048,14 @@ class Skippr:
         assert_no_panic(proc)
         return proc
 
+    def pipeline_status(self) -> dict:
+        """`skipprd status --format json` of the one pipeline of the config."""
+        proc = self.run("status", "--format", "json", check=False)
+        assert_no_panic(proc)
+        assert proc.returncode == 0, describe_run(proc, "status failed")
+        [p] = json.loads(proc.stdout)
+        return p
+
     # -- reading back ------------------------------------------------------------------------
 
     def catalog(self):

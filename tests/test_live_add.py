@@ -20,19 +20,11 @@ from conftest import Skippr, assert_no_panic, describe_run, free_port
 BIG = 200_000
 
 
-def status(skippr: Skippr) -> dict:
-    proc = skippr.run("status", "--format", "json", check=False)
-    assert_no_panic(proc)
-    assert proc.returncode == 0, describe_run(proc, "status failed")
-    [p] = json.loads(proc.stdout)
-    return p
-
-
 def wait_streaming(skippr: Skippr, proc, tables: int, timeout: float = 180) -> dict:
     deadline = time.time() + timeout
     while True:
         assert proc.poll() is None, (skippr.workdir / "bg.stderr").read_text()[-4000:]
-        p = status(skippr)
+        p = skippr.pipeline_status()
         if p["state"] == "streaming" and len(p["tables"]) == tables:
             return p
         assert time.time() < deadline, p
@@ -159,7 +151,7 @@ def test_a_table_added_to_a_running_serve_is_copied_whole_while_the_others_strea
         wait_equal(skippr, conn, "busy")
         wait_equal(skippr, conn, "big")
         # The busy table went on committing through the add.
-        rounds = status(skippr)["commit_rounds"]["count"]
+        rounds = skippr.pipeline_status()["commit_rounds"]["count"]
         assert rounds >= 3, rounds
     finally:
         conn.close()

@@ -21,14 +21,6 @@ def names() -> list[str]:
     return [f"t{i:03d}" for i in range(TABLES)]
 
 
-def status(skippr: Skippr) -> dict:
-    proc = skippr.run("status", "--format", "json", check=False)
-    assert_no_panic(proc)
-    assert proc.returncode == 0, describe_run(proc, "status failed")
-    [p] = json.loads(proc.stdout)
-    return p
-
-
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -48,7 +40,7 @@ def test_three_hundred_tables_stream_and_rounds_commit_only_what_changed(skippr:
     proc = skippr.start("sync", "--pipeline", "app")
     try:
         deadline = time.time() + 600
-        while status(skippr)["state"] != "streaming":
+        while skippr.pipeline_status()["state"] != "streaming":
             assert proc.poll() is None, (skippr.workdir / "bg.stderr").read_text()[-3000:]
             assert time.time() < deadline, "the pipeline did not reach streaming within 600 s"
             time.sleep(0.5)
@@ -66,7 +58,7 @@ def test_three_hundred_tables_stream_and_rounds_commit_only_what_changed(skippr:
         expected_rounds = 2
         deadline = time.time() + 120
         while True:
-            p = status(skippr)
+            p = skippr.pipeline_status()
             if p["commit_rounds"]["count"] >= expected_rounds and all(
                     t["tail_changes"] == 0 for t in p["tables"]):
                 break

@@ -154,13 +154,7 @@ mod tests {
     /// Keys below 100 were copied by a snapshot that saw transaction 10 (not 20); keys from
     /// 100 by one that saw both.
     fn filter() -> ChunkFilter {
-        let chunk = |lo, hi, xmax| ChunkSeen {
-            lo,
-            hi,
-            xmin: 5,
-            xmax,
-            xip: vec![],
-        };
+        let chunk = ChunkSeen::seen_below;
         ChunkFilter {
             through: Lsn(1_000),
             key: "id".into(),

@@ -101,13 +101,7 @@ async fn a_table_copied_in_chunks_takes_what_each_chunk_did_not_see() {
     let (mut src, log) = (source(), MemLog::default());
     let mut tables = MemTables::new(&["b"], dir.path());
     // Keys below 100: a snapshot that saw transactions 10 and 20; from 100: only 10.
-    let chunk = |lo, hi, xmax| ChunkSeen {
-        lo,
-        hi,
-        xmin: 5,
-        xmax,
-        xip: vec![],
-    };
+    let chunk = ChunkSeen::seen_below;
     tables.filters.insert(
         crate::config::TableRef {
             schema: "public".into(),

@@ -56,6 +56,18 @@ impl ChunkSeen {
         full < xmin || (full < xmax && !xip.iter().any(|x| i128::from(*x) == full))
     }
 
+    /// A chunk whose snapshot saw every transaction below `xmax` (none in progress).
+    #[cfg(test)]
+    pub fn seen_below(lo: Option<i64>, hi: Option<i64>, xmax: u64) -> Self {
+        Self {
+            lo,
+            hi,
+            xmin: 5.min(xmax),
+            xmax,
+            xip: vec![],
+        }
+    }
+
     /// Parses `pg_current_snapshot()::text` (`xmin:xmax:xip,xip`).
     fn parse(text: &str, lo: Option<i64>, hi: Option<i64>) -> Result<Self> {
         let bad = || {
