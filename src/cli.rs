@@ -511,6 +511,9 @@ pub struct PostgresArgs {
     /// Connections that copy one large table in parallel during a snapshot [default: 4].
     #[arg(long, value_name = "N")]
     pub snapshot_parallelism: Option<usize>,
+    /// Rows per chunk when a large table is copied in key chunks [default: 100000].
+    #[arg(long, value_name = "ROWS")]
+    pub snapshot_chunk_rows: Option<u64>,
     /// Target size of the Parquet data files a snapshot writes, in MiB [default: 128].
     #[arg(long, value_name = "MIB")]
     pub parquet_target_file_size_mb: Option<u64>,

@@ -673,6 +673,7 @@ fn connect_change(what: &ConnectCommand) -> Result<Connect> {
                 "snapshot_parallelism",
                 n(a.snapshot_parallelism.map(|v| v as u64)),
             );
+            put(&mut m, "snapshot_chunk_rows", n(a.snapshot_chunk_rows));
             put(
                 &mut m,
                 "parquet_target_file_size_mb",

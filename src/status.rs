@@ -234,11 +234,12 @@ pub fn render_text(report: &[PipelineStatus]) -> String {
             ));
         }
         // The snapshot runs while the pipeline starts; a copy left unfinished by a process
-        // that failed or stopped is copied again at the next start.
+        // that failed or stopped goes on at the next start (from its last durable chunk when
+        // it was copied in key chunks).
         if p.state != "starting" {
             for t in p.snapshot.iter().filter(|t| !t.done) {
                 s.push_str(&format!(
-                    "  snapshot cut short: {} at {} rows (copied again when the pipeline starts)\n",
+                    "  snapshot cut short: {} at {} rows (the copy goes on when the pipeline starts: from its last durable chunk when it was copied in key chunks, from the start otherwise)\n",
                     t.table, t.rows_copied
                 ));
             }

@@ -14,7 +14,7 @@ const SECTIONS: [&str; 5] = [
 ];
 
 /// Key order inside each known mapping; unknown keys follow in their own order.
-const KEY_ORDER: [&str; 80] = [
+const KEY_ORDER: [&str; 81] = [
     "workspace",
     "skipprd_el_storage_mode",
     "skipprd_el_storage_path",
@@ -80,6 +80,7 @@ const KEY_ORDER: [&str; 80] = [
     "slot",
     "append_only",
     "snapshot_parallelism",
+    "snapshot_chunk_rows",
     "parquet_target_file_size_mb",
     "heartbeat_interval",
     "max_retained_wal",

@@ -156,6 +156,8 @@ pub struct PostgresConfig {
     pub publication_named: bool,
     pub slot: String,
     pub snapshot_parallelism: usize,
+    /// Rows per chunk of a copy in key chunks.
+    pub snapshot_chunk_rows: u64,
     pub parquet_target_file_size: u64,
     pub append_only: Vec<TableRef>,
     /// Silence after which the replication connection counts as dead (`skippr.reconnect`).

@@ -16,6 +16,9 @@ pub use super::model_rest::{GlueRestIcebergSink, RestIcebergSink, S3TablesIceber
 pub const DEFAULT_PG_PORT: u16 = 5432;
 /// Default number of connections that copy one large table in parallel.
 pub const DEFAULT_SNAPSHOT_PARALLELISM: usize = 4;
+/// Rows per chunk of a copy in key chunks (`snapshot_chunk_rows`): a chunk's transaction lasts
+/// a fraction of a second.
+pub const DEFAULT_SNAPSHOT_CHUNK_ROWS: u64 = 100_000;
 /// Default target size of a Parquet data file, in MiB.
 pub const DEFAULT_PARQUET_TARGET_FILE_SIZE_MB: u64 = 128;
 /// Default folder (relative to the config file) for the WAL and pipeline state.
@@ -586,6 +589,11 @@ pub struct PostgresSource {
     /// Connections that copy one large table in parallel during a snapshot (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_parallelism: Option<usize>,
+    /// Rows a chunk of a copy in key chunks takes on (default 100000): a large table's first
+    /// copy, and a table added to a running pipeline, are copied in key ranges of about this
+    /// many rows, each in a transaction of its own and made durable as it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_chunk_rows: Option<u64>,
     /// Target size of the Parquet files a snapshot writes, in MiB (default 128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parquet_target_file_size_mb: Option<u64>,

@@ -9,7 +9,7 @@ use super::locate::Segment;
 use super::{
     keys, parse_bytes, parse_duration, PostgresConfig, PostgresSource, TableRef, Validator,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_RETAINED_WAL, DEFAULT_PARQUET_TARGET_FILE_SIZE_MB,
-    DEFAULT_RECONNECT_PEER_TIMEOUT, DEFAULT_SNAPSHOT_PARALLELISM,
+    DEFAULT_RECONNECT_PEER_TIMEOUT, DEFAULT_SNAPSHOT_CHUNK_ROWS, DEFAULT_SNAPSHOT_PARALLELISM,
 };
 
 /// `heartbeat_interval` as written: a duration (`30s`, `1m`), or `0` for no heartbeat. The
@@ -106,6 +106,15 @@ impl Validator<'_> {
         if !(1..=64).contains(&parallelism) {
             self.report(at("snapshot_parallelism"), "must be between 1 and 64");
         }
+        let chunk_rows = pg
+            .snapshot_chunk_rows
+            .unwrap_or(DEFAULT_SNAPSHOT_CHUNK_ROWS);
+        if !(1_000..=100_000_000).contains(&chunk_rows) {
+            self.report(
+                at("snapshot_chunk_rows"),
+                "must be between 1000 and 100000000 (rows)",
+            );
+        }
         let file_mb = pg
             .parquet_target_file_size_mb
             .unwrap_or(DEFAULT_PARQUET_TARGET_FILE_SIZE_MB);
@@ -154,6 +163,7 @@ impl Validator<'_> {
             publication_named: pg.publication.is_some(),
             slot: pg.slot.clone().unwrap_or(default_name),
             snapshot_parallelism: parallelism,
+            snapshot_chunk_rows: chunk_rows,
             parquet_target_file_size: file_mb * 1024 * 1024,
             append_only,
             peer_timeout: parse_duration(DEFAULT_RECONNECT_PEER_TIMEOUT).unwrap_or_default(),

@@ -10,6 +10,29 @@ use crate::change::{Change, Datum, Lsn, Op, Relation};
 use crate::error::{Error, Result};
 use crate::source::postgres::key_chunks::ChunkSeen;
 
+/// A copy in key chunks under way: the chunks already copied, each with the data files of
+/// its rows listed in a manifest of its own, durable before the chunk is recorded, so that a
+/// copy cut short (a crash, a lost connection) goes on from them instead of starting over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopyProgress {
+    /// The integer key column the chunks cut.
+    pub key: String,
+    pub chunks: Vec<CopiedChunk>,
+}
+
+/// One chunk of a [`CopyProgress`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopiedChunk {
+    pub seen: ChunkSeen,
+    pub rows: u64,
+    /// The Avro manifest (in the table's metadata folder) listing the chunk's data files;
+    /// none for a chunk without rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+}
+
 /// What a table copied in key chunks takes from the WAL.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -10,12 +10,15 @@ use async_trait::async_trait;
 use iceberg::spec::DataFile;
 use iceberg::table::Table;
 
+use super::chunks::{CopiedChunk, CopyProgress};
+use super::state::StateFile;
 use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
 use crate::error::{Error, Result};
+use crate::sink::iceberg::staged;
 use crate::sink::iceberg::writer::TableWriter;
 use crate::sink::iceberg::{commit, reshape::Reshape};
-use crate::source::postgres::key_chunks::{chunk_key, copy_in_key_chunks};
+use crate::source::postgres::key_chunks::{chunk_key, copy_in_key_chunks, ChunkSeen, KeyRange};
 use crate::source::postgres::schema::TableSchema;
 use crate::source::postgres::snapshot::{copy_tables, ChunkWriter, CopyJob, CopyTarget};
 use crate::telemetry::state::TableSnapshot;
@@ -73,6 +76,9 @@ struct Landing {
     lsn: Lsn,
     pipeline: String,
     file_size: u64,
+    /// For a copy in key chunks: the pipeline state, where each chunk is recorded as it
+    /// ends (its files listed in a manifest of its own), so that a copy cut short goes on.
+    keep: Option<StateFile>,
 }
 
 #[async_trait]
@@ -99,6 +105,51 @@ impl CopyTarget for Landing {
             lsn = %self.lsn,
             "snapshot committed"
         );
+        Ok(())
+    }
+
+    fn keeps_chunks(&self) -> bool {
+        self.keep.is_some()
+    }
+
+    async fn chunk_copied(
+        &self,
+        job: usize,
+        seen: &ChunkSeen,
+        done: &(Vec<DataFile>, u64),
+    ) -> Result<()> {
+        let Some(state_file) = &self.keep else {
+            return Ok(());
+        };
+        let job = self.job(job)?;
+        let key = chunk_key(&copy_job(job)).ok_or_else(|| {
+            Error::fatal(format!(
+                "table {} has no integer key to copy it in chunks by",
+                job.schema.table
+            ))
+        })?;
+        let (files, rows) = done;
+        let manifest = if files.is_empty() {
+            None
+        } else {
+            let name = format!("copy-{}", uuid::Uuid::now_v7().simple());
+            Some(staged::write_manifest(&job.table, files, &name).await?)
+        };
+        let recorded = super::state::record_copied_chunk(
+            state_file,
+            &job.schema.table,
+            &key,
+            CopiedChunk {
+                seen: seen.clone(),
+                rows: *rows,
+                manifest,
+            },
+        )?;
+        crate::sink::iceberg::durable::pause_point_counted(
+            crate::sink::iceberg::durable::PAUSE_COPIED_CHUNKS,
+            recorded,
+        )
+        .await;
         Ok(())
     }
 
@@ -139,13 +190,20 @@ pub(super) async fn copy_into(
     pipeline: &str,
 ) -> Result<()> {
     let copies = todo.iter().map(copy_job).collect();
-    let landing = landing(cfg, todo, catalog, lsn, pipeline);
+    let landing = landing(cfg, todo, catalog, lsn, pipeline, None);
     copy_tables(cfg, snapshot_name, copies, landing).await
 }
 
 /// Whether every table of `todo` can be copied in key chunks (an integer first key column).
 pub(super) fn chunkable(todo: &[TableJob]) -> bool {
-    todo.iter().all(|j| chunk_key(&copy_job(j)).is_some())
+    todo.iter().all(|j| j.chunk_key().is_some())
+}
+
+impl TableJob {
+    /// The column the table can be copied in key chunks by (see [`chunk_key`]).
+    pub(super) fn chunk_key(&self) -> Option<String> {
+        chunk_key(&copy_job(self))
+    }
 }
 
 /// Where the copies of `todo` land: each table committed at `lsn`.
@@ -155,6 +213,7 @@ fn landing(
     catalog: &LocalCatalog,
     lsn: Lsn,
     pipeline: &str,
+    keep: Option<StateFile>,
 ) -> Arc<Landing> {
     Arc::new(Landing {
         jobs: todo,
@@ -162,6 +221,7 @@ fn landing(
         lsn,
         pipeline: pipeline.to_string(),
         file_size: cfg.parquet_target_file_size,
+        keep,
     })
 }
 
@@ -172,26 +232,88 @@ fn copy_job(j: &TableJob) -> CopyJob {
     }
 }
 
+/// The chunks a copy cut short made durable, read back from their manifests.
+pub(super) struct Earlier {
+    /// The copy's LSN, where the table lands.
+    pub at: Lsn,
+    /// Each chunk's snapshot, data files and rows.
+    pub chunks: Vec<(ChunkSeen, Vec<DataFile>, u64)>,
+    /// What the state recorded, kept until the copy lands.
+    pub progress: CopyProgress,
+}
+
+impl Earlier {
+    /// Reads the chunks `progress` records for `table`; an error when one of them can no
+    /// longer be read (its manifest or a data file gone).
+    pub(super) async fn read(table: &Table, at: Lsn, progress: CopyProgress) -> Result<Self> {
+        let mut chunks = Vec::new();
+        for c in &progress.chunks {
+            let files = match &c.manifest {
+                Some(m) => staged::read_manifest(table, m).await?,
+                None => Vec::new(),
+            };
+            chunks.push((c.seen.clone(), files, c.rows));
+        }
+        Ok(Self {
+            at,
+            chunks,
+            progress,
+        })
+    }
+
+    /// The manifests of the chunks.
+    pub(super) fn manifests(&self) -> Vec<String> {
+        manifests_of(&self.progress)
+    }
+}
+
+fn manifests_of(progress: &CopyProgress) -> Vec<String> {
+    progress
+        .chunks
+        .iter()
+        .filter_map(|c| c.manifest.clone())
+        .collect()
+}
+
+/// Where a copy in key chunks starts.
+pub(super) enum ChunkStart {
+    /// At the consistent point of a slot just created: the copy first waits until new
+    /// snapshots see everything the slot's exported snapshot saw, then releases it.
+    Exported(crate::source::postgres::slot::ExportedSlot),
+    /// Going on with copies cut short, consistent with this LSN (their start had settled
+    /// before their first chunk was recorded).
+    Resumed(Lsn),
+}
+
 /// Copies `todo` in key chunks, each chunk in a short transaction of its own (no snapshot
-/// is held for longer than one chunk), and commits each table at `lsn`, a position every
-/// chunk's snapshot is later than. Before a table lands, the state records what each chunk
+/// is held for longer than one chunk), and commits each table at the start's LSN, a
+/// position every chunk's snapshot is later than. `earlier` holds, per job, the chunks a
+/// copy cut short already made durable: only the rest of the keys is copied. Each chunk is
+/// recorded in the state as it ends; before a table lands, the state records what each chunk
 /// saw, for the stream to apply to each key exactly what its chunk lacks (see
 /// [`super::chunks`]).
 pub(super) async fn copy_in_chunks(
     cfg: &crate::config::PostgresConfig,
-    exported: crate::source::postgres::slot::ExportedSlot,
+    start: ChunkStart,
     todo: Vec<TableJob>,
+    earlier: Vec<Option<Earlier>>,
     catalog: &LocalCatalog,
     pipeline: &str,
-    state_file: &crate::storage::state_file::StateFile,
+    state_file: &StateFile,
 ) -> Result<()> {
     // The slot's consistent point is where the table lands and the WAL is kept from; its
     // snapshot is needed only until every later snapshot sees what it saw.
-    let lsn = exported.consistent_point;
-    crate::source::postgres::key_chunks::settle(cfg, &exported.snapshot_name).await?;
-    drop(exported.session);
+    let lsn = match start {
+        ChunkStart::Exported(exported) => {
+            crate::source::postgres::key_chunks::settle(cfg, &exported.snapshot_name).await?;
+            drop(exported.session);
+            exported.consistent_point
+        }
+        ChunkStart::Resumed(lsn) => lsn,
+    };
     let copies: Vec<CopyJob> = todo.iter().map(copy_job).collect();
-    let landing = landing(cfg, todo, catalog, lsn, pipeline);
+    let landing = landing(cfg, todo, catalog, lsn, pipeline, Some(state_file.clone()));
+    let mut earlier = earlier.into_iter();
     for (i, job) in copies.into_iter().enumerate() {
         let Some(key) = chunk_key(&job) else {
             return Err(Error::fatal(format!(
@@ -199,28 +321,51 @@ pub(super) async fn copy_in_chunks(
                 job.schema.table
             )));
         };
+        let table = &landing.job(i)?.table;
+        // The chunks a copy cut short left: their snapshots, files and rows.
+        let mut files = Vec::new();
+        let mut chunks = Vec::new();
+        let mut manifests = Vec::new();
+        let mut rows_before = 0;
+        if let Some(e) = earlier.next().flatten() {
+            manifests = e.manifests();
+            for (seen, f, rows) in e.chunks {
+                rows_before += rows;
+                files.push((f, rows));
+                chunks.push(seen);
+            }
+        }
+        if !chunks.is_empty() {
+            tracing::info!(table = %job.schema.table, chunks = chunks.len(), rows = rows_before, lsn = %lsn, "going on with a copy cut short, after the chunks it made durable");
+        }
+        let done: Vec<KeyRange> = chunks.iter().map(|c| (c.lo, c.hi)).collect();
         let job = Arc::new(job);
-        let counter = Arc::new(AtomicU64::new(0));
+        let counter = Arc::new(AtomicU64::new(rows_before));
+        let started = std::time::Instant::now();
         let ticker = AbortOnDrop(tokio::spawn(report_progress(
             Arc::clone(&landing),
             Arc::clone(&job),
             Arc::clone(&counter),
         )));
-        let copied = copy_in_key_chunks(
+        let result = copy_in_key_chunks(
             cfg,
             Arc::clone(&job),
             i,
             &key,
+            &done,
             Arc::clone(&landing),
             Arc::clone(&counter),
         )
         .await;
         drop(ticker);
-        let (done, chunks) = copied?;
+        let (now, seen) = result?;
+        chunks.extend(seen);
+        chunks.sort_by_key(|c| c.lo);
         // Every chunk's snapshot was taken before this position: a transaction ending after
         // it was seen by none of them.
         let through = wal_position(cfg).await?;
-        tracing::info!(table = %job.schema.table, chunks = chunks.len(), through = %through, "copied in key chunks");
+        let rows_now = counter.load(Ordering::Relaxed).saturating_sub(rows_before);
+        tracing::info!(table = %job.schema.table, chunks = chunks.len(), rows_now, through = %through, "copied in key chunks");
         super::state::record_chunks(
             state_file,
             &job.schema.table,
@@ -230,8 +375,18 @@ pub(super) async fn copy_in_chunks(
                 chunks,
             },
         )?;
-        landing.land(i, done).await?;
-        landing.progress(vec![figures(&job, &counter, true)]);
+        files.extend(now);
+        landing.land(i, files).await?;
+        let mut last = figures(&job, &counter, true);
+        last.rows_per_second = rows_now as f64 / started.elapsed().as_secs_f64().max(0.001);
+        landing.progress(vec![last]);
+        // The chunks' manifests listed files now in the table.
+        let recorded = super::state::PipelineState::load(state_file)?
+            .and_then(|s| s.table(&job.schema.table).and_then(|t| t.copied.clone()));
+        manifests.extend(recorded.iter().flat_map(manifests_of));
+        manifests.sort();
+        manifests.dedup();
+        staged::remove_manifests(table, manifests).await;
         crate::sink::iceberg::durable::pause_point(
             crate::sink::iceberg::durable::PAUSE_AFTER_CHUNKED_COPY,
         )
@@ -280,11 +435,13 @@ impl Drop for AbortOnDrop {
 /// The copy's figures for `skipprd status` and the metrics, about twice a second.
 async fn report_progress(landing: Arc<Landing>, job: Arc<CopyJob>, counter: Arc<AtomicU64>) {
     let started = std::time::Instant::now();
+    // Rows a copy cut short had made durable count as copied, not toward the rate.
+    let before = counter.load(Ordering::Relaxed);
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let mut f = figures(&job, &counter, false);
         let secs = started.elapsed().as_secs_f64();
-        f.rows_per_second = f.rows_copied as f64 / secs.max(0.001);
+        f.rows_per_second = f.rows_copied.saturating_sub(before) as f64 / secs.max(0.001);
         if f.rows_per_second > 0.0 && f.rows_estimated > f.rows_copied {
             f.eta_seconds = Some((f.rows_estimated - f.rows_copied) as f64 / f.rows_per_second);
         }
@@ -348,6 +505,7 @@ mod tests {
             lsn: Lsn(0x1234),
             pipeline: "app".into(),
             file_size: 1 << 20,
+            keep: None,
         };
         // Two chunks, as two copy connections write them.
         let mut first = landing.writer(0, "snap-test-0000".into()).await?;

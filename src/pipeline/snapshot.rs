@@ -9,12 +9,14 @@ use super::checks::{
     check_owner, check_replication_ready, require_published, require_slot_if_synced,
     require_slot_not_moved, require_via_root,
 };
-use super::landing::{copy_into, TableJob};
+use std::collections::HashMap;
+
+use super::landing::{copy_into, ChunkStart, Earlier, TableJob};
 use super::state::{PipelineState, TableState};
 use super::SyncReport;
 use crate::catalog::LocalCatalog;
 use crate::change::Lsn;
-use crate::config::{CdcMode, Config, PipelineConfig};
+use crate::config::{CdcMode, Config, PipelineConfig, TableRef};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::{commit, evolve, reshape::Reshape, schema as ice_schema};
 use crate::source::postgres::connect::connect;
@@ -126,11 +128,34 @@ pub(super) async fn snapshot_phase_beside(
     // The LSN each table asked to be copied again had committed.
     let mut replaced_at = std::collections::HashMap::new();
     let mut synced_partitioned = Vec::new();
+    // Copies cut short that go on from the chunks they made durable.
+    let mut earlier: HashMap<TableRef, Earlier> = HashMap::new();
     for ts in schemas {
         let layout = p.layout(&ts.table);
         let table = ice_schema::create_or_load(&catalog, &namespace, &ts, &layout).await?;
         let table = evolve::apply_layout(&catalog, &table, &layout).await?;
-        let Some(lsn) = commit::committed_lsn(&table) else {
+        let committed = commit::committed_lsn(&table);
+        if let Some((at, progress)) = resumable(prior.as_ref(), &ts, &table, committed, p) {
+            match Earlier::read(&table, at, progress.clone()).await {
+                Ok(e) => {
+                    tracing::info!(table = %ts.table, lsn = %at, chunks = e.chunks.len(), "the copy of this table was cut short; it goes on from the chunks it made durable");
+                    earlier.insert(ts.table.clone(), e);
+                    let replace = committed.is_some();
+                    todo.push(job(ts, table, replace, None)?);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(table = %ts.table, error = %e, "the chunks of a copy cut short cannot be read back; copying the table from the start");
+                    let gone: Vec<String> = progress
+                        .chunks
+                        .iter()
+                        .filter_map(|c| c.manifest.clone())
+                        .collect();
+                    crate::sink::iceberg::staged::remove_manifests(&table, gone).await;
+                }
+            }
+        }
+        let Some(lsn) = committed else {
             remove_uncommitted_files(&table)?;
             todo.push(job(ts, table, false, None)?);
             continue;
@@ -180,6 +205,7 @@ pub(super) async fn snapshot_phase_beside(
                         chunked: recorded
                             .and_then(|r| r.chunked.clone())
                             .filter(|c| c.through > state.wal_removed_through),
+                        copied: None,
                     },
                 );
                 if ts.partitioned {
@@ -222,6 +248,8 @@ pub(super) async fn snapshot_phase_beside(
     // A copy beside the stream, started only once the state below is saved (its task
     // records its chunks in the same file).
     let mut beside: Option<(Lsn, Vec<crate::config::TableRef>, BoxedCopy)> = None;
+    // Tables copied in key chunks here, whose chunk filters their copy recorded.
+    let mut chunked_now: Vec<String> = Vec::new();
     match cfg.cdc_mode {
         CdcMode::SnapshotOnly => {
             if !todo.is_empty() {
@@ -250,8 +278,37 @@ pub(super) async fn snapshot_phase_beside(
             }
         }
         CdcMode::SnapshotThenCdc => {
-            if !todo.is_empty() {
-                let existing = slot_info(&client, &cfg.slot).await?;
+            let existing = if todo.is_empty() {
+                None
+            } else {
+                slot_info(&client, &cfg.slot).await?
+            };
+            // A copy cut short goes on from its durable chunks, at its own LSN, while the
+            // pipeline's slot (and WAL) still hold the changes after it.
+            let (resumed, fresh): (Vec<TableJob>, Vec<TableJob>) = todo
+                .into_iter()
+                .partition(|j| existing.is_some() && earlier.contains_key(&j.schema.table));
+            report.copied = names(&resumed);
+            report.copied.extend(names(&fresh));
+            for j in &resumed {
+                if let Some(e) = earlier.get(&j.schema.table) {
+                    state.tables.insert(
+                        j.schema.table.to_string(),
+                        TableState {
+                            watermark: Lsn::default(),
+                            partitions: j.schema.partitions.clone(),
+                            copying_at: Some(e.at),
+                            excluded: cfg.excluded(&j.schema.table).to_vec(),
+                            chunked: None,
+                            copied: Some(e.progress.clone()),
+                        },
+                    );
+                }
+            }
+            if !resumed.is_empty() {
+                state.save(&p.state_file)?;
+            }
+            if !fresh.is_empty() {
                 // The pipeline's slot is created once, with the first snapshot. A later snapshot
                 // (an interrupted one, or a table added since) uses a temporary slot of its own:
                 // the pipeline slot keeps what it holds, and each table records its own LSN.
@@ -266,7 +323,8 @@ pub(super) async fn snapshot_phase_beside(
                 // copied beside its stream.
                 let alongside = beside_ok
                     && existing.is_some()
-                    && todo.iter().all(|j| {
+                    && resumed.is_empty()
+                    && fresh.iter().all(|j| {
                         j.reshape.is_none()
                             && if j.replace {
                                 replaced_at.contains_key(&j.schema.table)
@@ -274,25 +332,26 @@ pub(super) async fn snapshot_phase_beside(
                                 added.contains(&j.schema.table)
                             }
                     });
-                report.copied = names(&todo);
                 let lsn = exported.consistent_point;
-                let hold = todo
+                let hold = fresh
                     .iter()
                     .filter_map(|j| replaced_at.get(&j.schema.table).copied())
                     .fold(lsn, Lsn::min);
-                mark_copying(cfg, &mut state, &todo, lsn, &p.state_file)?;
-                if alongside && super::landing::chunkable(&todo) {
+                mark_copying(cfg, &mut state, &fresh, lsn, &p.state_file)?;
+                if alongside && super::landing::chunkable(&fresh) {
                     // In key chunks, each in a short transaction: no snapshot is held for
                     // longer than one chunk. The slot gives the consistent point, where the
                     // table lands and the WAL is kept from.
-                    let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
+                    let tables = fresh.iter().map(|j| j.schema.table.clone()).collect();
                     let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
                     let state_file = p.state_file.clone();
                     let copy: BoxedCopy = Box::pin(async move {
+                        let none = fresh.iter().map(|_| None).collect();
                         super::landing::copy_in_chunks(
                             &cfg,
-                            exported,
-                            todo,
+                            ChunkStart::Exported(exported),
+                            fresh,
+                            none,
                             &catalog,
                             &pipeline,
                             &state_file,
@@ -301,14 +360,14 @@ pub(super) async fn snapshot_phase_beside(
                     });
                     beside = Some((hold, tables, copy));
                 } else if alongside {
-                    let tables = todo.iter().map(|j| j.schema.table.clone()).collect();
+                    let tables = fresh.iter().map(|j| j.schema.table.clone()).collect();
                     let (cfg, catalog, pipeline) = (cfg.clone(), catalog.clone(), p.name.clone());
                     let copy: BoxedCopy = Box::pin(async move {
                         let copied = copy_into(
                             &cfg,
                             &exported.snapshot_name,
                             lsn,
-                            todo,
+                            fresh,
                             &catalog,
                             &pipeline,
                         )
@@ -318,9 +377,48 @@ pub(super) async fn snapshot_phase_beside(
                     });
                     beside = Some((hold, tables, copy));
                 } else {
-                    copy_into(cfg, &exported.snapshot_name, lsn, todo, &catalog, &p.name).await?;
-                    drop(exported.session);
+                    // Large tables with an integer key in key chunks, each made durable as
+                    // it ends (a copy cut short goes on from them); the others inside the
+                    // exported snapshot.
+                    let (chunked, whole): (Vec<TableJob>, Vec<TableJob>) =
+                        fresh.into_iter().partition(|j| in_chunks(cfg, j));
+                    if !whole.is_empty() {
+                        copy_into(cfg, &exported.snapshot_name, lsn, whole, &catalog, &p.name)
+                            .await?;
+                    }
+                    if chunked.is_empty() {
+                        drop(exported.session);
+                    } else {
+                        chunked_now.extend(names(&chunked));
+                        let none = chunked.iter().map(|_| None).collect();
+                        super::landing::copy_in_chunks(
+                            cfg,
+                            ChunkStart::Exported(exported),
+                            chunked,
+                            none,
+                            &catalog,
+                            &p.name,
+                            &p.state_file,
+                        )
+                        .await?;
+                    }
                 }
+            }
+            for j in resumed {
+                let Some(e) = earlier.remove(&j.schema.table) else {
+                    continue;
+                };
+                chunked_now.push(j.schema.table.to_string());
+                super::landing::copy_in_chunks(
+                    cfg,
+                    ChunkStart::Resumed(e.at),
+                    vec![j],
+                    vec![Some(e)],
+                    &catalog,
+                    &p.name,
+                    &p.state_file,
+                )
+                .await?;
             }
         }
         CdcMode::CdcOnly => {
@@ -341,6 +439,11 @@ pub(super) async fn snapshot_phase_beside(
             }
         }
     }
+    // Tables copied in key chunks here recorded what their chunks saw in the state file.
+    let saved = match chunked_now.is_empty() {
+        true => None,
+        false => PipelineState::load(&p.state_file)?,
+    };
     for (name, t) in state.tables.iter_mut() {
         // A copy beside the stream is still under way: the next snapshot phase, once it
         // committed, takes its LSN as the table's watermark.
@@ -352,6 +455,13 @@ pub(super) async fn snapshot_phase_beside(
         }
         if let Some(lsn) = t.copying_at.take() {
             t.watermark = lsn;
+            t.copied = None;
+            if chunked_now.contains(name) {
+                t.chunked = saved
+                    .as_ref()
+                    .and_then(|s| s.tables.get(name))
+                    .and_then(|s| s.chunked.clone());
+            }
         }
     }
     state.resnapshot = false;
@@ -387,6 +497,47 @@ fn job(
     })
 }
 
+/// Whether a table of a snapshot is copied in key chunks (each made durable as it ends, so
+/// that a copy cut short goes on from them) rather than inside the exported snapshot: a
+/// table with an integer first key column and more than two chunks of rows.
+fn in_chunks(cfg: &crate::config::PostgresConfig, j: &TableJob) -> bool {
+    let rows = u64::try_from(j.schema.row_estimate).unwrap_or(0);
+    j.reshape.is_none() && j.chunk_key().is_some() && rows > 2 * cfg.snapshot_chunk_rows
+}
+
+/// The copy at which a copy of `ts` cut short can go on from the chunks it made durable:
+/// its LSN and chunks. It can when nothing in the table or the pipeline moved since: the
+/// Iceberg table has not committed it, the pipeline's WAL holds everything after its LSN,
+/// and the table's key, columns, partitions and excluded columns are the ones it copied.
+fn resumable(
+    prior: Option<&PipelineState>,
+    ts: &TableSchema,
+    table: &iceberg::table::Table,
+    committed: Option<Lsn>,
+    p: &PipelineConfig,
+) -> Option<(Lsn, super::chunks::CopyProgress)> {
+    let prior = prior?;
+    let recorded = prior.table(&ts.table)?;
+    let at = recorded.copying_at?;
+    let progress = recorded.copied.clone()?;
+    let key = crate::source::postgres::key_chunks::chunk_key(
+        &crate::source::postgres::snapshot::CopyJob {
+            schema: ts.clone(),
+            arrow: ice_schema::arrow_schema(table).ok()?,
+        },
+    )?;
+    let fits = !prior.resnapshot
+        && p.source.cdc_mode == CdcMode::SnapshotThenCdc
+        && !progress.chunks.is_empty()
+        && progress.key == key
+        && committed.is_none_or(|lsn| lsn < at)
+        && prior.wal_removed_through <= at
+        && recorded.partitions == ts.partitions
+        && recorded.excluded == p.source.excluded(&ts.table)
+        && same_columns(table, ts);
+    fits.then_some((at, progress))
+}
+
 /// Records the tables about to be copied at `lsn` before the copy starts, so that a copy cut
 /// short is found and started over (see [`TableState::copying_at`]).
 fn mark_copying(
@@ -405,6 +556,7 @@ fn mark_copying(
                 copying_at: Some(lsn),
                 excluded: source.excluded(&j.schema.table).to_vec(),
                 chunked: None,
+                copied: None,
             },
         );
     }

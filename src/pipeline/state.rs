@@ -65,6 +65,10 @@ pub struct TableState {
     /// chunk still lacks, until the table has committed past them (see `pipeline::chunks`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunked: Option<super::chunks::ChunkFilter>,
+    /// A copy in key chunks under way (beside `copying_at`): the chunks already durable,
+    /// which the next start goes on from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied: Option<super::chunks::CopyProgress>,
 }
 
 /// LSNs are kept as Postgres prints them, so the file reads like `pg_replication_slots`.
@@ -210,6 +214,33 @@ pub fn record_chunks(
     state.save(path)
 }
 
+/// Records one more chunk of `table`'s copy in key chunks by `key` (see
+/// [`TableState::copied`]); its files are durable already. Returns how many chunks the copy
+/// has recorded.
+pub fn record_copied_chunk(
+    path: &StateFile,
+    table: &TableRef,
+    key: &str,
+    chunk: super::chunks::CopiedChunk,
+) -> Result<usize> {
+    let _one_writer = writing();
+    let mut state = PipelineState::load(path)?.unwrap_or_default();
+    let Some(t) = state.tables.get_mut(&table.to_string()) else {
+        return Err(Error::fatal(format!(
+            "the pipeline state {} does not list {table}, whose copy is under way",
+            path.describe()
+        )));
+    };
+    let progress = t.copied.get_or_insert_with(|| super::chunks::CopyProgress {
+        key: key.to_string(),
+        chunks: Vec::new(),
+    });
+    progress.chunks.push(chunk);
+    let recorded = progress.chunks.len();
+    state.save(path)?;
+    Ok(recorded)
+}
+
 /// Takes the pipeline's lease when its WAL and state are on S3, where processes on several
 /// machines could otherwise both write it (see [`crate::storage::lease`]). In local mode the
 /// file lock of `sync` is enough: `None`.
@@ -251,6 +282,7 @@ mod tests {
                 copying_at: Some(Lsn(7)),
                 excluded: Vec::new(),
                 chunked: None,
+                copied: None,
             },
         );
         s.save(&path).unwrap();
@@ -273,6 +305,7 @@ mod tests {
         s.tables.insert(
             "public.a".into(),
             TableState {
+                copied: None,
                 chunked: Some(crate::pipeline::chunks::ChunkFilter {
                     through: Lsn(50),
                     key: "id".into(),

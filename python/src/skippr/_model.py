@@ -732,7 +732,7 @@ class DataSourcePostgres(_Value):
     #: Fields in the order they are written.
     _fields = (
         "host", "port", "user", "password", "database", "sslmode", "sslrootcert", "tables", "cdc_mode",
-        "publication", "slot", "append_only", "snapshot_parallelism",
+        "publication", "slot", "append_only", "snapshot_parallelism", "snapshot_chunk_rows",
         "parquet_target_file_size_mb", "heartbeat_interval", "max_retained_wal", "failover_slot",
     )
     __slots__ = _fields
@@ -751,6 +751,7 @@ class DataSourcePostgres(_Value):
     #: ``None`` when there are none (an empty list is not written).
     append_only: Optional[Tuple[str, ...]]
     snapshot_parallelism: Optional[int]
+    snapshot_chunk_rows: Optional[int]
     parquet_target_file_size_mb: Optional[int]
     heartbeat_interval: Optional[str]
     max_retained_wal: Optional[str]
@@ -772,6 +773,7 @@ class DataSourcePostgres(_Value):
         slot: Optional[Text] = None,
         append_only: Optional[Sequence[str]] = None,
         snapshot_parallelism: Optional[int] = None,
+        snapshot_chunk_rows: Optional[int] = None,
         parquet_target_file_size_mb: Optional[int] = None,
         heartbeat_interval: Union[str, int, None] = None,
         max_retained_wal: Union[str, int, None] = None,
@@ -813,6 +815,10 @@ class DataSourcePostgres(_Value):
         self._set(
             "snapshot_parallelism",
             c.integer("snapshot_parallelism", snapshot_parallelism, 1, 64, "the number of connections"),
+        )
+        self._set(
+            "snapshot_chunk_rows",
+            c.integer("snapshot_chunk_rows", snapshot_chunk_rows, 1_000, 100_000_000, "a number of rows"),
         )
         self._set(
             "parquet_target_file_size_mb",

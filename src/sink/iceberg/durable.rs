@@ -26,6 +26,27 @@ pub const PAUSE_BEFORE_COPY_DIFFERENCE: &str = "before-copy-difference";
 /// it has not joined the stream yet.
 pub const PAUSE_AFTER_CHUNKED_COPY: &str = "after-chunked-copy";
 
+/// Pause point with a count, named `copied-chunks:<n>`: a copy in key chunks has made at
+/// least n chunks durable; each of its connections stops once its chunk under way is durable.
+pub const PAUSE_COPIED_CHUNKS: &str = "copied-chunks";
+
+/// Waits forever when [`PAUSE_ENV`] names `point:<n>` with `n` at most `count`.
+pub async fn pause_point_counted(point: &str, count: usize) {
+    let Ok(value) = std::env::var(PAUSE_ENV) else {
+        return;
+    };
+    let reached = value
+        .strip_prefix(point)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| count >= n);
+    if reached {
+        eprintln!("skipprd test hook: paused at {value}");
+        tracing::warn!(point = %value, "test hook: paused until killed");
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Waits forever when [`PAUSE_ENV`] names `point` (see there); returns at once otherwise.
 pub async fn pause_point(point: &str) {
     if std::env::var(PAUSE_ENV).is_ok_and(|v| v == point) {

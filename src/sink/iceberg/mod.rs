@@ -11,6 +11,7 @@ pub mod maintenance;
 pub mod models;
 pub mod reshape;
 pub mod rowdelta;
+pub mod staged;
 pub mod writer;
 
 pub use crate::table::{

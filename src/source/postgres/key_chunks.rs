@@ -17,10 +17,6 @@ use crate::change::types::PgType;
 use crate::config::{quote_ident, PostgresConfig};
 use crate::error::{Context, Error, Result};
 
-/// Rows a chunk takes on, by Postgres's estimate: a chunk's transaction lasts a fraction of a
-/// second.
-const CHUNK_ROWS: i64 = 100_000;
-
 /// One chunk: the keys `lo <= key < hi` (an open end has no bound), and what the snapshot of
 /// the transaction that copied it saw.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,33 +149,128 @@ pub fn chunk_key(job: &CopyJob) -> Option<String> {
     matches!(column.pg, PgType::Int2 | PgType::Int4 | PgType::Int8).then(|| first.clone())
 }
 
-/// Cuts `min..=max` into about `rows / CHUNK_ROWS` ranges; the first and last are open, so
-/// that keys written after the bounds were read are copied too.
-fn ranges(min: i64, max: i64, rows: i64) -> Vec<(Option<i64>, Option<i64>)> {
-    let n = (rows / CHUNK_ROWS + 1).clamp(1, 100_000) as i128;
-    let span = i128::from(max) - i128::from(min) + 1;
-    let width = ((span + n - 1) / n).max(1);
+/// A range of keys, `lo <= key < hi`; an open end has no bound.
+pub type KeyRange = (Option<i64>, Option<i64>);
+
+/// Cuts `min..=max` into about `rows / chunk_rows` ranges of equal key span; the first and
+/// last are open, so that keys written after the bounds were read are copied too.
+#[cfg(test)]
+fn ranges(min: i64, max: i64, rows: i64, chunk_rows: i64) -> Vec<KeyRange> {
+    plan(&[min, max.saturating_add(1)], rows, chunk_rows, max)
+}
+
+/// Cuts the keys into ranges of about `chunk_rows` rows each, `rows` in all, by the key's
+/// equal-depth histogram `bounds` (Postgres's `pg_stats.histogram_bounds`, about as many
+/// rows between each two bounds; two bounds, the least and past the greatest key, for keys
+/// taken to be dense). Keys above the last bound up to `max` (written since the histogram was
+/// made) are taken to be as dense as the histogram's. The first and last ranges are open.
+fn plan(bounds: &[i64], rows: i64, chunk_rows: i64, max: i64) -> Vec<KeyRange> {
+    let (Some(&first), Some(&last)) = (bounds.first(), bounds.last()) else {
+        return vec![(None, None)];
+    };
+    let m = bounds.len().saturating_sub(1).max(1);
+    let mut edges: Vec<i128> = bounds.iter().map(|b| i128::from(*b)).collect();
+    if edges.len() == 1 {
+        edges.push(edges[0] + 1);
+    }
+    let per_bucket = rows.max(1) as f64 / m as f64;
+    // Keys beyond the histogram: more buckets of the histogram's mean width.
+    let width = ((i128::from(last) - i128::from(first)) / m as i128).max(1);
+    let beyond = i128::from(max) - i128::from(last);
+    if beyond > 0 {
+        let more = ((beyond + width - 1) / width).min(4 * m as i128) as usize;
+        let step = (beyond + more as i128 - 1) / more.max(1) as i128;
+        for i in 1..=more {
+            edges.push((i128::from(last) + step * i as i128).min(i128::from(max) + 1));
+        }
+    }
+    let buckets = edges.len() - 1;
+    let total = per_bucket * buckets as f64;
+    let n = ((total / chunk_rows.max(1) as f64) as i64 + 1).clamp(1, 100_000);
+    let mut cuts: Vec<i64> = Vec::new();
+    for j in 1..n {
+        let at = j as f64 * buckets as f64 / n as f64;
+        let b = (at.floor() as usize).min(buckets - 1);
+        let (lo, hi) = (edges[b], edges[b + 1]);
+        let key = lo + ((hi - lo) as f64 * (at - b as f64)) as i128;
+        let key = key.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        if cuts.last().is_none_or(|c| key > *c) && i128::from(key) > edges[0] {
+            cuts.push(key);
+        }
+    }
     let mut out = Vec::new();
-    let mut lo: Option<i64> = None;
-    let mut next = i128::from(min) + width;
-    while next <= i128::from(max) {
-        let hi = next as i64;
-        out.push((lo, Some(hi)));
-        lo = Some(hi);
-        next += width;
+    let mut lo = None;
+    for c in cuts {
+        out.push((lo, Some(c)));
+        lo = Some(c);
     }
     out.push((lo, None));
     out
 }
 
+/// The equal-depth histogram Postgres keeps of `key` (`pg_stats.histogram_bounds`), when the
+/// table was analyzed; empty otherwise.
+async fn histogram(
+    client: &tokio_postgres::Client,
+    table: &crate::config::TableRef,
+    key: &str,
+) -> Result<Vec<i64>> {
+    let rows = client
+        .query(
+            "SELECT histogram_bounds::text::int8[] FROM pg_stats \
+             WHERE schemaname = $1 AND tablename = $2 AND attname = $3 \
+             ORDER BY inherited DESC LIMIT 1",
+            &[&table.schema, &table.name, &key],
+        )
+        .await
+        .with_context(|| format!("reading the statistics of {table}'s key"))?;
+    let bounds: Option<Vec<i64>> = rows.first().and_then(|r| r.get(0));
+    Ok(bounds.unwrap_or_default())
+}
+
+/// The parts of the ranges of `plan` that no chunk of `done` covers, in key order.
+fn remaining(plan: Vec<KeyRange>, done: &[KeyRange]) -> Vec<KeyRange> {
+    // Open ends as numbers beyond every key, so that ranges compare as intervals.
+    const BELOW: i128 = -(1 << 64);
+    const ABOVE: i128 = 1 << 64;
+    let bounds = |(lo, hi): &KeyRange| (lo.map_or(BELOW, i128::from), hi.map_or(ABOVE, i128::from));
+    let mut covered: Vec<(i128, i128)> = done.iter().map(bounds).collect();
+    covered.sort();
+    let mut out = Vec::new();
+    for range in &plan {
+        let (mut lo, hi) = bounds(range);
+        for &(clo, chi) in &covered {
+            if chi <= lo || clo >= hi {
+                continue;
+            }
+            if clo > lo {
+                out.push((lo, clo));
+            }
+            lo = lo.max(chi);
+            if lo >= hi {
+                break;
+            }
+        }
+        if lo < hi {
+            out.push((lo, hi));
+        }
+    }
+    let end = |b: i128| (b != BELOW && b != ABOVE).then_some(b as i64);
+    out.into_iter().map(|(lo, hi)| (end(lo), end(hi))).collect()
+}
+
 /// Copies `job` (table number `index` of `target`) in key chunks on `cfg.snapshot_parallelism`
-/// connections; returns what each worker's writer finished with and every chunk's snapshot.
-/// Rows copied so far are added to `counter`.
+/// connections, leaving out the ranges of `done` (chunks copied before, by a copy cut short);
+/// returns what the writers finished with and the snapshot of every chunk copied now. A
+/// target that keeps chunks ([`CopyTarget::keeps_chunks`]) gets each chunk finished on its
+/// own and reported; otherwise a worker writes all its chunks on one writer. Rows copied are
+/// added to `counter`.
 pub async fn copy_in_key_chunks<T: CopyTarget>(
     cfg: &PostgresConfig,
     job: Arc<CopyJob>,
     index: usize,
     key: &str,
+    done: &[KeyRange],
     target: Arc<T>,
     counter: Arc<AtomicU64>,
 ) -> Result<(Vec<<T::Writer as ChunkWriter>::Done>, Vec<ChunkSeen>)> {
@@ -198,16 +289,24 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
         .with_context(|| format!("reading the key range of {table}"))?;
     let (min, max): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
     let plan = match (min, max) {
-        // Without an estimate (a table never analyzed), keys are taken to be dense.
         (Some(min), Some(max)) => {
+            let chunk_rows = i64::try_from(cfg.snapshot_chunk_rows).unwrap_or(i64::MAX);
+            // By the key's histogram when Postgres has one (keys are rarely dense: sequences
+            // skip, rows are deleted); without statistics (a table never analyzed), the keys
+            // are taken to be dense.
+            let mut bounds = histogram(&client, table, key).await?;
             let rows = match job.schema.row_estimate {
-                r if r > 0 => r,
-                _ => max.saturating_sub(min).saturating_add(1),
+                r if r > 0 && bounds.len() >= 2 => r,
+                _ => {
+                    bounds = vec![min, max.saturating_add(1)];
+                    max.saturating_sub(min).saturating_add(1)
+                }
             };
-            ranges(min, max, rows)
+            plan(&bounds, rows, chunk_rows, max)
         }
         _ => vec![(None, None)],
     };
+    let plan = remaining(plan, done);
     drop(client);
     let queue = Arc::new(Mutex::new(plan.into_iter().collect::<VecDeque<_>>()));
     let run_id = uuid::Uuid::now_v7().simple().to_string();
@@ -223,17 +322,36 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
         );
         let prefix = format!("snap-{run_id}-{w:04}");
         workers.spawn(async move {
-            let mut writer = target.writer(index, prefix).await?;
             let client = connect(&cfg).await?;
+            let mut finished = Vec::new();
             let mut seen = Vec::new();
-            loop {
+            let mut shared = None;
+            for n in 0.. {
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
                 let Some((lo, hi)) = next else {
                     break;
                 };
-                seen.push(copy_chunk(&client, &job, &key, lo, hi, &mut writer, &counter).await?);
+                if target.keeps_chunks() {
+                    // Each chunk on a writer of its own, finished and reported as it ends.
+                    let mut writer = target.writer(index, format!("{prefix}-{n:05}")).await?;
+                    let chunk =
+                        copy_chunk(&client, &job, &key, lo, hi, &mut writer, &counter).await?;
+                    let done = writer.finish().await?;
+                    target.chunk_copied(index, &chunk, &done).await?;
+                    finished.push(done);
+                    seen.push(chunk);
+                } else {
+                    let writer = match &mut shared {
+                        Some(w) => w,
+                        None => shared.insert(target.writer(index, prefix.clone()).await?),
+                    };
+                    seen.push(copy_chunk(&client, &job, &key, lo, hi, writer, &counter).await?);
+                }
             }
-            Ok::<_, Error>((writer.finish().await?, seen))
+            if let Some(w) = shared {
+                finished.push(w.finish().await?);
+            }
+            Ok::<_, Error>((finished, seen))
         });
     }
     let mut done = Vec::new();
@@ -241,7 +359,7 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
     while let Some(joined) = workers.join_next().await {
         let (d, s) =
             joined.map_err(|e| Error::fatal(format!("a copy task of {table} failed: {e}")))??;
-        done.push(d);
+        done.extend(d);
         seen.extend(s);
     }
     seen.sort_by_key(|c| c.lo);
@@ -294,7 +412,7 @@ mod tests {
 
     #[test]
     fn ranges_cover_every_key_once() {
-        let r = ranges(1, 1_000, 350_000);
+        let r = ranges(1, 1_000, 350_000, 100_000);
         assert_eq!(r.len(), 4);
         assert_eq!(r[0], (None, Some(251)));
         assert_eq!(r[3], (Some(751), None));
@@ -311,8 +429,81 @@ mod tests {
         for key in [-5, 1, 250, 251, 1_000, 9_999] {
             assert_eq!(chunks.iter().filter(|c| c.holds(key)).count(), 1, "{key}");
         }
-        assert_eq!(ranges(7, 7, 10), vec![(None, None)]);
-        assert_eq!(ranges(i64::MIN, i64::MAX, 1_000_000).len(), 11);
+        assert_eq!(ranges(7, 7, 10, 100_000), vec![(None, None)]);
+        assert_eq!(ranges(i64::MIN, i64::MAX, 1_000_000, 100_000).len(), 11);
+    }
+
+    #[test]
+    fn sparse_keys_are_cut_by_their_histogram() {
+        // 1,000 rows: 900 with keys 1..=900, 100 spread up to 1,000,000.
+        let mut bounds: Vec<i64> = (0..=9).map(|i| 1 + i * 100).collect();
+        bounds.push(1_000_000);
+        let p = plan(&bounds, 1_000, 100, 1_000_000);
+        // About ten ranges of about a hundred rows, not one range holding 900 of them.
+        assert!((9..=12).contains(&p.len()), "{p:?}");
+        assert!(p[1].0.is_some_and(|lo| lo < 300), "{p:?}");
+        // Keys written after the histogram, beyond its last bound, get ranges of their own.
+        let grown = plan(&[1, 101, 201], 200, 100, 400);
+        assert_eq!(grown.len(), 5, "{grown:?}");
+        assert!(grown[3].0.is_some_and(|lo| lo > 201), "{grown:?}");
+        // A single-bound histogram or no rows: one range.
+        assert_eq!(plan(&[5], 1, 100, 5), vec![(None, None)]);
+        assert_eq!(plan(&[], 0, 100, 0), vec![(None, None)]);
+    }
+
+    #[test]
+    fn a_copy_cut_short_goes_on_with_what_its_chunks_left() {
+        let plan = ranges(1, 1_000, 400_000, 100_000);
+        assert_eq!(plan.len(), 5);
+        // Nothing copied: the plan itself.
+        assert_eq!(remaining(plan.clone(), &[]), plan);
+        // The first and third chunks done; the others remain.
+        let done = [plan[0], plan[2]];
+        let left = remaining(plan.clone(), &done);
+        assert_eq!(left, vec![plan[1], plan[3], plan[4]]);
+        // A plan made again after the keys grew: done ranges of the earlier plan are cut
+        // out of the new one wherever they fall, open ends included.
+        let again = ranges(1, 2_000, 400_000, 100_000);
+        let left = remaining(again, &[(None, Some(300)), (Some(900), Some(1_200))]);
+        assert_eq!(
+            left,
+            vec![
+                (Some(300), Some(401)),
+                (Some(401), Some(801)),
+                (Some(801), Some(900)),
+                (Some(1_200), Some(1_201)),
+                (Some(1_201), Some(1_601)),
+                (Some(1_601), None)
+            ]
+        );
+        // Every key is in exactly one of the done or remaining ranges.
+        assert_eq!(left.len(), 6);
+        let all: Vec<KeyRange> = left
+            .iter()
+            .copied()
+            .chain([(None, Some(300)), (Some(900), Some(1_200))])
+            .collect();
+        for key in [
+            i64::MIN,
+            -1,
+            0,
+            299,
+            300,
+            899,
+            900,
+            1_199,
+            1_200,
+            5_000,
+            i64::MAX,
+        ] {
+            let n = all
+                .iter()
+                .filter(|(lo, hi)| lo.is_none_or(|l| key >= l) && hi.is_none_or(|h| key < h))
+                .count();
+            assert_eq!(n, 1, "{key}");
+        }
+        // Everything done: nothing left.
+        assert!(remaining(plan, &[(None, None)]).is_empty());
     }
 
     #[test]

@@ -51,6 +51,24 @@ pub trait CopyTarget: Send + Sync + 'static {
         chunks: Vec<<Self::Writer as ChunkWriter>::Done>,
     ) -> Result<()>;
 
+    /// Whether a copy in key chunks finishes each chunk on a writer of its own and reports
+    /// it to [`CopyTarget::chunk_copied`] as it ends (a target that records them can go on
+    /// after a crash from the chunks it has), rather than sharing a writer among chunks.
+    fn keeps_chunks(&self) -> bool {
+        false
+    }
+
+    /// A chunk of a copy in key chunks has been copied, its writer finished with `done`
+    /// (with [`CopyTarget::keeps_chunks`]). An error stops the copy.
+    async fn chunk_copied(
+        &self,
+        _job: usize,
+        _seen: &super::key_chunks::ChunkSeen,
+        _done: &<Self::Writer as ChunkWriter>::Done,
+    ) -> Result<()> {
+        Ok(())
+    }
+
     /// How far the copy is, one entry per job in the jobs' order: about twice a second while
     /// it runs, when a table lands, and once at the end (after the last tick). Called from
     /// the copy's own tasks, so it must return quickly (a small file write at most).

@@ -467,14 +467,20 @@ pub async fn stream(
             }
             ReplicationEvent::Message {
                 transactional: false,
+                lsn,
                 prefix,
                 content,
-                ..
             } if prefix == ONCE_MARKER_PREFIX => {
                 if let StopAt::Marker(m) = &stop {
                     // With protocol 1 a message never arrives inside a transaction; if one
                     // were open it is not in the WAL yet and will be sent again next time.
                     if content.as_ref() == m.as_bytes() {
+                        // Every transaction that committed before the marker was sent before
+                        // it: the stream is complete through the marker's position, even
+                        // when nothing changed since the last transaction.
+                        if out.open_changes().is_none() {
+                            last_end = last_end.max(Lsn(lsn.0));
+                        }
                         flush(out, &client, &mut last_durable)?;
                         if out.is_empty() && last_end > last_durable {
                             out.note_acknowledged(last_end)?;
