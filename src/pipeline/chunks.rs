@@ -18,6 +18,13 @@ use crate::source::postgres::key_chunks::ChunkSeen;
 pub struct CopyProgress {
     /// The integer key column the chunks cut.
     pub key: String,
+    /// The source table's oid when it was copied: a table dropped and made again under the
+    /// same name is another table, whose copy starts over.
+    #[serde(default)]
+    pub oid: u32,
+    /// The Iceberg table's partition spec the chunks' files were written under.
+    #[serde(default)]
+    pub spec: i32,
     pub chunks: Vec<CopiedChunk>,
 }
 

@@ -135,10 +135,16 @@ impl CopyTarget for Landing {
             let name = format!("copy-{}", uuid::Uuid::now_v7().simple());
             Some(staged::write_manifest(&job.table, files, &name).await?)
         };
+        let start = || CopyProgress {
+            key,
+            oid: job.schema.oid,
+            spec: job.table.metadata().default_partition_spec_id(),
+            chunks: Vec::new(),
+        };
         let recorded = super::state::record_copied_chunk(
             state_file,
             &job.schema.table,
-            &key,
+            start,
             CopiedChunk {
                 seen: seen.clone(),
                 rows: *rows,
@@ -245,7 +251,20 @@ pub(super) struct Earlier {
 impl Earlier {
     /// Reads the chunks `progress` records for `table`; an error when one of them can no
     /// longer be read (its manifest or a data file gone).
-    pub(super) async fn read(table: &Table, at: Lsn, progress: CopyProgress) -> Result<Self> {
+    pub(super) async fn read(table: &Table, at: Lsn, mut progress: CopyProgress) -> Result<Self> {
+        // A chunk recorded by a copy task that was stopping while the next copy had started
+        // may overlap one of that copy: the first recorded holds the keys, the other goes.
+        let mut kept: Vec<CopiedChunk> = Vec::new();
+        let mut dropped = Vec::new();
+        for c in std::mem::take(&mut progress.chunks) {
+            if kept.iter().any(|k| overlap(&k.seen, &c.seen)) {
+                dropped.extend(c.manifest);
+            } else {
+                kept.push(c);
+            }
+        }
+        progress.chunks = kept;
+        staged::remove_manifests(table, dropped).await;
         let mut chunks = Vec::new();
         for c in &progress.chunks {
             let files = match &c.manifest {
@@ -265,6 +284,21 @@ impl Earlier {
     pub(super) fn manifests(&self) -> Vec<String> {
         manifests_of(&self.progress)
     }
+
+    /// Every file the chunks hold: their data files and their manifests.
+    pub(super) fn files(&self) -> std::collections::HashSet<String> {
+        self.chunks
+            .iter()
+            .flat_map(|(_, files, _)| files.iter().map(|f| f.file_path().to_string()))
+            .chain(self.manifests())
+            .collect()
+    }
+}
+
+/// Whether two chunks share a key.
+fn overlap(a: &ChunkSeen, b: &ChunkSeen) -> bool {
+    let below = |hi: Option<i64>, lo: Option<i64>| matches!((hi, lo), (Some(h), Some(l)) if h <= l);
+    !below(a.hi, b.lo) && !below(b.hi, a.lo)
 }
 
 fn manifests_of(progress: &CopyProgress) -> Vec<String> {

@@ -16,6 +16,7 @@ pub mod layout;
 mod lock;
 pub mod position;
 pub mod reload;
+mod resume;
 pub mod seams;
 pub mod shutdown;
 mod slot_watch;

@@ -3,15 +3,14 @@
 //! the slot with an exported snapshot and copies the tables inside it, then records each
 //! table's watermark.
 
-use std::path::Path;
+use std::collections::HashMap;
 
 use super::checks::{
     check_owner, check_replication_ready, require_published, require_slot_if_synced,
     require_slot_not_moved, require_via_root,
 };
-use std::collections::HashMap;
-
 use super::landing::{copy_into, ChunkStart, Earlier, TableJob};
+use super::resume::{self, Verdict};
 use super::state::{PipelineState, TableState};
 use super::SyncReport;
 use crate::catalog::LocalCatalog;
@@ -135,28 +134,28 @@ pub(super) async fn snapshot_phase_beside(
         let table = ice_schema::create_or_load(&catalog, &namespace, &ts, &layout).await?;
         let table = evolve::apply_layout(&catalog, &table, &layout).await?;
         let committed = commit::committed_lsn(&table);
-        if let Some((at, progress)) = resumable(prior.as_ref(), &ts, &table, committed, p) {
-            match Earlier::read(&table, at, progress.clone()).await {
-                Ok(e) => {
+        let same = same_columns(&table, &ts);
+        match resume::verdict(prior.as_ref(), &ts, &table, committed, p, same) {
+            Verdict::GoOn(at, progress) => {
+                if let Some(e) = resume::take_up(&table, &ts, at, progress).await? {
                     tracing::info!(table = %ts.table, lsn = %at, chunks = e.chunks.len(), "the copy of this table was cut short; it goes on from the chunks it made durable");
+                    // Files of the chunk under way when it stopped go; the others stay.
+                    resume::remove_uncommitted_files(&table, &e.files())?;
                     earlier.insert(ts.table.clone(), e);
                     let replace = committed.is_some();
                     todo.push(job(ts, table, replace, None)?);
                     continue;
                 }
-                Err(e) => {
-                    tracing::warn!(table = %ts.table, error = %e, "the chunks of a copy cut short cannot be read back; copying the table from the start");
-                    let gone: Vec<String> = progress
-                        .chunks
-                        .iter()
-                        .filter_map(|c| c.manifest.clone())
-                        .collect();
-                    crate::sink::iceberg::staged::remove_manifests(&table, gone).await;
-                }
             }
+            Verdict::StartOver(why, progress) => {
+                tracing::warn!(table = %ts.table, reason = %why, "a copy cut short starts over");
+                resume::give_up(&table, &progress).await;
+            }
+            Verdict::Spent(progress) => resume::give_up(&table, &progress).await,
+            Verdict::Nothing => {}
         }
         let Some(lsn) = committed else {
-            remove_uncommitted_files(&table)?;
+            resume::remove_uncommitted_files(&table, &Default::default())?;
             todo.push(job(ts, table, false, None)?);
             continue;
         };
@@ -228,6 +227,15 @@ pub(super) async fn snapshot_phase_beside(
         }
     }
 
+    resume::vet(
+        config,
+        &client,
+        p,
+        state.wal_removed_through,
+        &mut earlier,
+        &todo,
+    )
+    .await?;
     if cfg.cdc_mode.needs_replication() {
         let via_root = require_via_root(&client, p, &todo, &synced_partitioned).await?;
         require_published(&client, p, &report).await?;
@@ -505,39 +513,6 @@ fn in_chunks(cfg: &crate::config::PostgresConfig, j: &TableJob) -> bool {
     j.reshape.is_none() && j.chunk_key().is_some() && rows > 2 * cfg.snapshot_chunk_rows
 }
 
-/// The copy at which a copy of `ts` cut short can go on from the chunks it made durable:
-/// its LSN and chunks. It can when nothing in the table or the pipeline moved since: the
-/// Iceberg table has not committed it, the pipeline's WAL holds everything after its LSN,
-/// and the table's key, columns, partitions and excluded columns are the ones it copied.
-fn resumable(
-    prior: Option<&PipelineState>,
-    ts: &TableSchema,
-    table: &iceberg::table::Table,
-    committed: Option<Lsn>,
-    p: &PipelineConfig,
-) -> Option<(Lsn, super::chunks::CopyProgress)> {
-    let prior = prior?;
-    let recorded = prior.table(&ts.table)?;
-    let at = recorded.copying_at?;
-    let progress = recorded.copied.clone()?;
-    let key = crate::source::postgres::key_chunks::chunk_key(
-        &crate::source::postgres::snapshot::CopyJob {
-            schema: ts.clone(),
-            arrow: ice_schema::arrow_schema(table).ok()?,
-        },
-    )?;
-    let fits = !prior.resnapshot
-        && p.source.cdc_mode == CdcMode::SnapshotThenCdc
-        && !progress.chunks.is_empty()
-        && progress.key == key
-        && committed.is_none_or(|lsn| lsn < at)
-        && prior.wal_removed_through <= at
-        && recorded.partitions == ts.partitions
-        && recorded.excluded == p.source.excluded(&ts.table)
-        && same_columns(table, ts);
-    fits.then_some((at, progress))
-}
-
 /// Records the tables about to be copied at `lsn` before the copy starts, so that a copy cut
 /// short is found and started over (see [`TableState::copying_at`]).
 fn mark_copying(
@@ -619,41 +594,4 @@ fn same_columns(table: &iceberg::table::Table, ts: &TableSchema) -> bool {
 
 fn names(todo: &[TableJob]) -> Vec<String> {
     todo.iter().map(|j| j.schema.table.to_string()).collect()
-}
-
-/// Deletes data files left by an interrupted snapshot of a table that has no snapshot yet:
-/// nothing references them, and the copy starts over.
-fn remove_uncommitted_files(table: &iceberg::table::Table) -> Result<()> {
-    if table.metadata().current_snapshot().is_some() {
-        return Ok(());
-    }
-    let location = table.metadata().location();
-    let Some(path) = location.strip_prefix("file://") else {
-        return Ok(());
-    };
-    // Partitioned tables keep each partition's files in a folder of its own.
-    let mut todo = vec![Path::new(path).join("data")];
-    let mut removed = 0;
-    while let Some(dir) = todo.pop() {
-        if !dir.is_dir() {
-            continue;
-        }
-        for entry in
-            std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
-        {
-            let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
-            let path = entry.path();
-            if path.is_dir() {
-                todo.push(path);
-            } else if path.extension().is_some_and(|e| e == "parquet") {
-                std::fs::remove_file(&path)
-                    .with_context(|| format!("removing {}", path.display()))?;
-                removed += 1;
-            }
-        }
-    }
-    if removed > 0 {
-        tracing::info!(table = %table.identifier(), files = removed, "removed files of an interrupted snapshot");
-    }
-    Ok(())
 }

@@ -214,13 +214,13 @@ pub fn record_chunks(
     state.save(path)
 }
 
-/// Records one more chunk of `table`'s copy in key chunks by `key` (see
-/// [`TableState::copied`]); its files are durable already. Returns how many chunks the copy
-/// has recorded.
+/// Records one more chunk of `table`'s copy in key chunks (see [`TableState::copied`]),
+/// starting the record with `start` at the first; its files are durable already. Returns how
+/// many chunks the copy has recorded.
 pub fn record_copied_chunk(
     path: &StateFile,
     table: &TableRef,
-    key: &str,
+    start: impl FnOnce() -> super::chunks::CopyProgress,
     chunk: super::chunks::CopiedChunk,
 ) -> Result<usize> {
     let _one_writer = writing();
@@ -231,10 +231,7 @@ pub fn record_copied_chunk(
             path.describe()
         )));
     };
-    let progress = t.copied.get_or_insert_with(|| super::chunks::CopyProgress {
-        key: key.to_string(),
-        chunks: Vec::new(),
-    });
+    let progress = t.copied.get_or_insert_with(start);
     progress.chunks.push(chunk);
     let recorded = progress.chunks.len();
     state.save(path)?;

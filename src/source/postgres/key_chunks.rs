@@ -149,6 +149,10 @@ pub fn chunk_key(job: &CopyJob) -> Option<String> {
     matches!(column.pg, PgType::Int2 | PgType::Int4 | PgType::Int8).then(|| first.clone())
 }
 
+/// Chunks of one table's copy, at most: beyond it chunks grow past `snapshot_chunk_rows`,
+/// so that the record of a copy's chunks (rewritten as each ends) stays small.
+const MAX_CHUNKS: i64 = 2_000;
+
 /// A range of keys, `lo <= key < hi`; an open end has no bound.
 pub type KeyRange = (Option<i64>, Option<i64>);
 
@@ -186,7 +190,7 @@ fn plan(bounds: &[i64], rows: i64, chunk_rows: i64, max: i64) -> Vec<KeyRange> {
     }
     let buckets = edges.len() - 1;
     let total = per_bucket * buckets as f64;
-    let n = ((total / chunk_rows.max(1) as f64) as i64 + 1).clamp(1, 100_000);
+    let n = ((total / chunk_rows.max(1) as f64) as i64 + 1).clamp(1, MAX_CHUNKS);
     let mut cuts: Vec<i64> = Vec::new();
     for j in 1..n {
         let at = j as f64 * buckets as f64 / n as f64;
@@ -431,6 +435,11 @@ mod tests {
         }
         assert_eq!(ranges(7, 7, 10, 100_000), vec![(None, None)]);
         assert_eq!(ranges(i64::MIN, i64::MAX, 1_000_000, 100_000).len(), 11);
+        // A huge table: chunks grow rather than number in the tens of thousands.
+        assert_eq!(
+            ranges(1, 2_000_000_000, 2_000_000_000, 100_000).len() as i64,
+            MAX_CHUNKS
+        );
     }
 
     #[test]
