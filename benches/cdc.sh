@@ -7,6 +7,8 @@
 #                                            default: the rows the updates and deletes need)
 #   KEY_INDEX_MB=32 ...                      (the pipeline's key_index_memory_budget_mb: a
 #                                            smaller budget keeps the key index on local disk)
+#   TX_MB=64 ...                             (the pipeline's transaction_memory_budget_mb: staged
+#                                            changes beyond it are spilled to data files)
 #   REBUILD_INDEX=1 ...                      (the measured run rebuilds the key index from the
 #                                            data files instead of reading its saved copy)
 set -euo pipefail
@@ -33,7 +35,7 @@ SQL
   rm -rf "$work/warehouse" "$work/.skippr"
   cat >"$work/skippr.yml" <<YAML
 skippr: {workspace: bench}
-pipelines: {p: {data_source: data_sources.db, data_sink: data_sinks.lake${KEY_INDEX_MB:+, key_index_memory_budget_mb: $KEY_INDEX_MB}}}
+pipelines: {p: {data_source: data_sources.db, data_sink: data_sinks.lake${KEY_INDEX_MB:+, key_index_memory_budget_mb: $KEY_INDEX_MB}${TX_MB:+, transaction_memory_budget_mb: $TX_MB}}}
 data_sources:
   db: {Postgres: {host: 127.0.0.1, port: $bench_port, user: postgres, database: bench_cdc, tables: [events]}}
 data_sinks:
@@ -72,4 +74,4 @@ SQL
   [ "$a" = "$b" ] || { echo "run $run: Postgres has $a, Iceberg has $b" >&2; exit 1; }
 done
 recv=$(median 1 "$work/recv.txt"); ours=$(median 1 "$work/skipprd.txt"); rss=$(median 2 "$work/skipprd.txt")
-echo "seed_rows=$seed key_index_mb=${KEY_INDEX_MB:-default} rebuild_index=${REBUILD_INDEX:-0} changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"
+echo "seed_rows=$seed key_index_mb=${KEY_INDEX_MB:-default} tx_mb=${TX_MB:-default} rebuild_index=${REBUILD_INDEX:-0} changes=$changes (inserts=$ins updates=$upd deletes=$del) runs=$runs pg_recvlogical_s=$recv skipprd_s=$ours ratio=$(awk -v a="$ours" -v b="$recv" 'BEGIN{printf "%.2f", a/b}') skipprd_peak_rss_mib=$((rss / 1024))"
