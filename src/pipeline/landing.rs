@@ -491,13 +491,6 @@ mod tests {
     use arrow::array::{Int64Array, StringArray};
 
     use super::*;
-    use crate::change::schema::Column;
-    use crate::change::types::PgType;
-    use crate::config::layout::Layout;
-
-    fn column(name: &str, pg: PgType, pg_type_name: &str) -> Column {
-        Column::for_test(name, pg, pg_type_name)
-    }
 
     fn batch(arrow: &arrow::datatypes::SchemaRef, ids: std::ops::Range<i64>) -> RecordBatch {
         let notes: Vec<String> = ids.clone().map(|i| format!("n{i}")).collect();
@@ -514,18 +507,7 @@ mod tests {
     #[tokio::test]
     async fn a_table_lands_once_with_every_chunk_at_the_snapshot_lsn() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let catalog = LocalCatalog::open(dir.path()).await?;
-        let namespace = catalog.ensure_namespace("app").await?;
-        let schema = TableSchema::for_test(
-            "public.items",
-            vec![
-                column("id", PgType::Int8, "bigint"),
-                column("note", PgType::Text, "text"),
-            ],
-        );
-        let table =
-            crate::table::schema::create_or_load(&catalog, &namespace, &schema, &Layout::default())
-                .await?;
+        let (catalog, schema, table) = crate::testing::items_table(dir.path()).await?;
         let arrow = crate::table::schema::arrow_schema(&table)?;
         let landing = Landing {
             jobs: vec![TableJob {

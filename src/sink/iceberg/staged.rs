@@ -85,28 +85,12 @@ mod tests {
     use arrow::array::{Int64Array, RecordBatch, StringArray};
 
     use super::*;
-    use crate::catalog::LocalCatalog;
-    use crate::change::schema::Column;
-    use crate::change::types::PgType;
-    use crate::config::layout::Layout;
     use crate::sink::iceberg::writer::TableWriter;
-    use crate::source::postgres::schema::TableSchema;
 
     #[tokio::test]
     async fn files_listed_before_a_commit_are_found_again() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let catalog = LocalCatalog::open(dir.path()).await?;
-        let namespace = catalog.ensure_namespace("app").await?;
-        let schema = TableSchema::for_test(
-            "public.items",
-            vec![
-                Column::for_test("id", PgType::Int8, "bigint"),
-                Column::for_test("note", PgType::Text, "text"),
-            ],
-        );
-        let table =
-            crate::table::schema::create_or_load(&catalog, &namespace, &schema, &Layout::default())
-                .await?;
+        let (_catalog, _schema, table) = crate::testing::items_table(dir.path()).await?;
         let arrow = crate::table::schema::arrow_schema(&table)?;
         let mut writer = TableWriter::new(&table, "snap-test-0000".into(), 1 << 20).await?;
         writer
