@@ -4,6 +4,7 @@
 //! moved to the rewritten files only once the rewrite is committed.
 
 mod merge;
+mod positions;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use arrow::row::{OwnedRow, RowConverter};
 use iceberg::spec::DataContentType;
 
 use self::merge::{Input, Output};
+use self::positions::LivePositions;
 use super::{file_numbers, Loc, TableSink};
 use crate::catalog::LocalCatalog;
 use crate::config::MaintenanceSettings;
@@ -49,44 +51,6 @@ struct Segment {
     k: u64,
     out: usize,
     pos: u64,
-}
-
-/// The live positions of a rewritten file, each with its rank among them (its place in the
-/// file's output), found in constant time: a bitmap of the positions and the count of those
-/// before each 64 of them. Moving the index asks this once for every row of a rewritten file;
-/// a binary search over the positions cost a cache miss per step on large files.
-struct Ranks {
-    words: Vec<u64>,
-    before: Vec<u64>,
-}
-
-impl Ranks {
-    /// From the positions in ascending order.
-    fn new(sorted: &[u64]) -> Self {
-        let n = sorted.last().map_or(0, |p| p / 64 + 1) as usize;
-        let mut words = vec![0u64; n];
-        for p in sorted {
-            words[(p / 64) as usize] |= 1 << (p % 64);
-        }
-        let mut before = Vec::with_capacity(n);
-        let mut count = 0u64;
-        for w in &words {
-            before.push(count);
-            count += u64::from(w.count_ones());
-        }
-        Self { words, before }
-    }
-
-    /// The rank of `pos` among the positions; `None` when it is not one of them.
-    fn rank(&self, pos: u64) -> Option<u64> {
-        let i = usize::try_from(pos / 64).ok()?;
-        let word = *self.words.get(i)?;
-        let bit = 1u64 << (pos % 64);
-        if word & bit == 0 {
-            return None;
-        }
-        Some(self.before[i] + u64::from((word & (bit - 1)).count_ones()))
-    }
 }
 
 /// What a compaction plans to rewrite.
@@ -361,21 +325,21 @@ impl TableSink {
         let chosen_nos: HashSet<u32> = plan.chosen.iter().map(|(no, _)| *no).collect();
         // Live positions of each rewritten file, in file order (gathered by file number: the
         // index is walked once, row by row).
-        let mut by_file: Vec<Option<Vec<u64>>> = (0..self.files.len()).map(|_| None).collect();
+        let mut by_file: Vec<Option<LivePositions>> = (0..self.files.len()).map(|_| None).collect();
         for no in &chosen_nos {
             if let Some(slot) = by_file.get_mut(*no as usize) {
-                *slot = Some(Vec::new());
+                *slot = Some(LivePositions::default());
             }
         }
         self.for_each_loc(|loc| {
             if let Some(Some(v)) = by_file.get_mut(loc.file as usize) {
-                v.push(loc.pos);
+                v.insert(loc.pos);
             }
         })?;
-        let mut positions: HashMap<u32, Vec<u64>> = HashMap::new();
+        let mut positions: HashMap<u32, LivePositions> = HashMap::new();
         for (no, v) in by_file.into_iter().enumerate() {
             if let Some(mut v) = v {
-                v.sort_unstable();
+                v.seal();
                 positions.insert(no as u32, v);
             }
         }
@@ -683,7 +647,7 @@ impl TableSink {
     fn move_index(
         &mut self,
         chosen: &HashSet<u32>,
-        positions: &HashMap<u32, Vec<u64>>,
+        positions: &HashMap<u32, LivePositions>,
         segments: &HashMap<u32, Vec<Segment>>,
         staying: &HashSet<String>,
         outputs: Vec<String>,
@@ -700,11 +664,12 @@ impl TableSink {
         files.extend(outputs);
         // Per file number, for the walk over every row of the index: a rewritten file's
         // live positions as ranks, and its output segments.
-        let mut rewritten: Vec<Option<(Ranks, &[Segment])>> =
+        let none = LivePositions::default();
+        let mut rewritten: Vec<Option<(&LivePositions, &[Segment])>> =
             (0..self.files.len()).map(|_| None).collect();
         for no in chosen {
             if let Some(slot) = rewritten.get_mut(*no as usize) {
-                let ranks = Ranks::new(positions.get(no).map_or(&[][..], Vec::as_slice));
+                let ranks = positions.get(no).unwrap_or(&none);
                 let segs = segments.get(no).map_or(&[][..], Vec::as_slice);
                 *slot = Some((ranks, segs));
             }
@@ -733,24 +698,5 @@ impl TableSink {
         }
         self.files = files;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Ranks;
-
-    #[test]
-    fn ranks_are_places_among_the_live_positions() {
-        let live = [0u64, 3, 63, 64, 65, 200, 1_000];
-        let ranks = Ranks::new(&live);
-        for (k, p) in live.iter().enumerate() {
-            assert_eq!(ranks.rank(*p), Some(k as u64), "{p}");
-            assert_eq!(live.binary_search(p).ok(), Some(k));
-        }
-        for gone in [1u64, 62, 66, 199, 999, 1_001, 50_000] {
-            assert_eq!(ranks.rank(gone), None, "{gone}");
-        }
-        assert_eq!(Ranks::new(&[]).rank(0), None);
     }
 }

@@ -19,6 +19,7 @@ use parquet::arrow::async_reader::{ParquetRecordBatchStream, ParquetRecordBatchS
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 use parquet::file::metadata::ParquetMetaData;
 
+use super::positions::LivePositions;
 use super::{Segment, TableSink, ROW_GROUP_BYTES};
 use crate::error::{Context, Error, Result};
 use crate::sink::iceberg::maintenance::LiveFile;
@@ -37,9 +38,9 @@ pub(super) struct Input {
     meta: Option<ArrowReaderMetadata>,
     rows: Option<ParquetRecordBatchStream<ArrowFileReader>>,
     batch_rows: usize,
-    /// Live positions in the file, sorted, and how many of them were reached.
-    pub(super) keep: Vec<u64>,
-    k: usize,
+    /// Live positions in the file, and how many of them were reached.
+    pub(super) keep: LivePositions,
+    k: u64,
     /// Position in the file of the next row the stream yields.
     base: u64,
     /// The current batch of live rows (in the table's current schema), its keys in the
@@ -66,7 +67,7 @@ impl Input {
         sink: &TableSink,
         no: u32,
         file: &LiveFile,
-        keep: Vec<u64>,
+        keep: LivePositions,
         batch_bytes: usize,
         order: Option<&RowConverter>,
     ) -> Result<Self> {
@@ -145,11 +146,10 @@ impl Input {
             };
             let batch = batch.with_context(|| format!("reading {}", self.path))?;
             let n = batch.num_rows() as u64;
-            let mut mask = vec![false; batch.num_rows()];
-            while self.k < self.keep.len() && self.keep[self.k] < self.base + n {
-                mask[(self.keep[self.k] - self.base) as usize] = true;
-                self.k += 1;
-            }
+            let mask: Vec<bool> = (self.base..self.base + n)
+                .map(|pos| self.keep.contains(pos))
+                .collect();
+            self.k += mask.iter().filter(|live| **live).count() as u64;
             self.base += n;
             let live =
                 sink.by_field_id(&filter_record_batch(&batch, &BooleanArray::from(mask))?)?;
@@ -175,7 +175,7 @@ impl Input {
 
     /// Fails when the key index named rows past the end of the file.
     pub(super) fn finished(&self) -> Result<()> {
-        if self.k != self.keep.len() || self.written != self.keep.len() as u64 {
+        if self.k != self.keep.len() || self.written != self.keep.len() {
             return Err(Error::fatal(format!(
                 "the key index points past the end of data file {}",
                 self.path
