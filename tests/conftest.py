@@ -39,6 +39,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -497,6 +498,27 @@ def describe_run(proc: subprocess.CompletedProcess, what: str = "") -> str:
 def _tail(s: str | None, n: int = 8000) -> str:
     s = s or ""
     return s if len(s) <= n else "...(cut)...\n" + s[-n:]
+
+
+def chunked_copy_writer(skippr: "Skippr", stop: threading.Event, *, other: str, other_rows: int,
+                        big_rows: int, new_values: str, pause: float) -> threading.Thread:
+    """A writer (not started) for tests of copies in key chunks, until `stop`: updates of `other`,
+    and on `big` updates, inserts above its keys (`new_values` after the key), deletes, and keys
+    moved from one chunk to another, beyond every key copied so far."""
+
+    def write() -> None:
+        i = 0
+        with skippr.db.connect() as c:
+            while not stop.is_set():
+                i += 1
+                c.execute(f"UPDATE {other} SET v = v + 1 WHERE id = %s", (1 + i % other_rows,))
+                c.execute("UPDATE big SET v = v + 1 WHERE id = %s", (1 + (i * 7919) % big_rows,))
+                c.execute(f"INSERT INTO big VALUES (%s, {new_values})", (big_rows + i,))
+                c.execute("DELETE FROM big WHERE id = %s", (1 + (i * 104729) % big_rows,))
+                c.execute("UPDATE big SET id = %s WHERE id = %s", (3 * big_rows + i, 1 + (i * 3571) % big_rows))
+                time.sleep(pause)
+
+    return threading.Thread(target=write, daemon=True)
 
 
 def assert_no_panic(proc: subprocess.CompletedProcess) -> None:

@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import Skippr, assert_no_panic, describe_run, free_port
+from conftest import Skippr, assert_no_panic, chunked_copy_writer, describe_run, free_port
 
 BIG = 200_000
 
@@ -250,19 +250,8 @@ def test_a_crash_after_an_added_table_landed_loses_and_repeats_nothing(skippr: S
     proc = skippr.start("sync", "--pipeline", "app", env={"SKIPPR_TEST_PAUSE_AT": "after-chunked-copy"})
     stop = threading.Event()
 
-    def writer() -> None:
-        i = 0
-        with skippr.db.connect() as c:
-            while not stop.is_set():
-                i += 1
-                c.execute("UPDATE busy SET v = v + 1 WHERE id = %s", (1 + i % 1000,))
-                c.execute("UPDATE big SET v = v + 1 WHERE id = %s", (1 + (i * 7919) % BIG,))
-                c.execute("INSERT INTO big VALUES (%s, 2)", (BIG + i,))
-                c.execute("DELETE FROM big WHERE id = %s", (1 + (i * 104729) % BIG,))
-                c.execute("UPDATE big SET id = %s WHERE id = %s", (3 * BIG + i, 1 + (i * 3571) % BIG))
-                time.sleep(0.003)
-
-    thread = threading.Thread(target=writer, daemon=True)
+    thread = chunked_copy_writer(skippr, stop, other="busy", other_rows=1000, big_rows=BIG,
+                                 new_values="2", pause=0.003)
     try:
         wait_streaming(skippr, proc, 1)
         thread.start()

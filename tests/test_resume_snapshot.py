@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import Skippr, describe_run
+from conftest import Skippr, chunked_copy_writer, describe_run
 
 ROWS = 600_000
 CHUNK = 20_000
@@ -51,20 +51,8 @@ def test_a_first_snapshot_killed_at_40_percent_goes_on_from_its_durable_chunks(s
     proc = skippr.start("sync", "--pipeline", "app", env={"SKIPPR_TEST_PAUSE_AT": f"copied-chunks:{at}"})
     stop = threading.Event()
 
-    def writer() -> None:
-        i = 0
-        with skippr.db.connect() as c:
-            while not stop.is_set():
-                i += 1
-                c.execute("UPDATE small SET v = v + 1 WHERE id = %s", (1 + i % 500,))
-                c.execute("UPDATE big SET v = v + 1 WHERE id = %s", (1 + (i * 7919) % ROWS,))
-                c.execute("INSERT INTO big VALUES (%s, 2, 'new')", (ROWS + i,))
-                c.execute("DELETE FROM big WHERE id = %s", (1 + (i * 104729) % ROWS,))
-                # A key moved from one chunk to another (and beyond the keys copied so far).
-                c.execute("UPDATE big SET id = %s WHERE id = %s", (3 * ROWS + i, 1 + (i * 3571) % ROWS))
-                time.sleep(0.002)
-
-    thread = threading.Thread(target=writer, daemon=True)
+    thread = chunked_copy_writer(skippr, stop, other="small", other_rows=500, big_rows=ROWS,
+                                 new_values="2, 'new'", pause=0.002)
     thread.start()
     try:
         deadline = time.time() + 240
