@@ -18,14 +18,16 @@ use skippr::{config, query, source, telemetry};
 
 /// jemalloc returns freed memory to the system where glibc's per-thread arenas keep it, so a
 /// long-running `serve` stays at the size of its live heap (see docs/architecture.md).
-#[cfg(not(target_env = "msvc"))]
+/// The `system-allocator` feature leaves the C library's allocator in place, for heap
+/// profilers that trace it (heaptrack, benches/README.md).
+#[cfg(not(any(target_env = "msvc", feature = "system-allocator")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings: a background thread hands memory freed for a second back to the
 /// system, so the resident size follows the live heap (a large transaction or a compaction
 /// leaves no lasting high-water mark). `_RJEM_MALLOC_CONF` in the environment overrides them.
-#[cfg(not(target_env = "msvc"))]
+#[cfg(not(any(target_env = "msvc", feature = "system-allocator")))]
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
 pub static _rjem_malloc_conf: &[u8] =

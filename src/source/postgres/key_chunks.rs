@@ -330,6 +330,10 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
             let mut finished = Vec::new();
             let mut seen = Vec::new();
             let mut shared = None;
+            // A chunk being finished (its last row group encoded, its files made durable and
+            // reported) while the next one is copied: the connection does not wait for the
+            // disk. One at a time, so a crash repeats at most two chunks per connection.
+            let mut finishing: Option<tokio::task::JoinHandle<Result<_>>> = None;
             for n in 0.. {
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
                 let Some((lo, hi)) = next else {
@@ -338,12 +342,26 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
                 if target.keeps_chunks() {
                     // Each chunk on a writer of its own, finished and reported as it ends.
                     let mut writer = target.writer(index, format!("{prefix}-{n:05}")).await?;
-                    let chunk =
-                        copy_chunk(&client, &job, &key, lo, hi, &mut writer, &counter).await?;
-                    let done = writer.finish().await?;
-                    target.chunk_copied(index, &chunk, &done).await?;
-                    finished.push(done);
-                    seen.push(chunk);
+                    let copied =
+                        copy_chunk(&client, &job, &key, lo, hi, &mut writer, &counter).await;
+                    let previous = match finishing.take() {
+                        Some(p) => Some(finished_chunk(p.await, &job.schema.table)),
+                        None => None,
+                    };
+                    // The chunk before is settled (recorded or failed) before any error
+                    // ends this copy, so nothing is recorded after it.
+                    let chunk = copied?;
+                    if let Some(previous) = previous {
+                        let (done, chunk) = previous?;
+                        finished.push(done);
+                        seen.push(chunk);
+                    }
+                    let target = Arc::clone(&target);
+                    finishing = Some(tokio::spawn(async move {
+                        let done = writer.finish().await?;
+                        target.chunk_copied(index, &chunk, &done).await?;
+                        Ok((done, chunk))
+                    }));
                 } else {
                     let writer = match &mut shared {
                         Some(w) => w,
@@ -351,6 +369,11 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
                     };
                     seen.push(copy_chunk(&client, &job, &key, lo, hi, writer, &counter).await?);
                 }
+            }
+            if let Some(last) = finishing.take() {
+                let (done, chunk) = finished_chunk(last.await, &job.schema.table)?;
+                finished.push(done);
+                seen.push(chunk);
             }
             if let Some(w) = shared {
                 finished.push(w.finish().await?);
@@ -368,6 +391,18 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
     }
     seen.sort_by_key(|c| c.lo);
     Ok((done, seen))
+}
+
+/// What the task finishing a chunk returned, or why it failed.
+fn finished_chunk<D>(
+    joined: std::result::Result<Result<(D, ChunkSeen)>, tokio::task::JoinError>,
+    table: &crate::config::TableRef,
+) -> Result<(D, ChunkSeen)> {
+    joined.map_err(|e| {
+        Error::fatal(format!(
+            "finishing a chunk of the copy of {table} failed: {e}"
+        ))
+    })?
 }
 
 /// One chunk, in a transaction of its own: its snapshot, then its rows.
