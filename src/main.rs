@@ -19,7 +19,7 @@ use skippr::{config, query, source, telemetry};
 /// jemalloc returns freed memory to the system where glibc's per-thread arenas keep it, so a
 /// long-running `serve` stays at the size of its live heap (see docs/architecture.md).
 /// The `system-allocator` feature leaves the C library's allocator in place, for heap
-/// profilers that trace it (heaptrack, benches/README.md).
+/// profilers that trace it (heaptrack; docs/benchmarks.md, "Reproduce").
 #[cfg(not(any(target_env = "msvc", feature = "system-allocator")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -520,17 +520,12 @@ impl TableSink {
         let mut added_deletes = Vec::new();
         let mut delete_specs = rowdelta::Specs::new();
         if !delete_paths.is_empty() {
-            let mut deleted = HashSet::new();
+            let mut deleted = super::read::Deleted::default();
             self.read_deletes(&delete_paths, &mut deleted).await?;
-            let mut interned: HashMap<String, Arc<str>> = HashMap::new();
             let mut still: Vec<(Arc<str>, i64)> = Vec::new();
-            for (path, pos) in deleted {
-                if staying.contains(&path) {
-                    let p = interned
-                        .entry(path)
-                        .or_insert_with_key(|k| Arc::from(k.as_str()))
-                        .clone();
-                    still.push((p, pos));
+            for (path, positions) in deleted.into_sorted() {
+                if staying.contains(path.as_ref()) {
+                    still.extend(positions.into_iter().map(|p| (Arc::clone(&path), p as i64)));
                 }
             }
             if !still.is_empty() {

@@ -2,7 +2,8 @@
 //! files and their position deletes, and the previous versions of rows whose large (TOAST)
 //! values an update left unchanged; columns are matched by Iceberg field id, never by name.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow::compute::{cast, concat_batches, interleave, take};
@@ -24,6 +25,46 @@ use crate::change::types::ColumnBuilder;
 use crate::change::Datum;
 use crate::error::{Context, Error, Result};
 
+/// Deleted row positions by data file, as position delete files list them: eight bytes a
+/// deleted row and one path a file (a pair of path and position a row took over 100 bytes,
+/// which made the deletes, not the table, the peak of a compaction after many changes).
+#[derive(Default)]
+pub(super) struct Deleted {
+    by_file: HashMap<Arc<str>, Vec<u64>>,
+    /// The file of the last position added: delete files are sorted by path, so most
+    /// additions go to the same file as the one before.
+    last: Option<Arc<str>>,
+}
+
+impl Deleted {
+    pub(super) fn add(&mut self, path: &str, pos: i64) {
+        let pos = u64::try_from(pos).unwrap_or(0);
+        if let Some(last) = self.last.as_ref().filter(|l| l.as_ref() == path) {
+            if let Some(v) = self.by_file.get_mut(last) {
+                v.push(pos);
+                return;
+            }
+        }
+        let key = match self.by_file.get_key_value(path) {
+            Some((k, _)) => Arc::clone(k),
+            None => Arc::from(path),
+        };
+        self.by_file.entry(Arc::clone(&key)).or_default().push(pos);
+        self.last = Some(key);
+    }
+
+    /// The deleted positions of each file, ascending, each once.
+    pub(super) fn into_sorted(self) -> HashMap<Arc<str>, Vec<u64>> {
+        let mut by_file = self.by_file;
+        for positions in by_file.values_mut() {
+            positions.sort_unstable();
+            positions.dedup();
+            positions.shrink_to_fit();
+        }
+        by_file
+    }
+}
+
 impl TableSink {
     /// Rebuilds key -> (file, position) from the live data files and their position deletes,
     /// and the files spilled for the next commit. What is staged for that commit (rows it
@@ -40,7 +81,10 @@ impl TableSink {
         };
         let pending_deletes: Vec<(String, i64)> =
             self.deletes.iter().map(path_of).collect::<Result<_>>()?;
-        let mut deleted: HashSet<(String, i64)> = pending_deletes.iter().cloned().collect();
+        let mut deleted = Deleted::default();
+        for (path, pos) in &pending_deletes {
+            deleted.add(path, *pos);
+        }
         let mut data_files: Vec<(String, u64)> = Vec::new();
         // After a TRUNCATE staged for the next commit, no committed row is live.
         if !self.truncated {
@@ -61,13 +105,7 @@ impl TableSink {
                 .map(|f| (f.file_path().to_string(), f.file_size_in_bytes())),
         );
         // Deleted positions by file, sorted.
-        let mut deleted_in: HashMap<String, Vec<u64>> = HashMap::new();
-        for (path, pos) in deleted {
-            deleted_in.entry(path).or_default().push(pos.max(0) as u64);
-        }
-        for positions in deleted_in.values_mut() {
-            positions.sort_unstable();
-        }
+        let mut deleted_in = deleted.into_sorted();
         let expected: u64 = self.expected_rows();
         // With a primary key each key is live once: load in bulk and sort once. Without
         // one, equal rows are told apart as they come (see `index_insert`).
@@ -77,7 +115,7 @@ impl TableSink {
         }
         let mut indexed = Ok(());
         for (path, size) in data_files {
-            let gone = deleted_in.remove(&path).unwrap_or_default();
+            let gone = deleted_in.remove(path.as_str()).unwrap_or_default();
             indexed = self.index_file(path, size, &gone).await;
             if indexed.is_err() {
                 break;
@@ -157,7 +195,7 @@ impl TableSink {
     pub(super) async fn read_deletes(
         &self,
         delete_files: &[String],
-        deleted: &mut HashSet<(String, i64)>,
+        deleted: &mut Deleted,
     ) -> Result<()> {
         for path in delete_files {
             let bytes = self.read_file(path).await?;
@@ -174,7 +212,7 @@ impl TableSink {
                     .downcast_ref::<arrow::array::Int64Array>();
                 if let (Some(paths), Some(pos)) = (paths, pos) {
                     for i in 0..batch.num_rows() {
-                        deleted.insert((paths.value(i).to_string(), pos.value(i)));
+                        deleted.add(paths.value(i), pos.value(i));
                     }
                 }
             }
