@@ -25,6 +25,7 @@ pub mod serve;
 pub mod server;
 pub mod status;
 pub mod supervise;
+pub mod task;
 pub mod telemetry;
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use crate::sink::iceberg::{commit, reshape::Reshape};
 use crate::source::postgres::key_chunks::{chunk_key, copy_in_key_chunks, ChunkSeen, KeyRange};
 use crate::source::postgres::schema::TableSchema;
 use crate::source::postgres::snapshot::{copy_tables, ChunkWriter, CopyJob, CopyTarget};
+use crate::task::AbortOnDrop;
 use crate::telemetry::state::TableSnapshot;
 
 /// A table to copy and the Iceberg table it lands in.
@@ -454,15 +455,6 @@ fn figures(job: &CopyJob, counter: &AtomicU64, done: bool) -> TableSnapshot {
         rows_per_second: 0.0,
         eta_seconds: None,
         done,
-    }
-}
-
-/// Stops a task when dropped (the copy's progress ticker, however the copy ends).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -32,6 +32,7 @@ use crate::catalog::LocalCatalog;
 use crate::config::{Config, PipelineConfig};
 use crate::error::Result;
 use crate::source::postgres::connect::connect;
+use crate::task::AbortOnDrop;
 use crate::wal::WalStore;
 use cdc::{Cadence, IcebergTables};
 use checks::watch_partitions;
@@ -43,15 +44,6 @@ use snapshot::{resnapshot_reset, snapshot_phase};
 pub struct SyncReport {
     pub copied: Vec<String>,
     pub skipped: Vec<String>,
-}
-
-/// Stops a background task when the scope that started it ends, however it ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// `sync`: the snapshot of every table not yet copied, then (in the CDC modes) the change

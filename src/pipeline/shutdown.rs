@@ -7,14 +7,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 
-/// Aborts a spawned task when dropped.
-pub(super) struct AbortOnDrop<T>(pub(super) tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+pub(super) use crate::task::AbortOnDrop;
 
 /// Runs `f` for at most `limit`: a source that stopped answering (a cut network) gives a
 /// retryable error instead of a hang.

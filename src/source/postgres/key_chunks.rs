@@ -16,6 +16,7 @@ use super::snapshot::{copy_rows, ChunkWriter, CopyJob, CopyTarget};
 use crate::change::types::PgType;
 use crate::config::{quote_ident, PostgresConfig};
 use crate::error::{Context, Error, Result};
+use crate::task::AbortOnDrop;
 
 /// One chunk: the keys `lo <= key < hi` (an open end has no bound), and what the snapshot of
 /// the transaction that copied it saw.
@@ -333,7 +334,9 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
             // A chunk being finished (its last row group encoded, its files made durable and
             // reported) while the next one is copied: the connection does not wait for the
             // disk. One at a time, so a crash repeats at most two chunks per connection.
-            let mut finishing: Option<tokio::task::JoinHandle<Result<_>>> = None;
+            // Aborted with this worker (another worker's error, a copy stopped beside the
+            // stream): nothing is recorded once the copy has ended.
+            let mut finishing: Option<AbortOnDrop<Result<_>>> = None;
             for n in 0.. {
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
                 let Some((lo, hi)) = next else {
@@ -341,27 +344,27 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
                 };
                 if target.keeps_chunks() {
                     // Each chunk on a writer of its own, finished and reported as it ends.
-                    let mut writer = target.writer(index, format!("{prefix}-{n:05}")).await?;
-                    let copied =
-                        copy_chunk(&client, &job, &key, lo, hi, &mut writer, &counter).await;
-                    let previous = match finishing.take() {
-                        Some(p) => Some(finished_chunk(p.await, &job.schema.table)),
-                        None => None,
-                    };
+                    let copied = async {
+                        let mut writer = target.writer(index, format!("{prefix}-{n:05}")).await?;
+                        let chunk =
+                            copy_chunk(&client, &job, &key, lo, hi, &mut writer, &counter).await?;
+                        Ok::<_, Error>((writer, chunk))
+                    }
+                    .await;
                     // The chunk before is settled (recorded or failed) before any error
-                    // ends this copy, so nothing is recorded after it.
-                    let chunk = copied?;
-                    if let Some(previous) = previous {
-                        let (done, chunk) = previous?;
+                    // ends this copy, and its error comes first: it is the earlier one.
+                    if let Some(previous) = finishing.take() {
+                        let (done, chunk) = finished_chunk(previous, &job.schema.table).await?;
                         finished.push(done);
                         seen.push(chunk);
                     }
+                    let (writer, chunk) = copied?;
                     let target = Arc::clone(&target);
-                    finishing = Some(tokio::spawn(async move {
+                    finishing = Some(AbortOnDrop(tokio::spawn(async move {
                         let done = writer.finish().await?;
                         target.chunk_copied(index, &chunk, &done).await?;
                         Ok((done, chunk))
-                    }));
+                    })));
                 } else {
                     let writer = match &mut shared {
                         Some(w) => w,
@@ -371,7 +374,7 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
                 }
             }
             if let Some(last) = finishing.take() {
-                let (done, chunk) = finished_chunk(last.await, &job.schema.table)?;
+                let (done, chunk) = finished_chunk(last, &job.schema.table).await?;
                 finished.push(done);
                 seen.push(chunk);
             }
@@ -393,12 +396,12 @@ pub async fn copy_in_key_chunks<T: CopyTarget>(
     Ok((done, seen))
 }
 
-/// What the task finishing a chunk returned, or why it failed.
-fn finished_chunk<D>(
-    joined: std::result::Result<Result<(D, ChunkSeen)>, tokio::task::JoinError>,
+/// What the task finishing a chunk returned, once it is done, or why it failed.
+async fn finished_chunk<D>(
+    mut task: AbortOnDrop<Result<(D, ChunkSeen)>>,
     table: &crate::config::TableRef,
 ) -> Result<(D, ChunkSeen)> {
-    joined.map_err(|e| {
+    (&mut task.0).await.map_err(|e| {
         Error::fatal(format!(
             "finishing a chunk of the copy of {table} failed: {e}"
         ))

@@ -37,8 +37,12 @@ pub(super) struct Deleted {
 }
 
 impl Deleted {
+    /// Adds a deleted position; a negative one (never written by a valid delete file)
+    /// deletes nothing.
     pub(super) fn add(&mut self, path: &str, pos: i64) {
-        let pos = u64::try_from(pos).unwrap_or(0);
+        let Ok(pos) = u64::try_from(pos) else {
+            return;
+        };
         if let Some(last) = self.last.as_ref().filter(|l| l.as_ref() == path) {
             if let Some(v) = self.by_file.get_mut(last) {
                 v.push(pos);
