@@ -539,3 +539,20 @@ fn field_id(f: &arrow::datatypes::FieldRef) -> Option<i32> {
         .get(PARQUET_FIELD_ID_META_KEY)
         .and_then(|v| v.parse().ok())
 }
+
+#[cfg(test)]
+mod deleted_tests {
+    use super::Deleted;
+
+    #[test]
+    fn positions_by_file_sorted_once_and_negative_ignored() {
+        let mut d = Deleted::default();
+        for (path, pos) in [("a", 5), ("a", 1), ("b", 7), ("a", 5), ("b", -1), ("a", 3)] {
+            d.add(path, pos);
+        }
+        let by_file = d.into_sorted();
+        assert_eq!(by_file.len(), 2);
+        assert_eq!(by_file.get("a").map(Vec::as_slice), Some(&[1, 3, 5][..]));
+        assert_eq!(by_file.get("b").map(Vec::as_slice), Some(&[7][..]));
+    }
+}
